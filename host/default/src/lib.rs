@@ -1,0 +1,1 @@
+//! ncclwasm-default

@@ -1,0 +1,14 @@
+//! Plain data shared by every layer of nccl-net-wasm.
+//!
+//! Nothing here does I/O or calls a policy: these are the snapshots a policy decides over
+//! ([`Port`], [`Gid`], [`Connection`]), the decisions it returns ([`DeviceSelection`],
+//! [`GidChoice`], [`DeviceGroup`], [`VnicAnswer`], [`ConnPlan`]) and the topology file format that
+//! describes a machine as data. The types mirror `wit/policy.wit` one to one, so the host, the
+//! built-in default, the CLI and Rust guests all speak the same language.
+#![forbid(unsafe_code)]
+
+mod decision;
+mod port;
+
+pub use decision::*;
+pub use port::*;

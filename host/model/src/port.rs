@@ -1,0 +1,98 @@
+//! Ports and GIDs as the host discovered them.
+
+use serde::{Deserialize, Serialize};
+
+/// The link layer of a port (`ibv_port_attr.link_layer`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LinkLayer {
+    Infiniband,
+    Ethernet,
+}
+
+/// The logical state of a port (`ibv_port_attr.state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PortState {
+    Down,
+    Initializing,
+    Armed,
+    Active,
+}
+
+/// What kind of address a GID is (`/sys/class/infiniband/<dev>/ports/<p>/gid_attrs/types/<i>`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GidType {
+    Ib,
+    RoceV1,
+    RoceV2,
+    /// The kernel would not say (unreadable entry, as in some containers).
+    Unknown,
+}
+
+/// Address family of a GID: IPv4-mapped entries are `Ipv4`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AddrFamily {
+    Ipv4,
+    Ipv6,
+}
+
+/// One GID table entry.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Gid {
+    pub index: u32,
+    /// The 16 GID bytes in network order.
+    pub raw: [u8; 16],
+    pub gid_type: GidType,
+    /// Prefix length of the subnet the address sits in (64 for IB, the interface's prefix for
+    /// RoCE, 0 when unknown).
+    pub prefix_len: u8,
+}
+
+/// One physical port, the unit NCCL calls a device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Port {
+    /// Position in the host's port table; decisions name ports by it.
+    pub index: u32,
+    pub device: String,
+    pub port: u8,
+    pub state: PortState,
+    pub link_layer: LinkLayer,
+    /// Active speed × width in Mb/s.
+    pub speed_mbps: u32,
+    pub width: u8,
+    pub mtu: u32,
+    pub lid: u16,
+    pub pci_path: String,
+    pub guid: u64,
+    pub numa_node: i32,
+    pub max_qps: u32,
+    pub provider: String,
+    pub gids: Vec<Gid>,
+}
+
+/// One end of a connection: a port and the GID it talks with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endpoint {
+    pub device: String,
+    pub port: u8,
+    pub link_layer: LinkLayer,
+    pub speed_mbps: u32,
+    pub mtu: u32,
+    pub lid: u16,
+    pub gid: Gid,
+}
+
+/// A connection the sending side is about to make (input of `plan-connection`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Connection {
+    pub comm_id: u64,
+    /// -1 when NCCL left it undefined.
+    pub traffic_class: i32,
+    pub device: u32,
+    pub device_name: String,
+    pub local: Vec<Endpoint>,
+    pub peer: Vec<Endpoint>,
+}
