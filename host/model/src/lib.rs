@@ -8,7 +8,12 @@
 #![forbid(unsafe_code)]
 
 mod decision;
+mod plan;
 mod port;
+pub mod topology;
+pub mod validate;
 
 pub use decision::*;
+pub use plan::*;
 pub use port::*;
+pub use topology::{Topology, TopologyError};

@@ -1,0 +1,41 @@
+//! The pure protocol core: no sockets, no verbs, no clocks, no randomness.
+//!
+//! * [`handle`]: the 128-byte listen handle.
+//! * [`message`]: the handshake wire format (framing, messages, bounds).
+//! * [`handshake`]: the connect and accept state machines.
+//! * [`fifo`]: the clear-to-send FIFO entry and ring arithmetic, the sizes FIFO.
+//! * [`request`]: the request pool, `wr_id` encoding and completion accounting.
+//! * [`datapath`]: per-message decisions — matching sends to posted receives, the work requests
+//!   of one slot, receive and flush posting.
+
+pub mod datapath;
+pub mod fifo;
+pub mod handle;
+pub mod handshake;
+pub mod message;
+pub mod request;
+
+mod codec;
+
+/// Version of everything this crate puts on the wire: the handle, the handshake messages and the
+/// FIFO layouts. Both sides must match exactly; there is no negotiation.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// Receives one `irecv` may group (`maxRecvs` in NCCL's properties, `NCCL_NET_IB_MAX_RECVS`).
+pub const MAX_RECVS: usize = 8;
+
+/// Requests in flight per communicator: NCCL's 32 outstanding requests, each of which may be a
+/// multi-receive of [`MAX_RECVS`] (as net_ib's `MAX_REQUESTS`). It is also the number of CTS FIFO
+/// slots, and it must stay ≤ 256 because request indices travel as bytes in `wr_id`.
+pub const MAX_REQUESTS: usize = 32 * MAX_RECVS;
+const _: () = assert!(MAX_REQUESTS <= 256);
+
+/// Endpoints (ports) per side of a connection: NCCL's largest vNIC (v12 plugins fuse up to 8).
+pub const MAX_ENDPOINTS: usize = 8;
+
+/// QPs per connection (`NCCL_IB_MAX_QPS`).
+pub const MAX_QPS: usize = ncclwasm_model::validate::MAX_QPS_PER_CONNECTION as usize;
+
+/// The largest message NCCL can be told about: `test` reports sizes as C `int`, and the
+/// immediate data and the sizes FIFO carry 32 bits.
+pub const MAX_MESSAGE_BYTES: u64 = i32::MAX as u64;
