@@ -1,1 +1,39 @@
-//! ncclwasm-policy
+//! The policy engine of nccl-net-wasm: loads WebAssembly policy components, bounds them in time
+//! and memory, validates every answer, and hot-swaps them under a running job.
+//!
+//! # How it fits
+//! The plugin asks a [`PolicyHost`] for each decision (`select_devices`, `select_gid`,
+//! `group_devices`, `make_vnic`, `plan_connection`). The host asks the current policy — a
+//! component of world `ncclwasm:policy/policy` (`wit/policy.wit`) — or, when there is none, when
+//! it answers `none`, or when it does not implement the hook, the built-in default
+//! (`ncclwasm-default`, NCCL's own decisions). Every [`Decision`] carries its reason and its
+//! [`Source`], so `ncclwasm policy explain` and the NCCL INFO log can say who decided and why.
+//!
+//! # Failure model (DESIGN §3.3)
+//! A trap, a timeout, running out of memory, or an answer that fails
+//! `ncclwasm_model::validate` is a fault. With [`FailureMode::Open`] the host WARNs once per
+//! (policy, hook, cause) and uses the built-in default for that decision; with
+//! [`FailureMode::Closed`] the call returns [`PolicyError::Failed`]. A faulted instance is thrown
+//! away and the next call gets a fresh, `init`-ed one.
+//!
+//! # Hot swap (DESIGN §3.4)
+//! [`PolicyHost::swap_from_path`], [`PolicyHost::swap_from_bytes`] and the watcher thread
+//! (`NCCL_WASM_POLICY_RELOAD_MS`) compile, instantiate, `init` and — once
+//! [`PolicyHost::set_topology`] told the live ports — try every hook before publishing with one
+//! atomic store. Each call loads the current version once and is answered by an instance of
+//! that version taken from its pool, so concurrent callers never see half of two versions.
+#![forbid(unsafe_code)]
+
+mod config;
+mod convert;
+mod engine;
+mod error;
+mod host;
+mod watch;
+
+pub use config::{
+    ENV_CACHE_DIR, ENV_CONFIG, ENV_FAILURE, ENV_MEMORY_MB, ENV_POLICY, ENV_RELOAD_MS,
+    ENV_TIMEOUT_MS, FailureMode, Settings,
+};
+pub use error::{FailureCause, Hook, PolicyError};
+pub use host::{Decision, PolicyHost, PolicyId, Source, Stats};

@@ -1,0 +1,37 @@
+//! `init` refuses to start; no hook may ever be called.
+// wit-bindgen's generated glue passes flattened records as many arguments.
+#![allow(clippy::too_many_arguments)]
+wit_bindgen::generate!({ path: "../../../wit", world: "policy" });
+
+struct InitErr;
+
+impl Guest for InitErr {
+    fn init(config: Vec<(String, String)>) -> Result<PolicyInfo, String> {
+        Err(format!(
+            "hostile-init-err refuses every configuration ({} pairs given)",
+            config.len()
+        ))
+    }
+
+    fn select_devices(_ports: Vec<Port>) -> Option<DeviceSelection> {
+        unreachable!("init refused")
+    }
+
+    fn select_gid(_port: Port) -> Option<GidChoice> {
+        unreachable!("init refused")
+    }
+
+    fn group_devices(_ports: Vec<Port>) -> Option<Vec<DeviceGroup>> {
+        unreachable!("init refused")
+    }
+
+    fn make_vnic(_request: Vec<u32>, _ports: Vec<Port>) -> Option<VnicAnswer> {
+        unreachable!("init refused")
+    }
+
+    fn plan_connection(_conn: Connection) -> Option<ConnPlan> {
+        unreachable!("init refused")
+    }
+}
+
+export!(InitErr);

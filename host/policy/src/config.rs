@@ -1,0 +1,247 @@
+//! The engine's settings, from the environment (DESIGN §3.5) or given explicitly.
+//!
+//! Every variable is parsed strictly: a typo in `NCCL_WASM_POLICY_TIMEOUT_MS` must not silently
+//! become "no limit". An invalid value is refused with the variable's name and the accepted range,
+//! and every value in effect is logged once with where it came from.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::PolicyError;
+
+/// Component path; unset or empty = the built-in default.
+pub const ENV_POLICY: &str = "NCCL_WASM_POLICY";
+/// Free-form string handed to the policy's `init` under this same key.
+pub const ENV_CONFIG: &str = "NCCL_WASM_POLICY_CONFIG";
+/// How often the watcher looks at the policy file, in ms; 0 = never.
+pub const ENV_RELOAD_MS: &str = "NCCL_WASM_POLICY_RELOAD_MS";
+/// Wall-clock bound of one guest call, in ms.
+pub const ENV_TIMEOUT_MS: &str = "NCCL_WASM_POLICY_TIMEOUT_MS";
+/// Linear-memory bound of one guest instance, in MiB.
+pub const ENV_MEMORY_MB: &str = "NCCL_WASM_POLICY_MEMORY_MB";
+/// `open` (fall back to the built-in default) or `closed` (fail the NCCL call).
+pub const ENV_FAILURE: &str = "NCCL_WASM_POLICY_FAILURE";
+/// Optional directory for compiled components, so a restarted job skips compilation. An addition
+/// to DESIGN §3.5: compilation takes tens of ms per policy, a cache hit well under one.
+pub const ENV_CACHE_DIR: &str = "NCCL_WASM_POLICY_CACHE_DIR";
+
+const TIMEOUT_RANGE_MS: (u64, u64) = (1, 60_000);
+const MEMORY_RANGE_MB: (u64, u64) = (1, 4096);
+const RELOAD_RANGE_MS: (u64, u64) = (0, 3_600_000);
+
+/// What happens when a policy traps, times out, runs out of memory or answers nonsense.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum FailureMode {
+    /// WARN once and use the built-in default for that decision: a broken policy degrades to
+    /// stock NCCL behaviour instead of stopping the job.
+    #[default]
+    Open,
+    /// Return an error (the plugin maps it to `ncclInvalidUsage`): for operators who would
+    /// rather stop than run with decisions they did not write.
+    Closed,
+}
+
+/// Everything the engine needs to know; build with [`Settings::from_env`] or start from
+/// [`Settings::default`] and set fields (the CLI and the tests do).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Settings {
+    /// The policy component; `None` = the built-in default.
+    pub policy: Option<PathBuf>,
+    /// `NCCL_WASM_POLICY_CONFIG`, passed to `init` under that key when set.
+    pub config: Option<String>,
+    /// Watch interval of the policy file; `None` = no watcher.
+    pub reload: Option<Duration>,
+    /// Bound of one guest call (enforced with epoch interruption, so ± one tick).
+    pub timeout: Duration,
+    /// Bound of one guest instance's linear memory, in MiB.
+    pub memory_mb: u32,
+    pub failure: FailureMode,
+    /// The `NCCL_IB_*` variables in effect, sorted by name: the built-in default honours them
+    /// and `init` receives them.
+    pub ib: Vec<(String, String)>,
+    /// Where compiled components are kept across runs; `None` = in memory only.
+    pub cache_dir: Option<PathBuf>,
+    /// How many devices one vNIC or group may fuse (NCCL's `maxDevsPerNic`: 4 before 2.30, 8
+    /// after); the plugin sets it from the NCCL version it was loaded by.
+    pub max_devs_per_nic: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            policy: None,
+            config: None,
+            reload: None,
+            timeout: Duration::from_millis(100),
+            memory_mb: 64,
+            failure: FailureMode::Open,
+            ib: Vec::new(),
+            cache_dir: None,
+            max_devs_per_nic: 4,
+        }
+    }
+}
+
+impl Settings {
+    /// Read the process environment.
+    pub fn from_env() -> Result<Settings, PolicyError> {
+        Settings::from_vars(std::env::vars())
+    }
+
+    /// Read settings from name/value pairs shaped like the environment (so tests need not touch
+    /// the real one). Unknown `NCCL_WASM_*` names are ignored; `NCCL_IB_*` pairs are collected.
+    pub fn from_vars(
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Settings, PolicyError> {
+        let mut s = Settings::default();
+        for (name, value) in vars {
+            match name.as_str() {
+                ENV_POLICY => s.policy = non_empty(&value).map(PathBuf::from),
+                ENV_CONFIG => s.config = Some(value),
+                ENV_RELOAD_MS => {
+                    let ms = number(ENV_RELOAD_MS, &value, RELOAD_RANGE_MS, "milliseconds")?;
+                    s.reload = (ms > 0).then(|| Duration::from_millis(ms));
+                }
+                ENV_TIMEOUT_MS => {
+                    let ms = number(ENV_TIMEOUT_MS, &value, TIMEOUT_RANGE_MS, "milliseconds")?;
+                    s.timeout = Duration::from_millis(ms);
+                }
+                ENV_MEMORY_MB => {
+                    let mb = number(ENV_MEMORY_MB, &value, MEMORY_RANGE_MB, "MiB")?;
+                    s.memory_mb = u32::try_from(mb).expect("range fits u32");
+                }
+                ENV_FAILURE => {
+                    s.failure = match value.trim().to_ascii_lowercase().as_str() {
+                        "open" => FailureMode::Open,
+                        "closed" => FailureMode::Closed,
+                        _ => {
+                            return Err(invalid(
+                                ENV_FAILURE,
+                                &value,
+                                "expected `open` or `closed`",
+                            ));
+                        }
+                    }
+                }
+                ENV_CACHE_DIR => s.cache_dir = non_empty(&value).map(PathBuf::from),
+                _ if name.starts_with("NCCL_IB_") => s.ib.push((name, value)),
+                _ => {}
+            }
+        }
+        s.ib.sort();
+        Ok(s)
+    }
+
+    /// Log every value in effect once, so an operator can see what the engine runs with.
+    pub(crate) fn log(&self) {
+        tracing::info!(
+            target: "ncclwasm::policy",
+            policy = %self.policy.as_ref().map_or("built-in default".into(), |p| p.display().to_string()),
+            reload_ms = self.reload.map_or(0, |d| d.as_millis()),
+            timeout_ms = self.timeout.as_millis(),
+            memory_mb = self.memory_mb,
+            failure = ?self.failure,
+            cache_dir = ?self.cache_dir,
+            config = ?self.config,
+            "policy engine settings (from NCCL_WASM_POLICY* or explicit)"
+        );
+    }
+
+    /// What `init` receives: `NCCL_WASM_POLICY_CONFIG` (when set) and the `NCCL_IB_*` pairs.
+    pub(crate) fn init_pairs(&self) -> Vec<(String, String)> {
+        let config = self
+            .config
+            .iter()
+            .map(|c| (ENV_CONFIG.to_owned(), c.clone()));
+        config.chain(self.ib.iter().cloned()).collect()
+    }
+}
+
+fn non_empty(value: &str) -> Option<&str> {
+    let v = value.trim();
+    (!v.is_empty()).then_some(v)
+}
+
+fn number(
+    var: &'static str,
+    value: &str,
+    (lo, hi): (u64, u64),
+    unit: &str,
+) -> Result<u64, PolicyError> {
+    match value.trim().parse::<u64>() {
+        Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+        _ => Err(invalid(
+            var,
+            value,
+            &format!("expected a whole number of {unit} in {lo}..={hi}"),
+        )),
+    }
+}
+
+fn invalid(var: &'static str, value: &str, why: &str) -> PolicyError {
+    PolicyError::Setting {
+        var,
+        value: value.to_owned(),
+        why: why.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> Result<Settings, PolicyError> {
+        Settings::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+    }
+
+    #[test]
+    fn parses_every_variable() {
+        let s = vars(&[
+            (ENV_POLICY, "/p.wasm"),
+            (ENV_CONFIG, "x=1"),
+            (ENV_RELOAD_MS, "250"),
+            (ENV_TIMEOUT_MS, "20"),
+            (ENV_MEMORY_MB, "16"),
+            (ENV_FAILURE, "Closed"),
+            ("NCCL_IB_HCA", "mlx5_0"),
+            ("NCCL_IB_GID_INDEX", "3"),
+            ("HOME", "/root"),
+        ])
+        .unwrap();
+        assert_eq!(s.policy, Some(PathBuf::from("/p.wasm")));
+        assert_eq!(s.reload, Some(Duration::from_millis(250)));
+        assert_eq!(s.timeout, Duration::from_millis(20));
+        assert_eq!(s.memory_mb, 16);
+        assert_eq!(s.failure, FailureMode::Closed);
+        assert_eq!(
+            s.init_pairs(),
+            [
+                (ENV_CONFIG, "x=1"),
+                ("NCCL_IB_GID_INDEX", "3"),
+                ("NCCL_IB_HCA", "mlx5_0")
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        );
+    }
+
+    #[test]
+    fn zero_reload_and_empty_policy_mean_off() {
+        let s = vars(&[(ENV_RELOAD_MS, "0"), (ENV_POLICY, " ")]).unwrap();
+        assert_eq!((s.reload, s.policy), (None, None));
+    }
+
+    #[test]
+    fn refuses_invalid_values_naming_the_variable() {
+        for (var, value) in [
+            (ENV_TIMEOUT_MS, "0"),
+            (ENV_TIMEOUT_MS, "ten"),
+            (ENV_MEMORY_MB, "99999"),
+            (ENV_RELOAD_MS, "-1"),
+            (ENV_FAILURE, "maybe"),
+        ] {
+            let e = vars(&[(var, value)]).unwrap_err().to_string();
+            assert!(e.contains(var) && e.contains(value), "{e}");
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! Between the shared model types and the generated WIT types.
+//!
+//! Inbound (model → guest) is total. Outbound (guest → model) only reshapes: whether an answer
+//! makes sense is `ncclwasm_model::validate`'s job. Reasons are capped in length here because a
+//! hostile guest could otherwise hand back megabytes that end up in every log line.
+
+use ncclwasm_model as m;
+
+use crate::engine::wit;
+use wit::ncclwasm::policy::types as t;
+
+/// Longest reason kept, in bytes: room for the built-in default's own reasons (up to ~600
+/// bytes, the wasm `nccl-default` repeats them) but not for a flood.
+const REASON_MAX: usize = 1024;
+
+pub(crate) fn reason(mut r: String) -> String {
+    if r.len() > REASON_MAX {
+        let mut end = REASON_MAX;
+        while !r.is_char_boundary(end) {
+            end -= 1;
+        }
+        r.truncate(end);
+        r.push('…');
+    }
+    r
+}
+
+fn link_layer(l: m::LinkLayer) -> t::LinkLayer {
+    match l {
+        m::LinkLayer::Infiniband => t::LinkLayer::Infiniband,
+        m::LinkLayer::Ethernet => t::LinkLayer::Ethernet,
+    }
+}
+
+fn gid(g: &m::Gid) -> t::Gid {
+    t::Gid {
+        index: g.index,
+        hi: g.hi(),
+        lo: g.lo(),
+        gid_type: match g.gid_type {
+            m::GidType::Ib => t::GidType::Ib,
+            m::GidType::RoceV1 => t::GidType::RoceV1,
+            m::GidType::RoceV2 => t::GidType::RoceV2,
+            m::GidType::Unknown => t::GidType::Unknown,
+        },
+        family: match g.family() {
+            m::AddrFamily::Ipv4 => t::AddrFamily::Ipv4,
+            m::AddrFamily::Ipv6 => t::AddrFamily::Ipv6,
+        },
+        link_local: g.is_link_local(),
+        unconfigured: g.is_unconfigured(),
+        prefix_len: g.prefix_len,
+    }
+}
+
+pub(crate) fn port(p: &m::Port) -> t::Port {
+    t::Port {
+        index: p.index,
+        device: p.device.clone(),
+        port: p.port,
+        state: match p.state {
+            m::PortState::Down => t::PortState::Down,
+            m::PortState::Initializing => t::PortState::Initializing,
+            m::PortState::Armed => t::PortState::Armed,
+            m::PortState::Active => t::PortState::Active,
+        },
+        link_layer: link_layer(p.link_layer),
+        speed_mbps: p.speed_mbps,
+        width: p.width,
+        mtu: p.mtu,
+        lid: p.lid,
+        pci_path: p.pci_path.clone(),
+        guid: p.guid,
+        numa_node: p.numa_node,
+        max_qps: p.max_qps,
+        provider: p.provider.clone(),
+        gids: p.gids.iter().map(gid).collect(),
+    }
+}
+
+pub(crate) fn ports(ps: &[m::Port]) -> Vec<t::Port> {
+    ps.iter().map(port).collect()
+}
+
+fn endpoint(e: &m::Endpoint) -> t::Endpoint {
+    t::Endpoint {
+        device: e.device.clone(),
+        port: e.port,
+        link_layer: link_layer(e.link_layer),
+        speed_mbps: e.speed_mbps,
+        mtu: e.mtu,
+        lid: e.lid,
+        gid: gid(&e.gid),
+    }
+}
+
+pub(crate) fn connection(c: &m::Connection) -> t::Connection {
+    t::Connection {
+        comm_id: c.comm_id,
+        traffic_class: c.traffic_class,
+        device: c.device,
+        device_name: c.device_name.clone(),
+        local: c.local.iter().map(endpoint).collect(),
+        peer: c.peer.iter().map(endpoint).collect(),
+    }
+}
+
+pub(crate) fn selection(s: t::DeviceSelection) -> m::DeviceSelection {
+    m::DeviceSelection {
+        ports: s.ports,
+        reason: reason(s.reason),
+    }
+}
+
+pub(crate) fn gid_choice(g: t::GidChoice) -> m::GidChoice {
+    m::GidChoice {
+        index: g.index,
+        reason: reason(g.reason),
+    }
+}
+
+pub(crate) fn groups(gs: Vec<t::DeviceGroup>) -> Vec<m::DeviceGroup> {
+    gs.into_iter()
+        .map(|g| m::DeviceGroup {
+            ports: g.ports,
+            name: g.name,
+            reason: reason(g.reason),
+        })
+        .collect()
+}
+
+pub(crate) fn vnic(v: t::VnicAnswer) -> m::VnicAnswer {
+    match v {
+        t::VnicAnswer::Accept(r) => m::VnicAnswer::Accept { reason: reason(r) },
+        t::VnicAnswer::Reshape((devices, r)) => m::VnicAnswer::Reshape {
+            devices,
+            reason: reason(r),
+        },
+        t::VnicAnswer::Refuse(r) => m::VnicAnswer::Refuse { reason: reason(r) },
+    }
+}
+
+pub(crate) fn patch(p: t::ConnPlan) -> m::PlanPatch {
+    m::PlanPatch {
+        qps: p.qps.map(|qs| {
+            qs.into_iter()
+                .map(|q| m::QpPlan {
+                    local: q.local,
+                    remote: q.remote,
+                    weight: q.weight,
+                })
+                .collect()
+        }),
+        stripe_width: p.stripe_width,
+        align: p.align,
+        adaptive_routing: p.adaptive_routing,
+        ar_threshold: p.ar_threshold,
+        tc: p.tc,
+        sl: p.sl,
+        fifo_tc: p.fifo_tc,
+        ece: p.ece,
+        timeout: p.timeout,
+        retry_cnt: p.retry_cnt,
+        reason: reason(p.reason),
+    }
+}

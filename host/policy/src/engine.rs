@@ -1,0 +1,547 @@
+//! The wasmtime side: one engine per [`crate::PolicyHost`], its epoch ticker, the linker with the
+//! only imports a policy gets, compilation with a content-addressed cache, and per-version pools of
+//! instances.
+//!
+//! Sandbox, in a few lines (see `wit/policy.wit`):
+//! - time: epoch interruption; a ticker thread advances the epoch every `timeout / 10` and each
+//!   call gets a deadline of ten ticks, so a runaway call is stopped at 0.9–1.0 × the timeout;
+//! - memory: a [`ResourceLimiter`] caps each linear memory and traps on a refused growth, and
+//!   remembers that it refused, so the fault is reported as out-of-memory rather than a trap;
+//! - capabilities: the `log` import, plus what Rust's std on wasm32-wasip2 imports (`wasi:io`,
+//!   `wasi:cli`, `wasi:random`) backed by an *empty* WASI context: no preopens, no environment, no
+//!   arguments, null stdio. Clocks, filesystem and sockets are not linked at all — a component
+//!   that imports them is refused at load time with the import's name, because a linked
+//!   monotonic clock would also let a guest block the host in `poll` where no epoch can reach it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, HasData, HasSelf, Linker, ResourceTable};
+use wasmtime::{ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder, Trap};
+use wasmtime_wasi::cli::{WasiCli, WasiCliView};
+use wasmtime_wasi::random::WasiRandom;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use crate::{FailureCause, PolicyError, Settings};
+
+/// The generated bindings of world `ncclwasm:policy/policy`.
+pub(crate) mod wit {
+    wasmtime::component::bindgen!({ path: "../../wit", world: "policy" });
+}
+
+/// The target of every log line of this crate.
+pub(crate) const LOG_TARGET: &str = "ncclwasm::policy";
+
+/// Epoch ticks per timeout: the resolution of the time bound.
+const TICKS_PER_TIMEOUT: u32 = 10;
+/// Compiled components kept in memory; more than a watcher flipping between a few versions needs.
+const COMPILED_CACHE_ENTRIES: usize = 8;
+/// Idle instances kept per loaded version: about the number of NCCL threads that ask at once.
+const POOL_SIZE: usize = 8;
+/// `log` lines a guest may write per call; the rest are counted and reported in one line.
+const LOG_LINES_PER_CALL: u32 = 16;
+/// Longest `log` line kept, in bytes.
+const LOG_LINE_MAX: usize = 512;
+
+/// The exports that make a component a policy.
+const REQUIRED_EXPORTS: [&str; 6] = [
+    "init",
+    "select-devices",
+    "select-gid",
+    "group-devices",
+    "make-vnic",
+    "plan-connection",
+];
+/// Import names (or name prefixes) a policy may have; see the module docs.
+const ALLOWED_IMPORTS: [&str; 5] = [
+    "log",
+    "ncclwasm:policy/types",
+    "wasi:io/",
+    "wasi:cli/",
+    "wasi:random/",
+];
+
+/// What one store holds: the empty WASI context, the limits and the `log` budget.
+pub(crate) struct HostState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limits: StoreLimits,
+    /// Set when the limiter refused a growth, so the trap that follows is reported as OOM.
+    memory_refused: bool,
+    /// `name@version` (or the file name before `init` said), for log lines.
+    label: Arc<str>,
+    log_left: u32,
+    log_dropped: u32,
+}
+
+impl HostState {
+    fn new(memory_mb: u32, label: Arc<str>) -> Self {
+        HostState {
+            // Empty on purpose: no preopens, env, args or sockets; stdio reads EOF and writes nowhere.
+            wasi: WasiCtx::builder().build(),
+            table: ResourceTable::new(),
+            limits: StoreLimitsBuilder::new()
+                .memory_size(usize::try_from(u64::from(memory_mb) << 20).unwrap_or(usize::MAX))
+                // One component instantiates several core instances (see reference/wasm-notes.md).
+                .instances(16)
+                .memories(8)
+                .tables(16)
+                .table_elements(1 << 20)
+                .trap_on_grow_failure(true)
+                .build(),
+            memory_refused: false,
+            label,
+            log_left: LOG_LINES_PER_CALL,
+            log_dropped: 0,
+        }
+    }
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl ResourceLimiter for HostState {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let verdict = self.limits.memory_growing(current, desired, maximum);
+        if !matches!(verdict, Ok(true)) {
+            self.memory_refused = true;
+        }
+        verdict
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.limits.table_growing(current, desired, maximum)
+    }
+
+    fn instances(&self) -> usize {
+        self.limits.instances()
+    }
+
+    fn tables(&self) -> usize {
+        self.limits.tables()
+    }
+
+    fn memories(&self) -> usize {
+        self.limits.memories()
+    }
+}
+
+impl wit::ncclwasm::policy::types::Host for HostState {}
+
+impl wit::PolicyImports for HostState {
+    /// Guest lines go to `tracing` under the policy's name, capped in length and in number per
+    /// call so a guest cannot flood NCCL's log.
+    fn log(&mut self, level: wit::LogLevel, mut message: String) {
+        if self.log_left == 0 {
+            self.log_dropped += 1;
+            return;
+        }
+        self.log_left -= 1;
+        if message.len() > LOG_LINE_MAX {
+            let mut end = LOG_LINE_MAX;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push('…');
+        }
+        let policy = &*self.label;
+        match level {
+            wit::LogLevel::Error => tracing::error!(target: LOG_TARGET, policy, "{message}"),
+            wit::LogLevel::Warn => tracing::warn!(target: LOG_TARGET, policy, "{message}"),
+            wit::LogLevel::Info => tracing::info!(target: LOG_TARGET, policy, "{message}"),
+            wit::LogLevel::Debug => tracing::debug!(target: LOG_TARGET, policy, "{message}"),
+        }
+    }
+}
+
+/// `HasData` for the WASI I/O interfaces, which only need the resource table.
+struct IoTable;
+
+impl HasData for IoTable {
+    type Data<'a> = &'a mut ResourceTable;
+}
+
+/// Link exactly the imports a policy may have (module docs).
+fn link(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    use wasmtime_wasi::p2::bindings::sync::{cli, io, random};
+    wit::Policy::add_to_linker::<_, HasSelf<_>>(linker, |h| h)?;
+    let l = linker;
+    io::error::add_to_linker::<_, IoTable>(l, |h| &mut h.table)?;
+    io::poll::add_to_linker::<_, IoTable>(l, |h| &mut h.table)?;
+    io::streams::add_to_linker::<_, IoTable>(l, |h| &mut h.table)?;
+    cli::environment::add_to_linker::<_, WasiCli>(l, HostState::cli)?;
+    cli::exit::add_to_linker::<_, WasiCli>(l, HostState::cli)?;
+    cli::stdin::add_to_linker::<_, WasiCli>(l, HostState::cli)?;
+    cli::stdout::add_to_linker::<_, WasiCli>(l, HostState::cli)?;
+    cli::stderr::add_to_linker::<_, WasiCli>(l, HostState::cli)?;
+    cli::terminal_input::add_to_linker::<_, WasiCli>(l, HostState::cli)?;
+    cli::terminal_output::add_to_linker::<_, WasiCli>(l, HostState::cli)?;
+    cli::terminal_stdin::add_to_linker::<_, WasiCli>(l, HostState::cli)?;
+    cli::terminal_stdout::add_to_linker::<_, WasiCli>(l, HostState::cli)?;
+    cli::terminal_stderr::add_to_linker::<_, WasiCli>(l, HostState::cli)?;
+    random::random::add_to_linker::<_, WasiRandom>(l, |h| h.wasi.random())?;
+    random::insecure::add_to_linker::<_, WasiRandom>(l, |h| h.wasi.random())?;
+    random::insecure_seed::add_to_linker::<_, WasiRandom>(l, |h| h.wasi.random())?;
+    Ok(())
+}
+
+/// A wasmtime error as one line (policy errors end up in single WARN lines and CLI output).
+pub(crate) fn one_line(e: &wasmtime::Error) -> String {
+    format!("{e:#}").replace('\n', " ")
+}
+
+/// Advances the engine's epoch every tick; stopped and joined when the engine is dropped.
+struct Ticker {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Ticker {
+    fn start(engine: wasmtime::Engine, tick: Duration) -> Result<Ticker, PolicyError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("ncclwasm-epoch".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Acquire) {
+                    std::thread::park_timeout(tick);
+                    engine.increment_epoch();
+                }
+            })
+            .map_err(|e| PolicyError::Engine(format!("cannot start the epoch thread: {e}")))?;
+        Ok(Ticker {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            // The ticker only sleeps and increments; it cannot panic.
+            let _ = t.join();
+        }
+    }
+}
+
+/// The engine shared by every version a host loads. Dropped (and its ticker joined) when the
+/// host and the last loaded version are gone.
+pub(crate) struct PolicyEngine {
+    engine: wasmtime::Engine,
+    linker: Linker<HostState>,
+    /// Compiled components by the sha256 of their bytes, newest last.
+    compiled: Mutex<Vec<([u8; 32], Component)>>,
+    deadline_ticks: u64,
+    timeout: Duration,
+    memory_mb: u32,
+    _ticker: Ticker,
+}
+
+impl std::fmt::Debug for PolicyEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyEngine")
+            .field("timeout", &self.timeout)
+            .field("memory_mb", &self.memory_mb)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PolicyEngine {
+    pub(crate) fn new(settings: &Settings) -> Result<Arc<PolicyEngine>, PolicyError> {
+        let engine_err = |e: wasmtime::Error| PolicyError::Engine(one_line(&e));
+        let mut config = wasmtime::Config::new();
+        config
+            .strategy(wasmtime::Strategy::Cranelift)
+            .epoch_interruption(true)
+            // Not needed by policies, and async support triples the cost of a call
+            // (reference/wasm-notes.md).
+            .concurrency_support(false)
+            // Faults are reported in one line; a backtrace would cost ~10 µs per trap for nothing.
+            .wasm_backtrace_max_frames(None);
+        if let Some(dir) = &settings.cache_dir {
+            let mut cache = wasmtime::CacheConfig::new();
+            cache.with_directory(dir);
+            config.cache(Some(wasmtime::Cache::new(cache).map_err(engine_err)?));
+        }
+        let engine = wasmtime::Engine::new(&config).map_err(engine_err)?;
+        let mut linker = Linker::new(&engine);
+        link(&mut linker).map_err(engine_err)?;
+        let tick = (settings.timeout / TICKS_PER_TIMEOUT).max(Duration::from_micros(100));
+        Ok(Arc::new(PolicyEngine {
+            _ticker: Ticker::start(engine.clone(), tick)?,
+            engine,
+            linker,
+            compiled: Mutex::new(Vec::new()),
+            deadline_ticks: u64::from(TICKS_PER_TIMEOUT),
+            timeout: settings.timeout,
+            memory_mb: settings.memory_mb,
+        }))
+    }
+
+    /// Compile `bytes` (or reuse the compilation of identical bytes) and check that the component
+    /// is a policy. `what` names it in errors (a path, or a label given by the caller).
+    pub(crate) fn prepare(&self, bytes: &[u8], what: &str) -> Result<Prepared, PolicyError> {
+        check_header(bytes, what)?;
+        let sha: [u8; 32] = Sha256::digest(bytes).into();
+        let component = self.compile(bytes, sha, what)?;
+        self.check_world(&component, what)?;
+        let not_policy = |e: wasmtime::Error| PolicyError::NotAPolicy {
+            what: what.to_owned(),
+            why: one_line(&e),
+        };
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(not_policy)?;
+        let pre = wit::PolicyPre::new(pre).map_err(not_policy)?;
+        Ok(Prepared { pre, sha })
+    }
+
+    fn compile(&self, bytes: &[u8], sha: [u8; 32], what: &str) -> Result<Component, PolicyError> {
+        if let Some((_, c)) = self.compiled().iter().find(|(s, _)| *s == sha) {
+            return Ok(c.clone());
+        }
+        // Compile outside the lock: it takes tens of ms and other versions may be looked up.
+        let component = Component::new(&self.engine, bytes).map_err(|e| PolicyError::Compile {
+            what: what.to_owned(),
+            detail: one_line(&e),
+        })?;
+        let mut cache = self.compiled();
+        if cache.len() >= COMPILED_CACHE_ENTRIES {
+            cache.remove(0);
+        }
+        cache.push((sha, component.clone()));
+        Ok(component)
+    }
+
+    fn compiled(&self) -> std::sync::MutexGuard<'_, Vec<([u8; 32], Component)>> {
+        // A panic while holding this lock cannot leave the Vec inconsistent.
+        self.compiled.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Name what is missing or forbidden before wasmtime's type check, whose messages are about
+    /// linker internals rather than about the policy world.
+    fn check_world(&self, component: &Component, what: &str) -> Result<(), PolicyError> {
+        let ty = component.component_type();
+        let exports: Vec<&str> = ty.exports(&self.engine).map(|(n, _)| n).collect();
+        let missing: Vec<&str> = REQUIRED_EXPORTS
+            .iter()
+            .copied()
+            .filter(|r| !exports.contains(r))
+            .collect();
+        if !missing.is_empty() {
+            return Err(PolicyError::NotAPolicy {
+                what: what.to_owned(),
+                why: format!(
+                    "it does not export {} (it exports [{}]); build it from wit/policy.wit, world `policy`",
+                    missing.join(", "),
+                    exports.join(", ")
+                ),
+            });
+        }
+        let forbidden: Vec<&str> = ty
+            .imports(&self.engine)
+            .map(|(n, _)| n)
+            .filter(|n| !ALLOWED_IMPORTS.iter().any(|a| n.starts_with(a)))
+            .collect();
+        if !forbidden.is_empty() {
+            return Err(PolicyError::NotAPolicy {
+                what: what.to_owned(),
+                why: format!(
+                    "it imports {}, which policies are not given (no filesystem, network or clock); remove the code that needs it",
+                    forbidden.join(", ")
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The first bytes tell a component from a core module from anything else; say which, so the
+/// author knows whether to run `wasm-tools component new` or to rebuild.
+fn check_header(bytes: &[u8], what: &str) -> Result<(), PolicyError> {
+    let why = match bytes {
+        [0, b'a', b's', b'm', 0x0d, 0, 0x01, 0, ..] => return Ok(()),
+        [0, b'a', b's', b'm', 0x01, 0, 0, 0, ..] => {
+            "it is a core WebAssembly module, not a component; build for wasm32-wasip2 (or wrap it with `wasm-tools component new`)"
+        }
+        _ => "it is not a WebAssembly file",
+    };
+    Err(PolicyError::NotAPolicy {
+        what: what.to_owned(),
+        why: why.to_owned(),
+    })
+}
+
+/// A compiled, type-checked policy, ready to instantiate.
+pub(crate) struct Prepared {
+    pre: wit::PolicyPre<HostState>,
+    pub(crate) sha: [u8; 32],
+}
+
+/// A fault of one guest call, before the host decides between open and closed.
+#[derive(Clone, Debug)]
+pub(crate) struct Fault {
+    pub(crate) cause: FailureCause,
+    pub(crate) detail: String,
+}
+
+/// One live instance with its store. Dropped, never reused, after a fault: a trapped store
+/// refuses every later entry (reference/wasm-notes.md).
+pub(crate) struct Instance {
+    pub(crate) store: Store<HostState>,
+    pub(crate) bindings: wit::Policy,
+}
+
+/// Instances of one loaded version, checked out per call so threads never share a store, and so
+/// an answer always comes whole from this version.
+pub(crate) struct Pool {
+    engine: Arc<PolicyEngine>,
+    prepared: Prepared,
+    init_pairs: Vec<(String, String)>,
+    label: Mutex<Arc<str>>,
+    idle: Mutex<Vec<Instance>>,
+}
+
+impl Pool {
+    pub(crate) fn new(
+        engine: Arc<PolicyEngine>,
+        prepared: Prepared,
+        init_pairs: Vec<(String, String)>,
+        label: &str,
+    ) -> Pool {
+        Pool {
+            engine,
+            prepared,
+            init_pairs,
+            label: Mutex::new(label.into()),
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Name log lines of later instances (`init` told us the policy's name and version).
+    pub(crate) fn set_label(&self, label: &str) {
+        *self.label.lock().unwrap_or_else(|p| p.into_inner()) = label.into();
+    }
+
+    /// A fresh store and instance, `init`-ed. The outer error is a fault, the inner one is
+    /// `init` refusing.
+    pub(crate) fn fresh(&self) -> Result<Result<(Instance, wit::PolicyInfo), String>, Fault> {
+        let label = Arc::clone(&self.label.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut store = Store::new(
+            &self.engine.engine,
+            HostState::new(self.engine.memory_mb, label),
+        );
+        store.limiter(|h| h);
+        self.arm(&mut store);
+        let bindings = match self.prepared.pre.instantiate(&mut store) {
+            Ok(b) => b,
+            Err(e) => return Err(self.fault(&store, &e)),
+        };
+        let mut inst = Instance { store, bindings };
+        match self.run(&mut inst, |i| {
+            i.bindings.call_init(&mut i.store, &self.init_pairs)
+        }) {
+            Ok(Ok(info)) => Ok(Ok((inst, info))),
+            Ok(Err(refusal)) => Ok(Err(refusal)),
+            Err(fault) => Err(fault),
+        }
+    }
+
+    /// Keep a healthy instance for a later call.
+    pub(crate) fn give_back(&self, inst: Instance) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < POOL_SIZE {
+            idle.push(inst);
+        }
+    }
+
+    /// Run `call` on an idle instance (or a fresh one), bounded in time and memory. The instance
+    /// goes back to the pool only if the call succeeded.
+    pub(crate) fn call<R>(
+        &self,
+        call: impl FnOnce(&mut Instance) -> wasmtime::Result<R>,
+    ) -> Result<R, Fault> {
+        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut inst = match idle {
+            Some(i) => i,
+            None => match self.fresh()? {
+                Ok((i, _)) => i,
+                Err(refusal) => {
+                    return Err(Fault {
+                        cause: FailureCause::Init,
+                        detail: format!("a fresh instance's init returned {refusal:?}"),
+                    });
+                }
+            },
+        };
+        let out = self.run(&mut inst, call)?;
+        self.give_back(inst);
+        Ok(out)
+    }
+
+    /// Arm the bounds, make one guest call, and turn an error into a [`Fault`].
+    fn run<R>(
+        &self,
+        inst: &mut Instance,
+        call: impl FnOnce(&mut Instance) -> wasmtime::Result<R>,
+    ) -> Result<R, Fault> {
+        self.arm(&mut inst.store);
+        let result = call(inst);
+        let dropped = std::mem::take(&mut inst.store.data_mut().log_dropped);
+        if dropped > 0 {
+            let policy = &*inst.store.data().label;
+            tracing::warn!(target: LOG_TARGET, policy, "dropped {dropped} log lines over the limit of {LOG_LINES_PER_CALL} per call");
+        }
+        result.map_err(|e| self.fault(&inst.store, &e))
+    }
+
+    fn arm(&self, store: &mut Store<HostState>) {
+        store.set_epoch_deadline(self.engine.deadline_ticks);
+        let state = store.data_mut();
+        state.memory_refused = false;
+        state.log_left = LOG_LINES_PER_CALL;
+    }
+
+    fn fault(&self, store: &Store<HostState>, e: &wasmtime::Error) -> Fault {
+        let (cause, detail) = if store.data().memory_refused {
+            let mb = self.engine.memory_mb;
+            (
+                FailureCause::OutOfMemory,
+                format!("the guest wanted more than NCCL_WASM_POLICY_MEMORY_MB={mb} MiB"),
+            )
+        } else if e.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
+            let ms = self.engine.timeout.as_millis();
+            (
+                FailureCause::Timeout,
+                format!("still running after NCCL_WASM_POLICY_TIMEOUT_MS={ms} ms; interrupted"),
+            )
+        } else {
+            (FailureCause::Trap, one_line(e))
+        };
+        Fault { cause, detail }
+    }
+}

@@ -1,0 +1,274 @@
+//! Each hostile guest is contained: stopped, capped or refused; `open` falls back with a logged
+//! reason, `closed` fails the call; the host neither crashes nor hangs.
+
+use std::time::{Duration, Instant};
+
+use ncclwasm_model::{GidChoice, VnicAnswer};
+use ncclwasm_policy::{FailureCause, FailureMode, Hook, PolicyError, Source};
+
+use crate::{capture_logs, connection, host_with, logged, ports};
+
+/// The fallback's cause and detail, or a panic saying what came instead.
+fn fallback(source: &Source) -> (FailureCause, String) {
+    match source {
+        Source::Fallback { cause, detail, .. } => (*cause, detail.clone()),
+        other => panic!("expected a fallback, got {other}"),
+    }
+}
+
+/// Under `closed`, the same fault is an error naming the hook and the cause.
+fn failed<T: std::fmt::Debug>(r: Result<T, PolicyError>, hook: Hook, cause: FailureCause) {
+    match r {
+        Err(PolicyError::Failed {
+            hook: h, cause: c, ..
+        }) if h == hook && c == cause => {}
+        other => panic!("expected {hook} to fail with {cause}, got {other:?}"),
+    }
+}
+
+#[test]
+fn endless_loop_is_stopped_within_the_deadline() {
+    capture_logs();
+    let ports = ports();
+    let host = host_with("hostile-loop", FailureMode::Open, None);
+    let deadline = host.settings().timeout;
+    let builtin = ncclwasm_default::select_devices(host.ib_config(), &ports);
+    for _ in 0..2 {
+        let start = Instant::now();
+        let d = host.select_devices(&ports).expect("open falls back");
+        let took = start.elapsed();
+        assert!(
+            took < deadline + Duration::from_secs(2),
+            "the loop ran {took:?}"
+        );
+        assert_eq!(fallback(&d.source).0, FailureCause::Timeout);
+        assert_eq!(d.value, builtin, "the built-in default decides");
+    }
+    // The other hooks of the same policy still answer (a fresh instance, `init`-ed again).
+    let gid = host.select_gid(&ports[0]).unwrap();
+    assert!(matches!(gid.source, Source::NoOpinion(_)), "{}", gid.source);
+    assert_eq!(host.stats().faults[1], (FailureCause::Timeout, 2));
+    assert!(
+        logged().contains("hostile-loop@1 failed in select-devices: timeout"),
+        "{}",
+        logged()
+    );
+
+    let closed = host_with("hostile-loop", FailureMode::Closed, None);
+    let start = Instant::now();
+    failed(
+        closed.select_devices(&ports),
+        Hook::SelectDevices,
+        FailureCause::Timeout,
+    );
+    assert!(start.elapsed() < deadline + Duration::from_secs(2));
+}
+
+#[test]
+fn memory_bomb_is_capped() {
+    capture_logs();
+    let ports = ports();
+    let host = host_with("hostile-bomb", FailureMode::Open, None);
+    let d = host.select_devices(&ports).unwrap();
+    let (cause, detail) = fallback(&d.source);
+    assert_eq!(cause, FailureCause::OutOfMemory, "{detail}");
+    assert!(detail.contains("NCCL_WASM_POLICY_MEMORY_MB=32"), "{detail}");
+    assert!(logged().contains("hostile-bomb@1 failed in select-devices: out of memory"));
+    // Again: the faulted store was dropped, its memory returned, a fresh one made.
+    assert_eq!(
+        fallback(&host.select_devices(&ports).unwrap().source).0,
+        FailureCause::OutOfMemory
+    );
+
+    let closed = host_with("hostile-bomb", FailureMode::Closed, None);
+    failed(
+        closed.select_devices(&ports),
+        Hook::SelectDevices,
+        FailureCause::OutOfMemory,
+    );
+}
+
+#[test]
+fn traps_fall_back_and_the_next_call_gets_a_fresh_instance() {
+    capture_logs();
+    let ports = ports();
+    let host = host_with("hostile-trap", FailureMode::Open, None);
+    let (cause, detail) = fallback(&host.select_devices(&ports).unwrap().source);
+    assert_eq!(cause, FailureCause::Trap);
+    assert!(detail.contains("unreachable"), "{detail}");
+    let gid = host.select_gid(&ports[0]).unwrap();
+    assert_eq!(fallback(&gid.source).0, FailureCause::Trap);
+    assert_eq!(
+        gid.value,
+        ncclwasm_default::select_gid(host.ib_config(), &ports[0])
+    );
+    // After two traps the policy still serves the hooks that work.
+    let conn = connection(&ports[0], 3);
+    assert!(matches!(
+        host.plan_connection(&conn).unwrap().source,
+        Source::NoOpinion(_)
+    ));
+    let log = logged();
+    assert!(
+        log.contains("hostile-trap@1 failed in select-devices: trap"),
+        "{log}"
+    );
+    assert!(
+        log.contains("hostile-trap@1 failed in select-gid: trap"),
+        "{log}"
+    );
+
+    let closed = host_with("hostile-trap", FailureMode::Closed, None);
+    failed(
+        closed.select_devices(&ports),
+        Hook::SelectDevices,
+        FailureCause::Trap,
+    );
+    failed(
+        closed.select_gid(&ports[0]),
+        Hook::SelectGid,
+        FailureCause::Trap,
+    );
+}
+
+#[test]
+fn a_log_flood_is_capped() {
+    capture_logs();
+    let ports = ports();
+    let host = host_with("hostile-trap", FailureMode::Open, None);
+    let groups = host.group_devices(&ports[..4]).unwrap();
+    assert!(
+        matches!(groups.source, Source::NoOpinion(_)),
+        "{}",
+        groups.source
+    );
+    assert!(
+        logged().contains("dropped 9984 log lines"),
+        "the flood was not capped"
+    );
+}
+
+#[test]
+fn out_of_range_answers_are_refused() {
+    capture_logs();
+    let ports = ports();
+    let host = host_with("hostile-out-of-range", FailureMode::Open, None);
+    let invalid = |source: &Source, needle: &str| {
+        let (cause, detail) = fallback(source);
+        assert_eq!(cause, FailureCause::InvalidAnswer, "{detail}");
+        assert!(
+            detail.contains(needle),
+            "{detail:?} should mention {needle:?}"
+        );
+    };
+    invalid(&host.select_devices(&ports).unwrap().source, "port 99");
+    let gid = host.select_gid(&ports[0]).unwrap();
+    invalid(&gid.source, "GID index 15 is not in the table");
+    assert_eq!(
+        gid.value,
+        ncclwasm_default::select_gid(host.ib_config(), &ports[0])
+    );
+    invalid(&host.group_devices(&ports[..4]).unwrap().source, "port 99");
+    let vnic = host.make_vnic(&[0, 1], &ports[..2]).unwrap();
+    invalid(&vnic.source, "not requested");
+    invalid(
+        &host
+            .plan_connection(&connection(&ports[0], 3))
+            .unwrap()
+            .source,
+        "0 QPs",
+    );
+    assert!(logged().contains("hostile-out-of-range@1 failed in select-devices: invalid answer"));
+
+    for (case, needle) in [
+        ("weight0", "weight 0"),
+        ("align3", "power of two"),
+        ("timeout0", "timeout 0"),
+    ] {
+        let host = host_with("hostile-out-of-range", FailureMode::Open, Some(case));
+        invalid(
+            &host
+                .plan_connection(&connection(&ports[0], 3))
+                .unwrap()
+                .source,
+            needle,
+        );
+    }
+
+    let closed = host_with("hostile-out-of-range", FailureMode::Closed, None);
+    failed(
+        closed.select_devices(&ports),
+        Hook::SelectDevices,
+        FailureCause::InvalidAnswer,
+    );
+    failed(
+        closed.select_gid(&ports[0]),
+        Hook::SelectGid,
+        FailureCause::InvalidAnswer,
+    );
+    failed(
+        closed.make_vnic(&[0, 1], &ports[..2]),
+        Hook::MakeVnic,
+        FailureCause::InvalidAnswer,
+    );
+    failed(
+        closed.plan_connection(&connection(&ports[0], 3)),
+        Hook::PlanConnection,
+        FailureCause::InvalidAnswer,
+    );
+}
+
+#[test]
+fn contradictory_answers_are_refused() {
+    capture_logs();
+    let ports = ports();
+    let host = host_with("hostile-contradictory", FailureMode::Open, None);
+    let invalid = |source: &Source, needle: &str| {
+        let (cause, detail) = fallback(source);
+        assert_eq!(cause, FailureCause::InvalidAnswer, "{detail}");
+        assert!(
+            detail.contains(needle),
+            "{detail:?} should mention {needle:?}"
+        );
+    };
+    invalid(&host.select_devices(&ports).unwrap().source, "twice");
+    invalid(
+        &host.group_devices(&ports[..6]).unwrap().source,
+        "mixes link layers",
+    );
+    invalid(
+        &host
+            .plan_connection(&connection(&ports[0], 3))
+            .unwrap()
+            .source,
+        "stripe width 2",
+    );
+    // Hooks it has no opinion on are unaffected.
+    let gid = host.select_gid(&ports[0]).unwrap();
+    assert!(matches!(gid.source, Source::NoOpinion(_)));
+    assert!(matches!(gid.value, GidChoice { .. }));
+    let vnic = host.make_vnic(&[0, 1], &ports[..2]).unwrap();
+    assert!(matches!(vnic.source, Source::NoOpinion(_)));
+    assert!(matches!(
+        vnic.value,
+        VnicAnswer::Accept { .. } | VnicAnswer::Reshape { .. } | VnicAnswer::Refuse { .. }
+    ));
+
+    let overlap = host_with("hostile-contradictory", FailureMode::Open, Some("overlap"));
+    invalid(
+        &overlap.group_devices(&ports[..4]).unwrap().source,
+        "earlier group",
+    );
+
+    let closed = host_with("hostile-contradictory", FailureMode::Closed, None);
+    failed(
+        closed.group_devices(&ports[..6]),
+        Hook::GroupDevices,
+        FailureCause::InvalidAnswer,
+    );
+    failed(
+        closed.plan_connection(&connection(&ports[0], 3)),
+        Hook::PlanConnection,
+        FailureCause::InvalidAnswer,
+    );
+}

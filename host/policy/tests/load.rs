@@ -1,0 +1,181 @@
+//! `policy check`-style load errors: each says in one line what is wrong.
+
+use ncclwasm_policy::{FailureCause, FailureMode, Hook, PolicyError, PolicyHost, Source};
+
+use crate::{capture_logs, guest, guest_bytes, ports, settings};
+
+fn builtin_host() -> PolicyHost {
+    PolicyHost::new(settings(FailureMode::Open)).expect("host starts")
+}
+
+fn one_line(e: &PolicyError) -> String {
+    let text = e.to_string();
+    assert!(!text.contains('\n'), "not one line: {text}");
+    text
+}
+
+#[test]
+fn a_file_that_is_not_wasm_is_refused() {
+    let dir = std::env::temp_dir().join(format!("ncclwasm-load-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("policy.wasm");
+    std::fs::write(&text, "select the fast ports please\n").unwrap();
+    let host = builtin_host();
+    let e = host.swap_from_path(&text).unwrap_err();
+    assert!(matches!(e, PolicyError::NotAPolicy { .. }), "{e:?}");
+    assert!(one_line(&e).contains("is not a WebAssembly file"), "{e}");
+
+    let e = host.swap_from_path(dir.join("absent.wasm")).unwrap_err();
+    assert!(matches!(e, PolicyError::Read { .. }), "{e:?}");
+    assert!(one_line(&e).contains("NCCL_WASM_POLICY"), "{e}");
+    assert_eq!(host.stats().swaps_refused, 2);
+    assert_eq!(host.policy(), None, "the built-in default still decides");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_core_module_is_refused() {
+    // The smallest valid core module: magic and version 1, no sections.
+    let e = builtin_host()
+        .swap_from_bytes(b"\0asm\x01\0\0\0", "core.wasm")
+        .unwrap_err();
+    let text = one_line(&e);
+    assert!(
+        text.contains("core.wasm is not a policy component: it is a core WebAssembly module"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_component_of_another_world_is_refused() {
+    let e = builtin_host()
+        .swap_from_path(guest("hostile-wrong-world"))
+        .unwrap_err();
+    let text = one_line(&e);
+    assert!(matches!(e, PolicyError::NotAPolicy { .. }), "{e:?}");
+    assert!(
+        text.contains("does not export init, select-devices"),
+        "{text}"
+    );
+    assert!(text.contains("hello"), "names what it does export: {text}");
+}
+
+#[test]
+fn a_component_that_fails_to_compile_is_refused() {
+    let mut bytes = guest_bytes("hostile-swap-probe");
+    let keep = bytes.len() / 2;
+    bytes.truncate(keep);
+    let e = builtin_host()
+        .swap_from_bytes(&bytes, "truncated.wasm")
+        .unwrap_err();
+    assert!(matches!(e, PolicyError::Compile { .. }), "{e:?}");
+    one_line(&e);
+}
+
+#[test]
+fn a_failing_init_is_refused_at_load() {
+    capture_logs();
+    let host = builtin_host();
+    let e = host.swap_from_path(guest("hostile-init-err")).unwrap_err();
+    match &e {
+        PolicyError::InitRefused { message, .. } => {
+            assert!(message.contains("refuses every configuration"), "{message}")
+        }
+        other => panic!("expected InitRefused, got {other:?}"),
+    }
+    one_line(&e);
+
+    // At start-up: `open` WARNs and runs the built-in default, `closed` refuses to start.
+    let mut s = settings(FailureMode::Open);
+    s.policy = Some(guest("hostile-init-err"));
+    let open = PolicyHost::new(s.clone()).expect("open starts anyway");
+    assert_eq!(open.policy(), None);
+    assert_eq!(
+        open.select_devices(&ports()).unwrap().source,
+        Source::Builtin
+    );
+    s.failure = FailureMode::Closed;
+    assert!(matches!(
+        PolicyHost::new(s),
+        Err(PolicyError::InitRefused { .. })
+    ));
+}
+
+#[test]
+fn a_policy_that_fails_its_trial_on_the_live_topology_is_not_published() {
+    let host = builtin_host();
+    host.set_topology(ports());
+    let probe = host
+        .swap_from_path(guest("hostile-swap-probe"))
+        .expect("a good policy passes its trial");
+    for (package, hook, cause) in [
+        (
+            "hostile-out-of-range",
+            Hook::SelectDevices,
+            FailureCause::InvalidAnswer,
+        ),
+        ("hostile-trap", Hook::SelectDevices, FailureCause::Trap),
+        ("hostile-loop", Hook::SelectDevices, FailureCause::Timeout),
+    ] {
+        match host.swap_from_path(guest(package)) {
+            Err(PolicyError::Trial {
+                hook: h, cause: c, ..
+            }) if h == hook && c == cause => {}
+            other => {
+                panic!("{package}: expected a failed trial in {hook} ({cause}), got {other:?}")
+            }
+        }
+        assert_eq!(
+            host.policy(),
+            Some(probe.clone()),
+            "the previous policy stays"
+        );
+    }
+    let d = host.select_devices(&ports()).unwrap();
+    assert_eq!(d.source, Source::Policy(probe));
+    assert_eq!(host.stats().swaps_ok, 1);
+    assert_eq!(host.stats().swaps_refused, 3);
+}
+
+#[test]
+fn a_policy_that_imports_a_clock_is_refused_naming_the_import() {
+    let e = builtin_host()
+        .swap_from_path(guest("hostile-clock"))
+        .unwrap_err();
+    let text = one_line(&e);
+    assert!(matches!(e, PolicyError::NotAPolicy { .. }), "{e:?}");
+    assert!(text.contains("imports wasi:clocks/"), "{text}");
+    assert!(text.contains("no filesystem, network or clock"), "{text}");
+}
+
+#[test]
+fn compiled_components_are_kept_in_the_cache_dir() {
+    let dir = std::env::temp_dir().join(format!("ncclwasm-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut s = settings(FailureMode::Open);
+    s.cache_dir = Some(dir.clone());
+    s.policy = Some(guest("hostile-swap-probe"));
+    let first = PolicyHost::new(s.clone())
+        .unwrap()
+        .policy()
+        .expect("loaded");
+    let files = |d: &std::path::Path| -> usize {
+        let mut n = 0;
+        let mut stack = vec![d.to_owned()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+                if e.path().is_dir() {
+                    stack.push(e.path());
+                } else {
+                    n += 1;
+                }
+            }
+        }
+        n
+    };
+    assert!(files(&dir) > 0, "nothing cached in {}", dir.display());
+    // A second process-like start loads from the cache and is the same policy.
+    let again = PolicyHost::new(s).unwrap().policy().expect("loaded");
+    assert_eq!(again.sha256, first.sha256);
+    std::fs::remove_dir_all(dir).unwrap();
+}
