@@ -1,1 +1,164 @@
-fn main() {}
+//! `ncclwasm`: see what a routing policy decides before it runs on a cluster.
+//!
+//! Operators write policies and test them offline against topology files (DESIGN §1): `check`
+//! says whether the plugin would load a file, `explain` shows every decision with its reason and
+//! source, `diff` shows only the decisions two policies make differently. Each subcommand is a
+//! module: argument struct, `run` (the policy calls, through [`report`]) and a pure `render`.
+#![forbid(unsafe_code)]
+
+mod check;
+mod diff;
+mod explain;
+mod fail;
+mod render;
+mod report;
+mod setup;
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use serde::Serialize;
+
+use crate::fail::{Fail, Outcome};
+
+const EXIT_STATUS: &str = "\
+Exit status:
+  0  done; for `diff`, the decisions are equal
+  1  `diff`: the decisions differ; `check`: the file is not a usable policy
+  2  invalid arguments or settings (e.g. an NCCL_IB_* value), unreadable topology, or a
+     policy `explain`/`diff` cannot load
+
+NCCL_IB_* settings come from the environment, with --env pairs on top; the built-in default
+and the policy's init both get them. Engine limits come from NCCL_WASM_POLICY_TIMEOUT_MS and
+NCCL_WASM_POLICY_MEMORY_MB, as in the plugin.";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ncclwasm",
+    version,
+    about = "Check, explain and compare nccl-net-wasm policies offline, against topology files",
+    after_help = EXIT_STATUS
+)]
+struct Cli {
+    /// Log decisions and the policies' own log lines to stderr (-v: info, -vv: debug)
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Work with policy components
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// Would the plugin load FILE? Prints its name, version and the hooks it implements
+    #[command(after_help = EXIT_STATUS)]
+    Check(check::Args),
+    /// Every decision a policy makes on a machine, with its reason and source
+    #[command(after_help = EXIT_STATUS)]
+    Explain(explain::Args),
+    /// Only the decisions two policies make differently (exit status 1 when they differ)
+    #[command(after_help = EXIT_STATUS)]
+    Diff(diff::Args),
+}
+
+fn main() -> ExitCode {
+    std::panic::set_hook(Box::new(|info| {
+        let msg: Vec<String> = info
+            .to_string()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        eprintln!("error: internal error, please report it: {}", msg.join(" "));
+    }));
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage(&e),
+    };
+    logging(cli.verbose);
+    let Command::Policy(command) = &cli.command;
+    let result = match command {
+        PolicyCommand::Check(args) => check::run(args),
+        PolicyCommand::Explain(args) => explain::run(args),
+        PolicyCommand::Diff(args) => diff::run(args),
+    };
+    match result.and_then(print) {
+        Ok(exit) => exit.into(),
+        Err(fail) => {
+            eprintln!("{}", fail.line());
+            fail.exit.into()
+        }
+    }
+}
+
+/// Help and version go out as clap prints them; a usage error becomes one `error:` line.
+fn usage(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            // Nothing useful to do if stdout is gone.
+            let _ = e.print();
+            ExitCode::SUCCESS
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            eprintln!("error: a subcommand is required; see `ncclwasm --help`");
+            fail::Exit::Trouble.into()
+        }
+        _ => {
+            // clap's first paragraph is the error (a list of missing arguments continues it on
+            // indented lines); tips and usage follow after a blank line.
+            let text = e.render().to_string();
+            let first: Vec<&str> = text
+                .lines()
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            eprintln!("{} (see --help)", first.join(" "));
+            fail::Exit::Trouble.into()
+        }
+    }
+}
+
+/// Quiet by default (errors only); `-v` shows the engine's decisions and the guests' log lines.
+/// Wasmtime and Cranelift stay at `warn` below `-vvv`: their debug output is about compiling.
+fn logging(verbose: u8) {
+    let filter = match verbose {
+        0 => "error",
+        1 => "warn,ncclwasm=info",
+        2 => "warn,ncclwasm=debug",
+        _ => "debug",
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .without_time()
+        .init();
+}
+
+/// Write the outcome to stdout; a closed pipe (`| head`) is not an error.
+fn print(outcome: Outcome) -> Result<fail::Exit, Fail> {
+    let mut out = std::io::stdout().lock();
+    match out
+        .write_all(outcome.text.as_bytes())
+        .and_then(|()| out.flush())
+    {
+        Ok(()) => Ok(outcome.exit),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(outcome.exit),
+        Err(e) => Err(Fail::trouble(format!("cannot write the output: {e}"))),
+    }
+}
+
+/// `--json` output: pretty, one document, newline-terminated.
+fn json<T: Serialize>(value: &T) -> Result<String, Fail> {
+    serde_json::to_string_pretty(value)
+        .map(|s| s + "\n")
+        .map_err(|e| Fail::trouble(format!("cannot encode JSON: {e}")))
+}

@@ -1,0 +1,152 @@
+//! `ncclwasm policy check FILE`: is this file a policy the plugin would load?
+//!
+//! The file is loaded exactly as the plugin loads it (compiled, checked against world
+//! `ncclwasm:policy/policy`, instantiated, `init`-ed with the settings), then every hook is tried
+//! on a small sample machine. Exit status 1 with one line naming the cause when any step fails,
+//! so a deployment script can refuse the file before it reaches a job.
+
+use std::path::PathBuf;
+
+use clap::Args as ClapArgs;
+use ncclwasm_model::Topology;
+use ncclwasm_policy::{PolicyError, PolicyHost};
+use serde::Serialize;
+
+use crate::fail::{Fail, Outcome};
+use crate::render::field;
+use crate::report::{self, PolicyView};
+use crate::setup::{self, ConfigArgs};
+
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// The policy component (.wasm) to check
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+
+    #[command(flatten)]
+    pub config: ConfigArgs,
+
+    /// Print the result as JSON (shape in host/cli/README.md)
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The machine every hook is tried on: two RoCE ports of one card, so that every hook, the
+/// fusion request included, has something to decide.
+const SAMPLE: &str = r#"
+name = "check-sample"
+description = "two RoCE ports of one dual-port NIC"
+
+[[devices]]
+name = "mlx5_0"
+provider = "mlx5"
+pci-path = "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0"
+guid = "0x0002c90300000001"
+numa-node = 0
+[[devices.ports]]
+port = 1
+link-layer = "ethernet"
+speed-mbps = 100000
+address = "10.0.0.1"
+
+[[devices]]
+name = "mlx5_1"
+provider = "mlx5"
+pci-path = "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.1"
+guid = "0x0002c90300000001"
+numa-node = 0
+[[devices.ports]]
+port = 1
+link-layer = "ethernet"
+speed-mbps = 100000
+address = "10.0.1.1"
+"#;
+
+/// What `check` found, as printed with `--json`.
+#[derive(Debug, Serialize)]
+pub struct Checked {
+    pub file: String,
+    #[serde(flatten)]
+    pub policy: PolicyView,
+    /// The hooks the policy implements (WIT names); the built-in default makes the others.
+    pub hooks: Vec<&'static str>,
+    /// The machine the hooks were tried on.
+    pub trial: String,
+}
+
+pub fn run(args: &Args) -> Result<Outcome, Fail> {
+    let origin = args.file.display().to_string();
+    let bytes = setup::read_policy(&args.file).map_err(Fail::no)?;
+    let host = PolicyHost::new(setup::settings(&args.config)?)?;
+    let sample = Topology::parse(SAMPLE, "check-sample")?;
+    // With the topology known, loading includes the engine's trial run of every hook.
+    host.set_topology(sample.ports());
+    let id = host.swap_from_bytes(&bytes, &origin).map_err(rejected)?;
+    let report = report::evaluate(&host, PolicyView::wasm(&id), &sample, None, &[])?;
+    if let Some((decision, source)) = report::fallbacks(&report).first() {
+        return Err(Fail::no(format!(
+            "policy {origin} failed in {decision} on the sample machine: {}: {}",
+            source.cause.as_deref().unwrap_or("fault"),
+            source.detail.as_deref().unwrap_or("")
+        )));
+    }
+    let checked = Checked {
+        file: origin,
+        policy: report.policy.clone(),
+        hooks: report::hooks_seen(&report)
+            .into_iter()
+            .map(|h| h.name())
+            .collect(),
+        trial: format!("{}: {}", sample.name, sample.description),
+    };
+    let text = if args.json {
+        crate::json(&checked)?
+    } else {
+        render(&checked)
+    };
+    Ok(Outcome::success(text))
+}
+
+/// A load failure is the file's fault (exit 1), except settings and engine trouble (exit 2).
+fn rejected(e: PolicyError) -> Fail {
+    match e {
+        PolicyError::Setting { .. } | PolicyError::IbConfig(_) | PolicyError::Engine(_) => {
+            Fail::trouble(e)
+        }
+        e => Fail::no(e),
+    }
+}
+
+pub fn render(c: &Checked) -> String {
+    let hooks = if c.hooks.is_empty() {
+        "none (the built-in default makes every decision)".to_owned()
+    } else {
+        c.hooks.join(", ")
+    };
+    let mut out = field("policy", &format!("{} {}", c.policy.name, c.policy.version));
+    out += &field("file", &c.file);
+    if let Some(sha) = &c.policy.sha256 {
+        out += &field("sha256", sha);
+    }
+    out += &field("hooks", &hooks);
+    out + &field(
+        "trial",
+        &format!("every hook answered without fault on {}", c.trial),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sample_machine_is_valid_and_offers_a_fusion_request() {
+        let t = Topology::parse(SAMPLE, "check-sample").unwrap();
+        let ports = t.ports();
+        assert_eq!(ports.len(), 2);
+        assert_eq!(
+            ports[0].pci_path, ports[1].pci_path,
+            "one NIC after NCCL's merge rule"
+        );
+    }
+}

@@ -1,0 +1,369 @@
+//! `ncclwasm policy diff A B`: the decisions two policies make differently on the same machine,
+//! each side with its value, reason and source. Exit status 0 when they agree, 1 when they differ
+//! (as diff(1)), 2 on trouble.
+//!
+//! Both reports are flattened into the same list of named decisions ([`items`]) and compared by
+//! value: the same decision for a different reason, or from a different source, is no difference
+//! (a wasm build of the built-in default must show none). The exception is a fault: a decision
+//! one side made only by falling back is that policy's failure, and is shown.
+
+use clap::Args as ClapArgs;
+use serde::Serialize;
+
+use crate::fail::{Exit, Fail, Outcome};
+use crate::render::field;
+use crate::report::{self, PolicyView, Report, SourceView, TopologyView, VnicValue};
+use crate::setup::{self, ConfigArgs, MachineArgs, PolicyArg};
+
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// The first policy: a component (.wasm) or `builtin`
+    #[arg(value_name = "A")]
+    pub a: PolicyArg,
+
+    /// The second policy: a component (.wasm) or `builtin`
+    #[arg(value_name = "B")]
+    pub b: PolicyArg,
+
+    #[command(flatten)]
+    pub machines: MachineArgs,
+
+    #[command(flatten)]
+    pub config: ConfigArgs,
+
+    /// NCCL_WASM_POLICY_CONFIG for A only (instead of --config): policies refuse settings
+    /// meant for another
+    #[arg(long, value_name = "S")]
+    pub config_a: Option<String>,
+
+    /// NCCL_WASM_POLICY_CONFIG for B only (instead of --config)
+    #[arg(long, value_name = "S")]
+    pub config_b: Option<String>,
+
+    /// Print the differences as JSON (shape in host/cli/README.md)
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &Args) -> Result<Outcome, Fail> {
+    let (local, peer) = setup::topologies(&args.machines)?;
+    let settings = setup::settings(&args.config)?;
+    let mut reports = Vec::with_capacity(2);
+    for (policy, config) in [(&args.a, &args.config_a), (&args.b, &args.config_b)] {
+        let mut settings = settings.clone();
+        if let Some(config) = config {
+            settings.config = Some(config.clone());
+        }
+        let (host, view) = setup::host(settings, policy)?;
+        reports.push(report::evaluate(&host, view, &local, peer.as_ref(), &[])?);
+    }
+    let diff = compare(&reports[0], &reports[1]);
+    let exit = if diff.differences.is_empty() {
+        Exit::Success
+    } else {
+        Exit::No
+    };
+    let text = if args.json {
+        crate::json(&diff)?
+    } else {
+        render(&diff)
+    };
+    Ok(Outcome { text, exit })
+}
+
+/// One named decision of a report, as compared.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Item {
+    /// What was decided, e.g. `devices`, `gid mlx5_0:1`, `plan qps`.
+    #[serde(skip)]
+    pub decision: String,
+    pub value: String,
+    pub reason: String,
+    /// Short label: `policy`, `built-in`, `built-in (no opinion)`, `fallback (trap)`, …
+    pub source: String,
+    /// When the policy faulted and the built-in default decided instead: `cause: detail`.
+    pub fault: Option<String>,
+}
+
+/// A decision the two sides make differently; a side that did not make it at all (a port only
+/// one of them selected) is `None`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Difference {
+    pub decision: String,
+    pub a: Option<Item>,
+    pub b: Option<Item>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Diff {
+    pub a: PolicyView,
+    pub b: PolicyView,
+    pub topology: TopologyView,
+    pub peer_topology: TopologyView,
+    pub equal: bool,
+    pub differences: Vec<Difference>,
+}
+
+/// The decisions of `a` and `b` that differ, in `a`'s order, then those only `b` made. A
+/// decision differs when its value does, or when one side faulted and fell back to the built-in
+/// default: that side's policy did not make it, whatever the value.
+pub fn compare(a: &Report, b: &Report) -> Diff {
+    let (ia, ib) = (items(a), items(b));
+    let find = |list: &[Item], key: &str| list.iter().find(|i| i.decision == key).cloned();
+    let same = |x: &Item, y: &Item| x.value == y.value && x.fault.is_some() == y.fault.is_some();
+    let mut differences: Vec<Difference> = ia
+        .iter()
+        .filter_map(|x| {
+            let y = find(&ib, &x.decision);
+            (!y.as_ref().is_some_and(|y| same(x, y))).then(|| Difference {
+                decision: x.decision.clone(),
+                a: Some(x.clone()),
+                b: y,
+            })
+        })
+        .collect();
+    differences.extend(
+        ib.iter()
+            .filter(|y| find(&ia, &y.decision).is_none())
+            .map(|y| Difference {
+                decision: y.decision.clone(),
+                a: None,
+                b: Some(y.clone()),
+            }),
+    );
+    Diff {
+        a: a.policy.clone(),
+        b: b.policy.clone(),
+        topology: a.topology.clone(),
+        peer_topology: a.peer_topology.clone(),
+        equal: differences.is_empty(),
+        differences,
+    }
+}
+
+fn item(decision: impl Into<String>, value: String, reason: &str, source: &SourceView) -> Item {
+    Item {
+        decision: decision.into(),
+        value,
+        reason: reason.to_owned(),
+        source: source.label(),
+        fault: fault(source),
+    }
+}
+
+fn fault(s: &SourceView) -> Option<String> {
+    let cause = s.cause.as_deref()?;
+    Some(format!("{cause}: {}", s.detail.as_deref().unwrap_or("")))
+}
+
+/// Every decision of a report under a stable name.
+pub fn items(r: &Report) -> Vec<Item> {
+    let mut out = Vec::new();
+    let mut machine =
+        |prefix: &str, d: &report::Decided<Vec<report::DeviceView>>, gids: &[report::PortGid]| {
+            let names: Vec<&str> = d.value.iter().map(|v| v.name.as_str()).collect();
+            out.push(item(
+                format!("{prefix}devices"),
+                names.join(" "),
+                &d.reason,
+                &d.source,
+            ));
+            for g in gids {
+                out.push(item(
+                    format!("{prefix}gid {}", g.name),
+                    format!("index {} ({})", g.index, g.address),
+                    &g.reason,
+                    &g.source,
+                ));
+            }
+        };
+    machine("", &r.devices, &r.gids);
+    if let Some(p) = &r.peer {
+        machine("peer ", &p.devices, &p.gids);
+    }
+    let groups: Vec<String> = r
+        .groups
+        .value
+        .iter()
+        .map(|g| format!("{}=[{}]", g.name, g.members.join(" ")))
+        .collect();
+    out.push(item(
+        "fused",
+        if groups.is_empty() {
+            "none".to_owned()
+        } else {
+            groups.join(" ")
+        },
+        &r.groups.reason,
+        &r.groups.source,
+    ));
+    if let Some(v) = &r.vnic {
+        let answer = match &v.answer.value {
+            VnicValue::Accept => "accept".to_owned(),
+            VnicValue::Reshape { devices } => format!("reshape to {devices:?}"),
+            VnicValue::Refuse => "refuse".to_owned(),
+        };
+        out.push(item(
+            "vnic",
+            format!("fuse {}? {answer}", v.members.join("+")),
+            &v.answer.reason,
+            &v.answer.source,
+        ));
+    }
+    if let Some(c) = &r.connection {
+        let plan = &c.plan.decided.value;
+        let weighted = plan.qps.iter().any(|q| q.weight != 1);
+        let name = |list: &[report::EndpointView], k: u32| {
+            list.get(k as usize)
+                .map_or(format!("#{k}"), |e| e.name.clone())
+        };
+        let qps: Vec<String> = plan
+            .qps
+            .iter()
+            .map(|q| {
+                let w = if weighted {
+                    format!(" x{}", q.weight)
+                } else {
+                    String::new()
+                };
+                format!("{}>{}{w}", name(&c.local, q.local), name(&c.peer, q.remote))
+            })
+            .collect();
+        for row in report::plan_rows(&c.plan) {
+            let value = if row.label == "qps" {
+                format!("{}: {}", row.value, qps.join(" "))
+            } else {
+                row.value
+            };
+            out.push(Item {
+                decision: format!("plan {}", row.label),
+                value,
+                reason: row.reason,
+                source: row.source,
+                fault: None,
+            });
+        }
+        // A fault replaces the whole plan: one item for it rather than one per row.
+        let source = &c.plan.decided.source;
+        let value = if source.kind == "fallback" {
+            "built-in plan, after a fault"
+        } else {
+            "planned"
+        };
+        out.push(item(
+            "plan-connection",
+            value.to_owned(),
+            &c.plan.decided.reason,
+            source,
+        ));
+    }
+    out
+}
+
+pub fn render(d: &Diff) -> String {
+    let who = |p: &PolicyView| match &p.origin {
+        Some(origin) => format!("{} {}  ({origin})", p.name, p.version),
+        None => "built-in default (NCCL's own decisions)".to_owned(),
+    };
+    let mut out = field("a", &who(&d.a)) + &field("b", &who(&d.b));
+    out += &field(
+        "topology",
+        &format!("{}  ({})", d.topology.name, d.topology.origin),
+    );
+    if d.peer_topology.origin != d.topology.origin {
+        out += &field(
+            "peer",
+            &format!("{}  ({})", d.peer_topology.name, d.peer_topology.origin),
+        );
+    }
+    out.push('\n');
+    if d.differences.is_empty() {
+        return out + "no differences\n";
+    }
+    for diff in &d.differences {
+        out += &diff.decision;
+        out.push('\n');
+        for (side, it) in [("a", &diff.a), ("b", &diff.b)] {
+            match it {
+                None => out += &format!("  {side}  (not decided: no such port or device)\n"),
+                Some(it) => {
+                    out += &format!("  {side}  {}\n", it.value);
+                    let reason = if it.reason.is_empty() {
+                        "-"
+                    } else {
+                        &it.reason
+                    };
+                    out += &format!("     {}: {reason}\n", it.source);
+                    if let Some(fault) = &it.fault {
+                        out += &format!("     fault: {fault}\n");
+                    }
+                }
+            }
+        }
+    }
+    let n = d.differences.len();
+    out + &format!(
+        "\n{n} decision{} differ{}\n",
+        if n == 1 { "" } else { "s" },
+        if n == 1 { "s" } else { "" }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::corpus_report;
+
+    #[test]
+    fn equal_reports_have_no_differences() {
+        let r = corpus_report("k8s-pod");
+        let d = compare(&r, &r);
+        assert!(d.equal && d.differences.is_empty());
+        assert!(render(&d).ends_with("\nno differences\n"));
+    }
+
+    #[test]
+    fn a_changed_gid_and_a_missing_port_are_differences() {
+        let a = corpus_report("k8s-pod");
+        let mut b = a.clone();
+        b.gids[0].index = 1;
+        b.gids[0].address = "fe80::1".into();
+        b.gids[0].reason = "mine".into();
+        b.gids.pop();
+        let d = compare(&a, &b);
+        let names: Vec<&str> = d.differences.iter().map(|x| x.decision.as_str()).collect();
+        assert_eq!(names, ["gid mlx5_2:1", "gid mlx5_5:1"]);
+        assert_eq!(
+            d.differences[0].b.as_ref().unwrap().value,
+            "index 1 (fe80::1)"
+        );
+        assert!(d.differences[1].b.is_none());
+        let text = render(&d);
+        assert!(
+            text.contains("gid mlx5_2:1\n  a  index 3 (::ffff:10.244.1.17)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  b  (not decided: no such port or device)\n"),
+            "{text}"
+        );
+        assert!(text.ends_with("\n2 decisions differ\n"), "{text}");
+    }
+
+    #[test]
+    fn same_value_from_another_source_or_reason_is_no_difference() {
+        let a = corpus_report("loopback");
+        let mut b = a.clone();
+        b.devices.reason = "another reason".into();
+        b.devices.source.kind = "policy";
+        assert!(compare(&a, &b).equal);
+        b.devices.source.kind = "fallback";
+        b.devices.source.cause = Some("trap".into());
+        let d = compare(&a, &b);
+        assert_eq!(d.differences.len(), 1);
+        assert_eq!(
+            d.differences[0].b.as_ref().unwrap().fault.as_deref(),
+            Some("trap: ")
+        );
+    }
+}

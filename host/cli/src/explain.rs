@@ -1,0 +1,369 @@
+//! `ncclwasm policy explain`: every decision a policy makes on a machine, with its reason and
+//! source, the plan of a sample connection and how messages are striped over it.
+
+use clap::Args as ClapArgs;
+
+use crate::fail::{Fail, Outcome};
+use crate::render::{self, Table, field};
+use crate::report::{self, PortGid, Report, SourceView, VnicValue};
+use crate::setup::{self, ConfigArgs, DEFAULT_SIZES, MachineArgs, PolicyArg};
+
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// The policy: a component (.wasm) or `builtin`
+    #[arg(value_name = "FILE|builtin")]
+    pub policy: PolicyArg,
+
+    #[command(flatten)]
+    pub machines: MachineArgs,
+
+    /// Message sizes to show the striping of, comma-separated (bytes; K, M, G suffixes)
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = DEFAULT_SIZES,
+        value_parser = setup::parse_size
+    )]
+    pub sizes: Vec<u64>,
+
+    #[command(flatten)]
+    pub config: ConfigArgs,
+
+    /// Print the report as JSON (shape in host/cli/README.md)
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &Args) -> Result<Outcome, Fail> {
+    let (local, peer) = setup::topologies(&args.machines)?;
+    let settings = setup::settings(&args.config)?;
+    let (host, policy) = setup::host(settings, &args.policy)?;
+    let report = report::evaluate(&host, policy, &local, peer.as_ref(), &args.sizes)?;
+    let text = if args.json {
+        crate::json(&report)?
+    } else {
+        render(&report)
+    };
+    Ok(Outcome::success(text))
+}
+
+/// The report for people: one section per decision, aligned columns, reasons last.
+pub fn render(r: &Report) -> String {
+    let mut out = header(r);
+    out.push('\n');
+    out += &devices_section("devices", &r.devices);
+    out.push('\n');
+    out += &gids_section(&r.gids);
+    out.push('\n');
+    out += &fused_section(r);
+    if let Some(v) = &r.vnic {
+        out.push('\n');
+        let answer = match &v.answer.value {
+            VnicValue::Accept => "accept".to_owned(),
+            VnicValue::Reshape { devices } => format!("reshape to devices {}", list(devices)),
+            VnicValue::Refuse => "refuse".to_owned(),
+        };
+        out += &field(
+            "vnic",
+            &format!(
+                "fuse devices {} ({})? {answer}",
+                list(&v.request),
+                v.members.join(", ")
+            ),
+        );
+        out += &source_lines(&v.answer.source, &v.answer.reason);
+        out += &field("  asked", &v.why_asked);
+    }
+    if let Some(p) = &r.peer {
+        out.push('\n');
+        out += &devices_section("peer devices", &p.devices);
+        out.push('\n');
+        out += &gids_section(&p.gids);
+    }
+    if let Some(c) = &r.connection {
+        out.push('\n');
+        out += &connection_section(c);
+    }
+    if !r.striping.is_empty() {
+        out.push('\n');
+        out += &striping_section(r);
+    }
+    out
+}
+
+fn header(r: &Report) -> String {
+    let p = &r.policy;
+    let mut out = match (&p.origin, &p.sha256) {
+        (Some(origin), Some(sha)) => field(
+            "policy",
+            &format!(
+                "{} {}  ({origin}, sha256 {})",
+                p.name,
+                p.version,
+                &sha[..sha.len().min(12)]
+            ),
+        ),
+        _ => field("policy", "built-in default (NCCL's own decisions)"),
+    };
+    out += &field(
+        "topology",
+        &format!("{}  ({})", r.topology.name, r.topology.origin),
+    );
+    if r.peer.is_some() {
+        out += &field(
+            "peer",
+            &format!("{}  ({})", r.peer_topology.name, r.peer_topology.origin),
+        );
+    } else {
+        out += &field("peer", "the same machine");
+    }
+    let set: Vec<String> = r
+        .settings
+        .ib
+        .iter()
+        .filter(|s| s.source != "default")
+        .chain(&r.settings.ignored)
+        .map(|s| format!("{}={}", s.name, s.value))
+        .collect();
+    if set.is_empty() {
+        out += &field("settings", "NCCL_IB_* at NCCL's defaults");
+    } else {
+        out += &field("settings", &set.join(" "));
+    }
+    if let Some(config) = &r.settings.config {
+        out += &field("config", config);
+    }
+    out
+}
+
+/// `source` and `why` lines under a section header (a fallback's source names the fault).
+fn source_lines(source: &SourceView, reason: &str) -> String {
+    field("  source", &source.text) + &field("  why", reason)
+}
+
+/// A reason followed by the fault that made the built-in default decide, if any.
+fn why(reason: &str, source: &SourceView) -> String {
+    match (&source.cause, &source.detail) {
+        (Some(cause), Some(detail)) => format!("{reason} [policy fault: {cause}: {detail}]"),
+        _ => reason.to_owned(),
+    }
+}
+
+fn list(items: &[u32]) -> String {
+    items
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn devices_section(label: &str, d: &report::Decided<Vec<report::DeviceView>>) -> String {
+    let mut out = field(label, &format!("{} selected", d.value.len()));
+    out += &source_lines(&d.source, &d.reason);
+    if !d.value.is_empty() {
+        let mut t = Table::new(2, &["dev", "port", "name", "link", "speed", "numa"]);
+        for v in &d.value {
+            t.row(vec![
+                v.device.to_string(),
+                v.port.to_string(),
+                v.name.clone(),
+                render::link(v.link_layer).to_owned(),
+                render::speed(v.speed_mbps),
+                v.numa_node.to_string(),
+            ]);
+        }
+        out += &t.render();
+    }
+    out
+}
+
+fn gids_section(gids: &[PortGid]) -> String {
+    let mut out = field("gids", &format!("{} ports", gids.len()));
+    if let Some(first) = gids.first()
+        && gids.iter().all(|g| g.source == first.source)
+    {
+        out += &field("  source", &first.source.text);
+    }
+    if gids.is_empty() {
+        return out;
+    }
+    let mut t = Table::new(2, &["port", "index", "address", "type", "source", "why"]);
+    for g in gids {
+        t.row(vec![
+            g.name.clone(),
+            g.index.to_string(),
+            g.address.clone(),
+            render::gid_type(g.gid_type).to_owned(),
+            g.source.label(),
+            why(&g.reason, &g.source),
+        ]);
+    }
+    out + &t.render()
+}
+
+fn fused_section(r: &Report) -> String {
+    let g = &r.groups;
+    let mut out = if g.value.is_empty() {
+        field("fused", "none")
+    } else {
+        field("fused", &format!("{} group(s)", g.value.len()))
+    };
+    out += &source_lines(&g.source, &g.reason);
+    if !g.value.is_empty() {
+        let mut t = Table::new(2, &["name", "members", "why"]);
+        for group in &g.value {
+            t.row(vec![
+                group.name.clone(),
+                group.members.join(" "),
+                group.reason.clone(),
+            ]);
+        }
+        out += &t.render();
+        out += &field("  nccl sees", "");
+        let mut t = Table::new(2, &["dev", "name", "ports"]);
+        for d in &r.nccl_devices {
+            t.row(vec![d.device.to_string(), d.name.clone(), list(&d.ports)]);
+        }
+        out += &t.render();
+    }
+    out
+}
+
+fn connection_section(c: &report::ConnectionView) -> String {
+    let plan = &c.plan.decided;
+    let mut out = field(
+        "connection",
+        &format!(
+            "device {} ({}) to {} peer port(s): {} QP(s)",
+            c.device,
+            c.device_name,
+            c.peer.len(),
+            plan.value.qps.len()
+        ),
+    );
+    out += &field("  source", &plan.source.text);
+    let mut t = Table::new(2, &["qp", "local", "gid", "remote", "gid", "weight"]);
+    for (i, qp) in plan.value.qps.iter().enumerate() {
+        let end = |list: &[report::EndpointView], k: u32| {
+            list.get(k as usize)
+                .map_or((format!("#{k}?"), String::new()), |e| {
+                    (e.name.clone(), format!("{} {}", e.gid_index, e.address))
+                })
+        };
+        let (local, lgid) = end(&c.local, qp.local);
+        let (remote, rgid) = end(&c.peer, qp.remote);
+        t.row(vec![
+            i.to_string(),
+            local,
+            lgid,
+            remote,
+            rgid,
+            qp.weight.to_string(),
+        ]);
+    }
+    out += &t.render();
+    let mut t = Table::new(2, &["plan", "value", "source", "why"]);
+    for row in report::plan_rows(&c.plan) {
+        t.row(vec![
+            row.label.to_owned(),
+            row.value,
+            row.source,
+            if row.reason.is_empty() {
+                "-".to_owned()
+            } else {
+                row.reason
+            },
+        ]);
+    }
+    out + &t.render()
+}
+
+fn striping_section(r: &Report) -> String {
+    let qps = r
+        .connection
+        .as_ref()
+        .map_or(0, |c| c.plan.decided.value.qps.len());
+    let out = field(
+        "striping",
+        &format!("first message from QP 0 of {qps}; bytes@offset per QP, '-' = nothing"),
+    );
+    let mut header = vec!["qp".to_owned()];
+    header.extend(r.striping.iter().map(|s| render::size(s.size)));
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut t = Table::new(2, &header);
+    let rows = r
+        .striping
+        .iter()
+        .map(|s| s.stripes.len())
+        .max()
+        .unwrap_or(0);
+    for k in 0..rows {
+        let qp = r.striping[0].stripes.get(k).map_or(0, |s| s.qp);
+        let mut row = vec![qp.to_string()];
+        for s in &r.striping {
+            row.push(s.stripes.get(k).map_or(String::new(), |st| {
+                if st.len == 0 {
+                    "-".to_owned()
+                } else {
+                    format!("{}@{}", st.len, st.offset)
+                }
+            }));
+        }
+        t.row(row);
+    }
+    out + &t.render()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{GroupView, NcclDevice, corpus_report};
+
+    #[test]
+    fn renders_every_section_of_a_builtin_report() {
+        let text = render(&corpus_report("dual-port"));
+        for label in [
+            "policy",
+            "topology",
+            "peer",
+            "settings",
+            "devices",
+            "gids",
+            "fused",
+            "vnic",
+            "connection",
+            "striping",
+        ] {
+            assert!(
+                text.lines().any(|l| l.starts_with(&format!("{label} "))),
+                "{label}: {text}"
+            );
+        }
+        assert!(text.contains("fuse devices 0,1 (mlx5_0:1, mlx5_1:1)? accept"));
+        assert!(text.contains("  qp  8    1M\n"), "{text}");
+    }
+
+    #[test]
+    fn fused_groups_show_members_and_the_device_list_nccl_sees() {
+        let mut r = corpus_report("dual-port");
+        r.groups.value = vec![GroupView {
+            name: "mlx5_0+mlx5_1".into(),
+            ports: vec![0, 1],
+            members: vec!["mlx5_0:1".into(), "mlx5_1:1".into()],
+            reason: "one card".into(),
+        }];
+        r.nccl_devices = vec![NcclDevice {
+            device: 0,
+            name: "mlx5_0+mlx5_1".into(),
+            ports: vec![0, 1],
+        }];
+        let text = render(&r);
+        assert!(text.contains("fused       1 group(s)\n"), "{text}");
+        assert!(
+            text.contains("  mlx5_0+mlx5_1  mlx5_0:1 mlx5_1:1  one card\n"),
+            "{text}"
+        );
+        assert!(text.contains("  0    mlx5_0+mlx5_1  0,1\n"), "{text}");
+    }
+}

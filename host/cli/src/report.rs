@@ -1,0 +1,1000 @@
+//! What a policy decides on one machine, as data: the policy calls behind `explain`, `diff` and
+//! `check`.
+//!
+//! [`evaluate`] asks a [`PolicyHost`] every decision the plugin asks at start-up and on the first
+//! connection, in the plugin's order, and keeps each answer with its reason and [source]. The
+//! result is plain serialisable data, so the human renderers are pure functions over it and
+//! `--json` prints this same structure (documented in README.md; fields are only ever added).
+//!
+//! [source]: ncclwasm_policy::Source
+
+use std::sync::Arc;
+
+use ncclwasm_default::IbConfig;
+use ncclwasm_model::{
+    ConnPlan, Connection, DeviceGroup, Endpoint, Gid, GidType, LinkLayer, Port, Topology,
+    VnicAnswer,
+};
+use ncclwasm_policy::{Decision, Hook, PolicyError, PolicyHost, PolicyId, Source};
+use serde::Serialize;
+
+/// Everything one policy decides on one machine (and its peer).
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub policy: PolicyView,
+    pub topology: TopologyView,
+    /// The machine on the other end of the sample connection (the same one unless `--peer`).
+    pub peer_topology: TopologyView,
+    pub settings: SettingsView,
+    /// `select-devices`: NCCL device `i` is `devices.value[i]`, before fusion.
+    pub devices: Decided<Vec<DeviceView>>,
+    /// `select-gid`, per selected port.
+    pub gids: Vec<PortGid>,
+    /// `group-devices`: fused NICs the plugin itself exposes.
+    pub groups: Decided<Vec<GroupView>>,
+    /// The device list NCCL sees: the selection with each group in place of its first member.
+    pub nccl_devices: Vec<NcclDevice>,
+    /// `make-vnic`: NCCL core's answer to a sample fusion request, when there are two devices.
+    pub vnic: Option<VnicView>,
+    /// The peer's own `select-devices` and `select-gid`, when it is another machine.
+    pub peer: Option<PeerView>,
+    /// `plan-connection` for NCCL device 0 to the peer, when a device was selected.
+    pub connection: Option<ConnectionView>,
+    /// How the first message of each size is striped over the plan's QPs.
+    pub striping: Vec<Striping>,
+}
+
+/// Who decides: the built-in default, or a wasm policy as its `init` named it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PolicyView {
+    /// `builtin` or `wasm`.
+    pub kind: &'static str,
+    pub name: String,
+    pub version: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// The file it was loaded from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
+}
+
+impl PolicyView {
+    pub fn builtin() -> PolicyView {
+        PolicyView {
+            kind: "builtin",
+            name: "built-in default".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            sha256: None,
+            origin: None,
+        }
+    }
+
+    pub fn wasm(id: &PolicyId) -> PolicyView {
+        PolicyView {
+            kind: "wasm",
+            name: id.name.clone(),
+            version: id.version.clone(),
+            sha256: Some(id.sha256.clone()),
+            origin: Some(id.origin.clone()),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TopologyView {
+    pub name: String,
+    pub description: String,
+    pub origin: String,
+}
+
+impl From<&Topology> for TopologyView {
+    fn from(t: &Topology) -> TopologyView {
+        TopologyView {
+            name: t.name.clone(),
+            description: t.description.clone(),
+            origin: t.origin.clone(),
+        }
+    }
+}
+
+/// The `NCCL_IB_*` settings in effect and the string `init` got.
+#[derive(Clone, Debug, Serialize)]
+pub struct SettingsView {
+    /// `NCCL_WASM_POLICY_CONFIG` as handed to `init`.
+    pub config: Option<String>,
+    /// Every variable the built-in default reads, with its value and where it came from.
+    pub ib: Vec<SettingView>,
+    /// `NCCL_IB_*` pairs given that the built-in default does not read (the transport may).
+    pub ignored: Vec<SettingView>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SettingView {
+    pub name: String,
+    pub value: String,
+    /// `default` or `environment` (which includes `--env`).
+    pub source: &'static str,
+}
+
+impl SettingsView {
+    fn new(config: Option<String>, ib: &IbConfig) -> SettingsView {
+        SettingsView {
+            config,
+            ib: ib
+                .sources()
+                .iter()
+                .map(|s| SettingView {
+                    name: s.name.to_owned(),
+                    value: s.value.clone(),
+                    source: match s.source {
+                        ncclwasm_default::Source::Default => "default",
+                        ncclwasm_default::Source::Environment => "environment",
+                    },
+                })
+                .collect(),
+            ignored: ib
+                .ignored()
+                .iter()
+                .map(|(name, value)| SettingView {
+                    name: name.clone(),
+                    value: value.clone(),
+                    source: "environment",
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A decision with its reason and source.
+#[derive(Clone, Debug, Serialize)]
+pub struct Decided<T> {
+    pub value: T,
+    pub reason: String,
+    pub source: SourceView,
+}
+
+/// Where a decision came from, flattened for JSON and for short labels.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SourceView {
+    /// `policy`, `builtin` (no policy loaded), `no-opinion`, `not-implemented` or `fallback`.
+    pub kind: &'static str,
+    /// The policy (`name@version`) that answered, declined or faulted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// `fallback` only: the fault (`trap`, `timeout`, `out of memory`, `invalid answer`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// The whole story in one sentence.
+    pub text: String,
+}
+
+impl From<&Source> for SourceView {
+    fn from(s: &Source) -> SourceView {
+        let id = |p: &Arc<PolicyId>| Some(p.to_string());
+        let (kind, policy, cause, detail) = match s {
+            Source::Policy(p) => ("policy", id(p), None, None),
+            Source::Builtin => ("builtin", None, None, None),
+            Source::NoOpinion(p) => ("no-opinion", id(p), None, None),
+            Source::NotImplemented(p) => ("not-implemented", id(p), None, None),
+            Source::Fallback {
+                policy,
+                cause,
+                detail,
+            } => (
+                "fallback",
+                id(policy),
+                Some(cause.to_string()),
+                Some(detail.clone()),
+            ),
+        };
+        SourceView {
+            kind,
+            policy,
+            cause,
+            detail,
+            text: s.to_string(),
+        }
+    }
+}
+
+impl SourceView {
+    /// A few words for a table column; the full story is in [`SourceView::text`].
+    pub fn label(&self) -> String {
+        match self.kind {
+            "policy" => "policy".into(),
+            "no-opinion" => "built-in (no opinion)".into(),
+            "not-implemented" => "built-in (not implemented)".into(),
+            "fallback" => format!("fallback ({})", self.cause.as_deref().unwrap_or("fault")),
+            _ => "built-in".into(),
+        }
+    }
+}
+
+fn decided<T, U>(d: Decision<T>, value: impl FnOnce(T) -> U) -> Decided<U> {
+    Decided {
+        source: SourceView::from(&d.source),
+        reason: d.reason,
+        value: value(d.value),
+    }
+}
+
+/// One selected port: NCCL device `device` before fusion is port-table entry `port`.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceView {
+    pub device: u32,
+    pub port: u32,
+    /// `device:port`, e.g. `mlx5_0:1`.
+    pub name: String,
+    pub link_layer: LinkLayer,
+    pub speed_mbps: u32,
+    pub numa_node: i32,
+}
+
+/// The GID one selected port uses.
+#[derive(Clone, Debug, Serialize)]
+pub struct PortGid {
+    /// Port-table index and `device:port`.
+    pub port: u32,
+    pub name: String,
+    pub index: u32,
+    /// The GID in IPv6 text form; `::` when the index is not in the table.
+    pub address: String,
+    #[serde(rename = "type")]
+    pub gid_type: GidType,
+    pub prefix_len: u8,
+    pub reason: String,
+    pub source: SourceView,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct GroupView {
+    /// The device name NCCL sees (the policy's, or the members' joined by `+`).
+    pub name: String,
+    /// Port-table indices and their `device:port` names.
+    pub ports: Vec<u32>,
+    pub members: Vec<String>,
+    pub reason: String,
+}
+
+/// One device of the list NCCL sees.
+#[derive(Clone, Debug, Serialize)]
+pub struct NcclDevice {
+    pub device: u32,
+    pub name: String,
+    pub ports: Vec<u32>,
+}
+
+/// A sample `makeVDevice` request and the answer.
+#[derive(Clone, Debug, Serialize)]
+pub struct VnicView {
+    /// NCCL device indices asked to be fused, and their ports' names.
+    pub request: Vec<u32>,
+    pub members: Vec<String>,
+    /// Why this request was chosen as the sample.
+    pub why_asked: String,
+    pub answer: Decided<VnicValue>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum VnicValue {
+    Accept,
+    Reshape { devices: Vec<u32> },
+    Refuse,
+}
+
+/// The peer machine's own device and GID decisions (same policy, same settings).
+#[derive(Clone, Debug, Serialize)]
+pub struct PeerView {
+    pub devices: Decided<Vec<DeviceView>>,
+    pub gids: Vec<PortGid>,
+}
+
+/// The sample connection and its plan.
+#[derive(Clone, Debug, Serialize)]
+pub struct ConnectionView {
+    /// NCCL device 0 (after fusion) and its name.
+    pub device: u32,
+    pub device_name: String,
+    /// `conn.local` and `conn.peer`: QPs refer to these by position.
+    pub local: Vec<EndpointView>,
+    pub peer: Vec<EndpointView>,
+    pub plan: PlanView,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct EndpointView {
+    pub name: String,
+    pub gid_index: u32,
+    pub address: String,
+}
+
+/// The plan, with who set which field: a policy's patch only replaces some fields.
+#[derive(Clone, Debug, Serialize)]
+pub struct PlanView {
+    #[serde(flatten)]
+    pub decided: Decided<ConnPlan>,
+    /// The fields the policy set (`qps`, `stripe-width`, `align`, `adaptive-routing`,
+    /// `ar-threshold`, `tc`, `sl`, `fifo-tc`, `ece`, `timeout`, `retry-cnt`); the rest are the
+    /// built-in default's.
+    pub policy_set: Vec<String>,
+    /// The policy's own reason for the fields it set.
+    pub policy_reason: Option<String>,
+    /// The built-in default's reason for its plan of this connection.
+    pub builtin_reason: String,
+}
+
+/// The stripes of the first message of `size` bytes (rotation starting at QP `start`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Striping {
+    pub size: u64,
+    pub start: u32,
+    pub stripes: Vec<StripeView>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct StripeView {
+    /// Index into the plan's QPs.
+    pub qp: u32,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// `device:port`, how ports are named everywhere in the output.
+pub fn port_name(p: &Port) -> String {
+    format!("{}:{}", p.device, p.port)
+}
+
+/// The endpoint a port talks from with GID `index`; an index the table lacks (a forced
+/// `NCCL_IB_GID_INDEX`) becomes an unconfigured GID, which is what the connection would carry.
+fn endpoint(port: &Port, index: u32) -> Endpoint {
+    Endpoint {
+        device: port.device.clone(),
+        port: port.port,
+        link_layer: port.link_layer,
+        speed_mbps: port.speed_mbps,
+        mtu: port.mtu,
+        lid: port.lid,
+        gid: port
+            .gids
+            .iter()
+            .find(|g| g.index == index)
+            .cloned()
+            .unwrap_or_else(|| Gid::unconfigured(index)),
+    }
+}
+
+fn endpoint_view(e: &Endpoint) -> EndpointView {
+    EndpointView {
+        name: format!("{}:{}", e.device, e.port),
+        gid_index: e.gid.index,
+        address: e.gid.addr().to_string(),
+    }
+}
+
+/// One machine's device selection and GIDs, and the endpoints they make.
+struct Chosen {
+    devices: Decided<Vec<DeviceView>>,
+    gids: Vec<PortGid>,
+    selected: Vec<Port>,
+    endpoints: Vec<Endpoint>,
+}
+
+fn choose(host: &PolicyHost, ports: &[Port]) -> Result<Chosen, PolicyError> {
+    let selection = host.select_devices(ports)?;
+    let selected: Vec<Port> = selection
+        .value
+        .ports
+        .iter()
+        .filter_map(|i| ports.iter().find(|p| p.index == *i).cloned())
+        .collect();
+    let devices = decided(selection, |_| {
+        selected
+            .iter()
+            .enumerate()
+            .map(|(device, p)| DeviceView {
+                device: device as u32,
+                port: p.index,
+                name: port_name(p),
+                link_layer: p.link_layer,
+                speed_mbps: p.speed_mbps,
+                numa_node: p.numa_node,
+            })
+            .collect()
+    });
+    let mut gids = Vec::with_capacity(selected.len());
+    let mut endpoints = Vec::with_capacity(selected.len());
+    for p in &selected {
+        let choice = host.select_gid(p)?;
+        let e = endpoint(p, choice.value.index);
+        gids.push(PortGid {
+            port: p.index,
+            name: port_name(p),
+            index: choice.value.index,
+            address: e.gid.addr().to_string(),
+            gid_type: e.gid.gid_type,
+            prefix_len: e.gid.prefix_len,
+            reason: choice.reason,
+            source: SourceView::from(&choice.source),
+        });
+        endpoints.push(e);
+    }
+    Ok(Chosen {
+        devices,
+        gids,
+        selected,
+        endpoints,
+    })
+}
+
+/// The NCCL device list: selected ports in order, each group in place of its first member and
+/// its other members gone.
+fn nccl_devices(selected: &[Port], groups: &[DeviceGroup]) -> Vec<NcclDevice> {
+    let mut out = Vec::new();
+    for p in selected {
+        let (name, ports) = match groups.iter().find(|g| g.ports.contains(&p.index)) {
+            Some(g) if g.ports.first() != Some(&p.index) => continue,
+            Some(g) => (group_name(g, selected), g.ports.clone()),
+            None => (p.device.clone(), vec![p.index]),
+        };
+        out.push(NcclDevice {
+            device: out.len() as u32,
+            name,
+            ports,
+        });
+    }
+    out
+}
+
+fn group_name(g: &DeviceGroup, selected: &[Port]) -> String {
+    g.name.clone().unwrap_or_else(|| {
+        g.ports
+            .iter()
+            .filter_map(|i| selected.iter().find(|p| p.index == *i))
+            .map(|p| p.device.as_str())
+            .collect::<Vec<_>>()
+            .join("+")
+    })
+}
+
+/// The sample fusion request: the first single-port devices that share a NIC (same PCI path after
+/// NCCL's merge rule — what NCCL core fuses by default), else the first two devices.
+fn vnic_request(devices: &[NcclDevice], selected: &[Port]) -> Option<(Vec<u32>, String)> {
+    let single: Vec<(u32, &Port)> = devices
+        .iter()
+        .filter(|d| d.ports.len() == 1)
+        .filter_map(|d| {
+            let p = selected.iter().find(|p| p.index == d.ports[0])?;
+            Some((d.device, p))
+        })
+        .collect();
+    for (_, p) in &single {
+        let same: Vec<&(u32, &Port)> = single
+            .iter()
+            .filter(|(_, q)| !p.pci_path.is_empty() && q.pci_path == p.pci_path)
+            .collect();
+        if same.len() >= 2 {
+            return Some((
+                same.iter().map(|(d, _)| *d).collect(),
+                format!("these devices share one NIC (PCI path {})", p.pci_path),
+            ));
+        }
+    }
+    (single.len() >= 2).then(|| {
+        (
+            vec![single[0].0, single[1].0],
+            "no devices share a NIC; the first two devices".to_owned(),
+        )
+    })
+}
+
+/// Ask every decision, as the plugin does at start-up and on the first connection.
+pub fn evaluate(
+    host: &PolicyHost,
+    policy: PolicyView,
+    local: &Topology,
+    peer: Option<&Topology>,
+    sizes: &[u64],
+) -> Result<Report, PolicyError> {
+    let ports = local.ports();
+    // Plans are held to the QP limit of the live ports, as in the plugin.
+    host.set_topology(ports.clone());
+    let chosen = choose(host, &ports)?;
+    let groups = host.group_devices(&chosen.selected)?;
+    let nccl = nccl_devices(&chosen.selected, &groups.value);
+    let groups = decided(groups, |gs| {
+        gs.iter()
+            .map(|g| GroupView {
+                name: group_name(g, &chosen.selected),
+                ports: g.ports.clone(),
+                members: g
+                    .ports
+                    .iter()
+                    .filter_map(|i| ports.iter().find(|p| p.index == *i))
+                    .map(port_name)
+                    .collect(),
+                reason: g.reason.clone(),
+            })
+            .collect()
+    });
+
+    let port_of = |device: u32| -> Vec<&Port> {
+        nccl.get(device as usize).map_or(Vec::new(), |d| {
+            d.ports
+                .iter()
+                .filter_map(|i| chosen.selected.iter().find(|p| p.index == *i))
+                .collect()
+        })
+    };
+    let vnic = match vnic_request(&nccl, &chosen.selected) {
+        None => None,
+        Some((request, why_asked)) => {
+            let members: Vec<Port> = request.iter().flat_map(|d| port_of(*d)).cloned().collect();
+            let answer = host.make_vnic(&request, &members)?;
+            Some(VnicView {
+                members: members.iter().map(port_name).collect(),
+                request,
+                why_asked,
+                answer: decided(answer, |a| match a {
+                    VnicAnswer::Accept { .. } => VnicValue::Accept,
+                    VnicAnswer::Reshape { devices, .. } => VnicValue::Reshape { devices },
+                    VnicAnswer::Refuse { .. } => VnicValue::Refuse,
+                }),
+            })
+        }
+    };
+
+    let peer_chosen = peer.map(|t| choose(host, &t.ports())).transpose()?;
+    let peer_endpoints = peer_chosen
+        .as_ref()
+        .map_or(&chosen.endpoints, |c| &c.endpoints);
+    let connection = match nccl.first() {
+        None => None,
+        Some(dev) => {
+            let local_endpoints: Vec<Endpoint> = dev
+                .ports
+                .iter()
+                .filter_map(|i| chosen.selected.iter().position(|p| p.index == *i))
+                .map(|k| chosen.endpoints[k].clone())
+                .collect();
+            let conn = Connection {
+                comm_id: 0,
+                traffic_class: -1,
+                device: dev.device,
+                device_name: dev.name.clone(),
+                local: local_endpoints,
+                peer: peer_endpoints.clone(),
+            };
+            let base = ncclwasm_default::plan_connection(host.ib_config(), &conn);
+            let plan = host.plan_connection(&conn)?;
+            Some(ConnectionView {
+                device: dev.device,
+                device_name: dev.name.clone(),
+                local: conn.local.iter().map(endpoint_view).collect(),
+                peer: conn.peer.iter().map(endpoint_view).collect(),
+                plan: plan_view(plan, &base),
+            })
+        }
+    };
+    let striping = connection.as_ref().map_or(Vec::new(), |c| {
+        sizes
+            .iter()
+            .map(|&size| Striping {
+                size,
+                start: 0,
+                stripes: c
+                    .plan
+                    .decided
+                    .value
+                    .stripes(size, 0)
+                    .map(|s| StripeView {
+                        qp: s.qp,
+                        offset: s.offset,
+                        len: s.len,
+                    })
+                    .collect(),
+            })
+            .collect()
+    });
+
+    Ok(Report {
+        policy,
+        topology: local.into(),
+        peer_topology: peer.unwrap_or(local).into(),
+        settings: SettingsView::new(host.settings().config.clone(), host.ib_config()),
+        devices: chosen.devices,
+        gids: chosen.gids,
+        groups,
+        nccl_devices: nccl,
+        vnic,
+        peer: peer_chosen.map(|c| PeerView {
+            devices: c.devices,
+            gids: c.gids,
+        }),
+        connection,
+        striping,
+    })
+}
+
+/// The plan with field attribution. `PlanPatch::apply` words a policy's plan reason as
+/// `policy set <fields>: <why>; built-in default for the rest: <base reason>`; that is read back
+/// here (the format is pinned by a test below). Should it not parse, the fields that differ from
+/// the built-in plan are taken as the policy's, with the whole reason.
+fn plan_view(plan: Decision<ConnPlan>, base: &ConnPlan) -> PlanView {
+    let by_policy = matches!(plan.source, Source::Policy(_));
+    let parsed = plan
+        .reason
+        .strip_suffix(&format!("; built-in default for the rest: {}", base.reason))
+        .and_then(|r| r.strip_prefix("policy set "))
+        .and_then(|r| r.split_once(": "))
+        .map(|(fields, why)| {
+            let fields = fields.split(", ").map(str::to_owned).collect::<Vec<_>>();
+            (fields, why.to_owned())
+        });
+    let (policy_set, policy_reason) = match (by_policy, parsed) {
+        (false, _) => (Vec::new(), None),
+        (true, Some((fields, why))) => (fields, Some(why)),
+        (true, None) => (
+            changed_fields(&plan.value, base)
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+            Some(plan.reason.clone()),
+        ),
+    };
+    PlanView {
+        decided: decided(plan, |p| p),
+        policy_set,
+        policy_reason,
+        builtin_reason: base.reason.clone(),
+    }
+}
+
+/// The plan fields (named as in the WIT) whose values differ between two plans.
+fn changed_fields(a: &ConnPlan, b: &ConnPlan) -> Vec<&'static str> {
+    [
+        ("qps", a.qps != b.qps),
+        ("stripe-width", a.stripe_width != b.stripe_width),
+        ("align", a.align != b.align),
+        ("adaptive-routing", a.adaptive_routing != b.adaptive_routing),
+        ("ar-threshold", a.ar_threshold != b.ar_threshold),
+        ("tc", a.tc != b.tc),
+        ("sl", a.sl != b.sl),
+        ("fifo-tc", a.fifo_tc != b.fifo_tc),
+        ("ece", a.ece != b.ece),
+        ("timeout", a.timeout != b.timeout),
+        ("retry-cnt", a.retry_cnt != b.retry_cnt),
+    ]
+    .into_iter()
+    .filter_map(|(name, differs)| differs.then_some(name))
+    .collect()
+}
+
+/// One line of a plan as `explain` and `diff` show it: a few related fields, their values, and
+/// who set them why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanRow {
+    pub label: &'static str,
+    pub value: String,
+    /// A short source label (see [`SourceView::label`]).
+    pub source: String,
+    pub reason: String,
+}
+
+/// The rows of a plan: label, the fields shown (WIT names), and the phrases by which the
+/// built-in default's reason clauses are recognised (its reason is `; `-separated clauses, one
+/// per concern; `plan_rows_cover_every_builtin_clause` checks they are all claimed).
+const PLAN_ROWS: [(&str, &[&str], &[&str]); 6] = [
+    ("qps", &["qps"], &["NCCL_IB_QPS_PER_CONNECTION", "no QPs"]),
+    (
+        "stripe width",
+        &["stripe-width"],
+        &["NCCL_IB_SPLIT_DATA_ON_QPS"],
+    ),
+    ("align", &["align"], &[]),
+    (
+        "adaptive routing",
+        &["adaptive-routing", "ar-threshold"],
+        &["adaptive routing", "NCCL_IB_AR_THRESHOLD"],
+    ),
+    ("tc / sl / fifo tc", &["tc", "sl", "fifo-tc"], &["FIFO TC"]),
+    (
+        "ece / timeout / retry",
+        &["ece", "timeout", "retry-cnt"],
+        &["NCCL_IB_ECE_ENABLE", "NCCL_IB_TIMEOUT"],
+    ),
+];
+
+pub fn plan_rows(plan: &PlanView) -> Vec<PlanRow> {
+    let p = &plan.decided.value;
+    let clauses: Vec<&str> = plan.builtin_reason.split("; ").collect();
+    let builtin_label = match plan.decided.source.kind {
+        "policy" => "built-in".to_owned(),
+        _ => plan.decided.source.label(),
+    };
+    let mut claimed = vec![false; clauses.len()];
+    let mut rows: Vec<PlanRow> = PLAN_ROWS
+        .iter()
+        .map(|(label, fields, phrases)| {
+            let mut mine = Vec::new();
+            for (c, clause) in clauses.iter().enumerate() {
+                if !claimed[c] && phrases.iter().any(|ph| clause.contains(ph)) {
+                    claimed[c] = true;
+                    mine.push(*clause);
+                }
+            }
+            let by_policy = fields
+                .iter()
+                .any(|f| plan.policy_set.iter().any(|s| s == f));
+            let (source, reason) = if by_policy {
+                let why = plan
+                    .policy_reason
+                    .as_deref()
+                    .unwrap_or(&plan.decided.reason);
+                ("policy".to_owned(), why.to_owned())
+            } else {
+                (builtin_label.clone(), mine.join("; "))
+            };
+            PlanRow {
+                label,
+                value: plan_value(label, p),
+                source,
+                reason,
+            }
+        })
+        .collect();
+    let rest: Vec<&str> = clauses
+        .iter()
+        .zip(&claimed)
+        .filter(|(c, taken)| !**taken && !c.is_empty())
+        .map(|(c, _)| *c)
+        .collect();
+    if !rest.is_empty() {
+        rows.push(PlanRow {
+            label: "also",
+            value: String::new(),
+            source: builtin_label,
+            reason: rest.join("; "),
+        });
+    }
+    rows
+}
+
+fn on_off(on: bool) -> &'static str {
+    if on { "on" } else { "off" }
+}
+
+fn plan_value(label: &str, p: &ConnPlan) -> String {
+    match label {
+        "qps" => p.qps.len().to_string(),
+        "stripe width" => format!("{} of {} QPs per message", p.stripe_count(), p.qps.len()),
+        "align" => format!("{} bytes", p.align),
+        "adaptive routing" if p.adaptive_routing => format!("on above {} bytes", p.ar_threshold),
+        "adaptive routing" => "off".into(),
+        "tc / sl / fifo tc" => format!("{} / {} / {}", p.tc, p.sl, p.fifo_tc),
+        "ece / timeout / retry" => {
+            // The QP timeout is 4.096 µs × 2^timeout.
+            let secs = 4.096e-6 * f64::from(1u32 << p.timeout.min(31));
+            format!(
+                "{} / {} ({}) / {}",
+                on_off(p.ece),
+                p.timeout,
+                crate::render::duration(secs),
+                p.retry_cnt
+            )
+        }
+        _ => String::new(),
+    }
+}
+
+/// Which hooks a policy answered (or faulted in) in a report, i.e. did not skip as
+/// undeclared: the hooks it implements, as far as the report asked them.
+pub fn hooks_seen(report: &Report) -> Vec<Hook> {
+    let mut sources: Vec<(Hook, &SourceView)> = vec![
+        (Hook::SelectDevices, &report.devices.source),
+        (Hook::GroupDevices, &report.groups.source),
+    ];
+    sources.extend(report.gids.iter().map(|g| (Hook::SelectGid, &g.source)));
+    sources.extend(
+        report
+            .vnic
+            .iter()
+            .map(|v| (Hook::MakeVnic, &v.answer.source)),
+    );
+    sources.extend(
+        report
+            .connection
+            .iter()
+            .map(|c| (Hook::PlanConnection, &c.plan.decided.source)),
+    );
+    Hook::DECISIONS
+        .into_iter()
+        .filter(|h| {
+            sources
+                .iter()
+                .any(|(hook, s)| hook == h && s.kind != "not-implemented" && s.kind != "builtin")
+        })
+        .collect()
+}
+
+/// Every fallback in a report: (decision, source).
+pub fn fallbacks(report: &Report) -> Vec<(String, &SourceView)> {
+    let mut all: Vec<(String, &SourceView)> = vec![
+        ("select-devices".into(), &report.devices.source),
+        ("group-devices".into(), &report.groups.source),
+    ];
+    all.extend(
+        report
+            .gids
+            .iter()
+            .map(|g| (format!("select-gid {}", g.name), &g.source)),
+    );
+    all.extend(
+        report
+            .vnic
+            .iter()
+            .map(|v| ("make-vnic".to_owned(), &v.answer.source)),
+    );
+    all.extend(
+        report
+            .connection
+            .iter()
+            .map(|c| ("plan-connection".to_owned(), &c.plan.decided.source)),
+    );
+    all.retain(|(_, s)| s.kind == "fallback");
+    all
+}
+
+/// Reports of the built-in default on corpus machines, for the renderers' tests.
+#[cfg(test)]
+pub(crate) fn corpus_report(name: &str) -> Report {
+    let topology = Topology::load(format!(
+        "{}/../../topologies/{name}.toml",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    let host = PolicyHost::new(ncclwasm_policy::Settings::default()).unwrap();
+    evaluate(&host, PolicyView::builtin(), &topology, None, &[8, 1 << 20]).unwrap()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ncclwasm_model::{PlanPatch, QpPlan};
+
+    fn base() -> ConnPlan {
+        let ports = Topology::load(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../topologies/dgx-h100.toml"
+        ))
+        .unwrap()
+        .ports();
+        let ib = IbConfig::from_pairs(&[]).unwrap();
+        let ends: Vec<Endpoint> = ports[..2].iter().map(|p| endpoint(p, 0)).collect();
+        let conn = Connection {
+            comm_id: 0,
+            traffic_class: -1,
+            device: 0,
+            device_name: "mlx5_0".into(),
+            local: ends[..1].to_vec(),
+            peer: ends,
+        };
+        ncclwasm_default::plan_connection(&ib, &conn)
+    }
+
+    fn policy_source() -> Source {
+        Source::Policy(Arc::new(PolicyId {
+            name: "p".into(),
+            version: "1".into(),
+            sha256: "00".into(),
+            origin: "p.wasm".into(),
+        }))
+    }
+
+    #[test]
+    fn builtin_plan_rows_each_get_their_clause() {
+        let base = base();
+        let view = plan_view(
+            Decision {
+                reason: base.reason.clone(),
+                value: base.clone(),
+                source: Source::Builtin,
+            },
+            &base,
+        );
+        assert!(view.policy_set.is_empty());
+        let rows = plan_rows(&view);
+        let row = |l: &str| rows.iter().find(|r| r.label == l).unwrap().clone();
+        assert!(row("qps").reason.contains("NCCL_IB_QPS_PER_CONNECTION=1"));
+        assert_eq!(row("qps").value, "2");
+        assert!(
+            row("stripe width")
+                .reason
+                .starts_with("NCCL_IB_SPLIT_DATA_ON_QPS=0")
+        );
+        assert!(
+            row("adaptive routing")
+                .reason
+                .contains("NCCL_IB_AR_THRESHOLD")
+        );
+        assert_eq!(row("adaptive routing").value, "on above 8192 bytes");
+        assert!(row("tc / sl / fifo tc").reason.starts_with("TC 0"));
+        assert!(
+            row("ece / timeout / retry")
+                .reason
+                .contains("NCCL_IB_RETRY_CNT")
+        );
+        assert_eq!(row("ece / timeout / retry").value, "on / 20 (4.3 s) / 7");
+        assert!(rows.iter().all(|r| r.source == "built-in"));
+    }
+
+    #[test]
+    fn plan_rows_cover_every_builtin_clause() {
+        let rows = plan_rows(&plan_view(
+            Decision {
+                reason: base().reason,
+                value: base(),
+                source: Source::Builtin,
+            },
+            &base(),
+        ));
+        assert!(rows.iter().all(|r| r.label != "also"), "{rows:?}");
+    }
+
+    #[test]
+    fn policy_fields_are_read_back_from_the_patch_reason() {
+        let base = base();
+        let plan = PlanPatch {
+            qps: Some(vec![QpPlan {
+                local: 0,
+                remote: 0,
+                weight: 1,
+            }]),
+            tc: Some(106),
+            reason: "one rail: keep it local".into(),
+            ..PlanPatch::default()
+        }
+        .apply(base.clone());
+        let view = plan_view(
+            Decision {
+                reason: plan.reason.clone(),
+                value: plan,
+                source: policy_source(),
+            },
+            &base,
+        );
+        assert_eq!(view.policy_set, ["qps", "tc"]);
+        assert_eq!(
+            view.policy_reason.as_deref(),
+            Some("one rail: keep it local")
+        );
+        let rows = plan_rows(&view);
+        let row = |l: &str| rows.iter().find(|r| r.label == l).unwrap().clone();
+        assert_eq!(
+            (row("qps").source.as_str(), row("qps").reason.as_str()),
+            ("policy", "one rail: keep it local")
+        );
+        assert_eq!(row("tc / sl / fifo tc").value, "106 / 0 / 0");
+        assert_eq!(row("stripe width").source, "built-in");
+    }
+
+    #[test]
+    fn unparsable_policy_reason_falls_back_to_comparing_values() {
+        let base = base();
+        let mut plan = base.clone();
+        plan.timeout = 18;
+        plan.reason = "hand-made".into();
+        let view = plan_view(
+            Decision {
+                reason: plan.reason.clone(),
+                value: plan,
+                source: policy_source(),
+            },
+            &base,
+        );
+        assert_eq!(view.policy_set, ["timeout"]);
+        assert_eq!(view.policy_reason.as_deref(), Some("hand-made"));
+    }
+}

@@ -1,0 +1,572 @@
+//! The `ncclwasm` binary run as an operator runs it, on the topology corpus: exit statuses, the
+//! key lines of the human output, and the `--json` shapes. Guests come from `target/guests/`
+//! (built by `cargo xtask guests`, which the test command runs first).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn topology(name: &str) -> String {
+    workspace()
+        .join("topologies")
+        .join(format!("{name}.toml"))
+        .display()
+        .to_string()
+}
+
+/// A built guest; fails with what to do when it is missing.
+fn guest(package: &str) -> String {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target"));
+    let path = target.join("guests").join(format!("{package}.wasm"));
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo xtask guests` first",
+        path.display()
+    );
+    path.display().to_string()
+}
+
+/// Run `ncclwasm` with a clean environment (the test's own NCCL_* variables must not leak in)
+/// plus `env`.
+fn run_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ncclwasm"))
+        .args(args)
+        .env_clear()
+        .envs(env.iter().copied())
+        .output()
+        .expect("ncclwasm runs")
+}
+
+fn run(args: &[&str]) -> Output {
+    run_env(args, &[])
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).expect("UTF-8 output")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).expect("UTF-8 errors")
+}
+
+fn json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(o)))
+}
+
+/// Exit status `code`, and on failure exactly one stderr line `error: …` containing `needle`.
+#[track_caller]
+fn assert_fails(o: &Output, code: i32, needle: &str) {
+    let err = stderr(o);
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "stdout: {}\nstderr: {err}",
+        stdout(o)
+    );
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.starts_with("error: "), "{err}");
+    assert!(err.contains(needle), "{needle:?} not in {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
+        "{err}"
+    );
+}
+
+#[track_caller]
+fn assert_ok(o: &Output) {
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "stdout: {}\nstderr: {}",
+        stdout(o),
+        stderr(o)
+    );
+}
+
+/// The line of `text` that starts (after indentation) with `start`.
+#[track_caller]
+fn line<'a>(text: &'a str, start: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.trim_start().starts_with(start))
+        .unwrap_or_else(|| panic!("no line starting with {start:?} in\n{text}"))
+}
+
+#[test]
+fn explain_dgx_h100_selects_8_ib_hcas_and_the_roce_ports() {
+    let o = run(&[
+        "policy",
+        "explain",
+        "builtin",
+        "--topology",
+        &topology("dgx-h100"),
+    ]);
+    assert_ok(&o);
+    assert!(stderr(&o).is_empty(), "quiet by default: {}", stderr(&o));
+    let out = stdout(&o);
+    assert!(line(&out, "devices").contains("10 selected"), "{out}");
+    assert!(line(&out, "source").contains("built-in default (no policy loaded)"));
+    assert!(line(&out, "why").contains("NCCL_IB_HCA unset"));
+    for i in 0..8 {
+        let l = line(&out, &format!("{i}    {i}     mlx5_{i}:1"));
+        assert!(l.contains(" IB ") && l.contains("400G"), "{l}");
+    }
+    for (dev, name) in [(8, "mlx5_8:1"), (9, "mlx5_9:1")] {
+        let l = line(&out, &format!("{dev}    {dev}     {name}"));
+        assert!(l.contains("RoCE") && l.contains("200G"), "{l}");
+    }
+    // The storage NIC's two functions are one card: the sample fusion request.
+    assert!(line(&out, "vnic").contains("fuse devices 8,9 (mlx5_8:1, mlx5_9:1)? accept"));
+    assert!(line(&out, "connection").contains("device 0 (mlx5_0)"));
+    assert!(line(&out, "stripe width").contains("built-in"));
+    assert!(line(&out, "ece / timeout / retry").contains("NCCL_IB_TIMEOUT"));
+    assert!(out.contains("striping"));
+
+    let j = json(&run(&[
+        "policy",
+        "explain",
+        "builtin",
+        "--topology",
+        &topology("dgx-h100"),
+        "--json",
+    ]));
+    let devices = j["devices"]["value"].as_array().unwrap();
+    let links: Vec<&str> = devices
+        .iter()
+        .map(|d| d["link_layer"].as_str().unwrap())
+        .collect();
+    assert_eq!(links.iter().filter(|l| **l == "infiniband").count(), 8);
+    assert_eq!(&links[8..], ["ethernet", "ethernet"]);
+}
+
+#[test]
+fn explain_k8s_pod_gid_choice_with_its_reason() {
+    let o = run(&["policy", "explain", "builtin", "-t", &topology("k8s-pod")]);
+    assert_ok(&o);
+    let out = stdout(&o);
+    let l = line(&out, "mlx5_2:1  3");
+    assert!(
+        l.contains("::ffff:10.244.1.17") && l.contains("roce-v2"),
+        "{l}"
+    );
+    assert!(l.contains("index 3 is the RoCEv2 IPv4 entry"), "{l}");
+    let l = line(&out, "mlx5_5:1  5");
+    assert!(
+        l.contains("::ffff:10.244.2.17") && l.contains("NCCL_IB_GID_INDEX unset"),
+        "{l}"
+    );
+}
+
+#[test]
+fn explain_env_pairs_reach_the_builtin_and_show_as_settings() {
+    let o = run_env(
+        &[
+            "policy",
+            "explain",
+            "builtin",
+            "-t",
+            &topology("k8s-pod"),
+            "--env",
+            "NCCL_IB_TIMEOUT=22",
+            "--env",
+            "NCCL_IB_GID_INDEX=",
+        ],
+        &[("NCCL_IB_GID_INDEX", "4"), ("NCCL_IB_TC", "106")],
+    );
+    assert_ok(&o);
+    let out = stdout(&o);
+    // --env overrides the environment; an empty value unsets.
+    assert!(line(&out, "settings").contains("NCCL_IB_TIMEOUT=22"));
+    assert!(line(&out, "settings").contains("NCCL_IB_TC=106"));
+    assert!(line(&out, "mlx5_5:1  5").contains("NCCL_IB_GID_INDEX unset"));
+    let l = line(&out, "ece / timeout / retry");
+    assert!(l.contains("/ 22 (") && l.contains("NCCL_IB_TIMEOUT"), "{l}");
+    assert!(line(&out, "tc / sl / fifo tc").contains("106 / 0 / 106"));
+}
+
+#[test]
+fn explain_striping_covers_each_size_over_the_qps() {
+    let o = run(&[
+        "policy",
+        "explain",
+        "builtin",
+        "-t",
+        &topology("k8s-pod"),
+        "--sizes",
+        "8,4K,1M",
+        "--json",
+    ]);
+    assert_ok(&o);
+    let j = json(&o);
+    let qps = j["connection"]["plan"]["value"]["qps"]
+        .as_array()
+        .unwrap()
+        .len();
+    let striping = j["striping"].as_array().unwrap();
+    assert_eq!(striping.len(), 3);
+    for (s, size) in striping.iter().zip([8u64, 4096, 1 << 20]) {
+        assert_eq!(s["size"], size);
+        let stripes = s["stripes"].as_array().unwrap();
+        assert_eq!(stripes.len(), qps.min(2));
+        let total: u64 = stripes.iter().map(|x| x["len"].as_u64().unwrap()).sum();
+        assert_eq!(total, size);
+    }
+    let human = stdout(&run(&[
+        "policy",
+        "explain",
+        "builtin",
+        "-t",
+        &topology("k8s-pod"),
+        "--sizes",
+        "8,1M",
+    ]));
+    assert!(line(&human, "qp  8").contains("1M"));
+    assert!(line(&human, "1   -").contains("524288@524288"), "{human}");
+}
+
+#[test]
+fn explain_with_a_peer_machine_shows_its_decisions() {
+    let o = run(&[
+        "policy",
+        "explain",
+        "builtin",
+        "-t",
+        &topology("dgx-h100"),
+        "--peer",
+        &topology("k8s-pod"),
+    ]);
+    assert_ok(&o);
+    let out = stdout(&o);
+    assert!(line(&out, "peer ").contains("k8s-pod"));
+    assert!(line(&out, "peer devices").contains("2 selected"));
+    assert!(line(&out, "connection").contains("2 peer port(s)"));
+}
+
+#[test]
+fn explain_shows_policy_no_opinion_and_fallback_sources() {
+    let o = run(&[
+        "policy",
+        "explain",
+        &guest("gid-by-subnet"),
+        "-t",
+        &topology("k8s-pod"),
+        "--config",
+        "subnet=10.244.2.0/24",
+    ]);
+    assert_ok(&o);
+    let out = stdout(&o);
+    assert!(line(&out, "policy").contains("gid-by-subnet"));
+    assert!(line(&out, "mlx5_5:1  5").contains("policy"));
+    assert!(line(&out, "mlx5_2:1  3").contains("built-in (no opinion)"));
+    assert!(out.contains("gid-by-subnet@0.1.0 does not implement this hook"));
+
+    let o = run(&[
+        "policy",
+        "explain",
+        &guest("hostile-trap"),
+        "-t",
+        &topology("k8s-pod"),
+    ]);
+    assert_ok(&o);
+    let out = stdout(&o);
+    assert!(out.contains("fallback: hostile-trap"), "{out}");
+    assert!(out.contains("failed with trap"), "{out}");
+}
+
+#[test]
+fn verbose_logs_decisions_to_stderr() {
+    let o = run(&[
+        "-v",
+        "policy",
+        "explain",
+        "builtin",
+        "-t",
+        &topology("loopback"),
+    ]);
+    assert_ok(&o);
+    let err = stderr(&o);
+    assert!(
+        err.contains("hook=select-devices") && err.contains("hook=plan-connection"),
+        "{err}"
+    );
+    assert!(
+        !err.contains('\u{1b}'),
+        "no colours when stderr is not a terminal"
+    );
+}
+
+#[test]
+fn invalid_nccl_ib_settings_exit_2_naming_the_variable() {
+    let t = topology("k8s-pod");
+    let o = run(&[
+        "policy",
+        "explain",
+        "builtin",
+        "-t",
+        &t,
+        "--env",
+        "NCCL_IB_TIMEOUT=40",
+    ]);
+    assert_fails(&o, 2, "NCCL_IB_TIMEOUT=40: must be 1..31");
+    let o = run_env(
+        &[
+            "policy",
+            "diff",
+            "builtin",
+            &guest("nccl-default"),
+            "-t",
+            &t,
+        ],
+        &[("NCCL_IB_TIMEOUT", "abc")],
+    );
+    assert_fails(&o, 2, "NCCL_IB_TIMEOUT=abc");
+    let o = run(&[
+        "policy",
+        "check",
+        &guest("nccl-default"),
+        "--env",
+        "NCCL_IB_SL=16",
+    ]);
+    assert_fails(&o, 2, "NCCL_IB_SL=16");
+    let o = run(&["policy", "explain", "builtin", "-t", &t, "--env", "HOME=/"]);
+    assert_fails(&o, 2, "not an NCCL_IB_* variable");
+    let o = run(&["policy", "explain", "builtin", "-t", &t, "--sizes", "4X"]);
+    assert_fails(&o, 2, "\"4X\" is not a size");
+}
+
+#[test]
+fn usage_errors_are_one_line_with_status_2() {
+    assert_fails(&run(&[]), 2, "subcommand");
+    assert_fails(&run(&["policy", "explain"]), 2, "--topology");
+    assert_fails(&run(&["policy", "frobnicate"]), 2, "frobnicate");
+    let o = run(&["policy", "explain", "builtin", "-t", "no/such.toml"]);
+    assert_fails(&o, 2, "no/such.toml");
+    let o = run(&[
+        "policy",
+        "explain",
+        "no/such.wasm",
+        "-t",
+        &topology("loopback"),
+    ]);
+    assert_fails(&o, 2, "cannot read policy no/such.wasm");
+    let help = run(&["policy", "diff", "--help"]);
+    assert_ok(&help);
+    assert!(stdout(&help).contains("Exit status"));
+}
+
+#[test]
+fn check_reports_name_version_and_hooks() {
+    let o = run(&["policy", "check", &guest("nccl-default")]);
+    assert_ok(&o);
+    let out = stdout(&o);
+    assert!(line(&out, "policy").contains("nccl-default"));
+    assert_eq!(
+        line(&out, "hooks"),
+        "hooks       select-devices, select-gid, group-devices, make-vnic, plan-connection"
+    );
+    let o = run(&["policy", "check", &guest("weighted-stripe"), "--json"]);
+    assert_ok(&o);
+    let j = json(&o);
+    assert_eq!(j["name"], "weighted-stripe");
+    assert_eq!(j["kind"], "wasm");
+    assert_eq!(j["hooks"], serde_json::json!(["plan-connection"]));
+    assert!(j["version"].is_string() && j["sha256"].as_str().unwrap().len() == 64);
+    let o = run(&[
+        "policy",
+        "check",
+        &guest("gid-by-subnet"),
+        "--config",
+        "subnet=10.0.0.0/8",
+    ]);
+    assert_ok(&o);
+    assert_eq!(line(&stdout(&o), "hooks"), "hooks       select-gid");
+}
+
+#[test]
+fn check_refuses_what_the_plugin_would_not_load() {
+    let not_wasm = workspace()
+        .join("host/cli/Cargo.toml")
+        .display()
+        .to_string();
+    assert_fails(
+        &run(&["policy", "check", &not_wasm]),
+        1,
+        "is not a policy component: it is not a WebAssembly file",
+    );
+    assert_fails(
+        &run(&["policy", "check", "no/such.wasm"]),
+        1,
+        "cannot read policy no/such.wasm",
+    );
+    assert_fails(
+        &run(&["policy", "check", &guest("hostile-wrong-world")]),
+        1,
+        "is not a policy component",
+    );
+    assert_fails(
+        &run(&["policy", "check", &guest("hostile-init-err")]),
+        1,
+        "refused to start",
+    );
+    assert_fails(
+        &run(&["policy", "check", &guest("gid-by-subnet")]),
+        1,
+        "subnet=",
+    );
+    assert_fails(
+        &run(&["policy", "check", &guest("hostile-trap")]),
+        1,
+        "trap",
+    );
+}
+
+#[test]
+fn diff_builtin_and_nccl_default_agree_on_the_corpus() {
+    let wasm = guest("nccl-default");
+    for t in [
+        "dgx-h100",
+        "roce-8nic",
+        "k8s-pod",
+        "dual-port",
+        "pf-vf",
+        "mixed-ib-roce",
+        "loopback",
+    ] {
+        let o = run(&["policy", "diff", "builtin", &wasm, "-t", &topology(t)]);
+        assert_ok(&o);
+        assert!(
+            stdout(&o).ends_with("\nno differences\n"),
+            "{t}: {}",
+            stdout(&o)
+        );
+    }
+    let o = run(&[
+        "policy",
+        "diff",
+        "builtin",
+        &wasm,
+        "-t",
+        &topology("dgx-h100"),
+        "--peer",
+        &topology("roce-8nic"),
+        "--json",
+    ]);
+    assert_ok(&o);
+    let j = json(&o);
+    assert_eq!(j["equal"], true);
+    assert_eq!(j["differences"], serde_json::json!([]));
+}
+
+#[test]
+fn diff_builtin_and_rail_aligned_shows_the_plan_difference() {
+    let o = run(&[
+        "policy",
+        "diff",
+        "builtin",
+        &guest("rail-aligned"),
+        "-t",
+        &topology("dgx-h100"),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        !out.contains("plan-connection"),
+        "rail-aligned's plan was refused, not compared:\n{out}"
+    );
+    let qps = out
+        .split("plan qps\n")
+        .nth(1)
+        .expect("a plan qps difference");
+    let mut sides = qps.lines();
+    assert!(
+        sides
+            .next()
+            .unwrap()
+            .starts_with("  a  10: mlx5_0:1>mlx5_0:1 mlx5_0:1>mlx5_1:1")
+    );
+    assert!(sides.next().unwrap().contains("built-in: 10 QPs"));
+    assert_eq!(sides.next().unwrap(), "  b  1: mlx5_0:1>mlx5_0:1");
+    assert!(sides.next().unwrap().starts_with("     policy: "));
+    assert!(out.contains("differ"));
+
+    let o = run(&[
+        "policy",
+        "diff",
+        "builtin",
+        &guest("rail-aligned"),
+        "-t",
+        &topology("dgx-h100"),
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let j = json(&o);
+    assert_eq!(j["equal"], false);
+    let d = &j["differences"][0];
+    assert_eq!(d["decision"], "plan qps");
+    assert_eq!(d["b"]["source"], "policy");
+}
+
+#[test]
+fn diff_reports_a_faulting_policy_as_different() {
+    let o = run(&[
+        "policy",
+        "diff",
+        "builtin",
+        &guest("hostile-trap"),
+        "-t",
+        &topology("loopback"),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("fallback (trap)") && out.contains("fault: trap"),
+        "{out}"
+    );
+}
+
+#[test]
+fn diff_gives_each_side_its_own_config() {
+    let o = run(&[
+        "policy",
+        "diff",
+        &guest("nccl-default"),
+        &guest("gid-by-subnet"),
+        "-t",
+        &topology("roce-8nic"),
+        "--config-b",
+        "subnet=192.168.0.0/16",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    let gid = out
+        .split("gid mlx5_4:1\n")
+        .nth(1)
+        .expect("a GID difference");
+    assert!(
+        gid.starts_with("  a  index 3 (::ffff:10.0.4.21)\n"),
+        "{out}"
+    );
+    assert!(
+        gid.contains("  b  index 5 (::ffff:192.168.4.21)\n"),
+        "{out}"
+    );
+    assert!(out.ends_with("\n1 decision differs\n"), "{out}");
+    // The same setting for both: nccl-default takes none, and says so.
+    let o = run(&[
+        "policy",
+        "diff",
+        &guest("nccl-default"),
+        &guest("gid-by-subnet"),
+        "-t",
+        &topology("roce-8nic"),
+        "--config",
+        "subnet=192.168.0.0/16",
+    ]);
+    assert_fails(&o, 2, "unknown setting `subnet`");
+}
