@@ -93,10 +93,7 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
     let checked = Checked {
         file: origin,
         policy: report.policy.clone(),
-        hooks: report::hooks_seen(&report)
-            .into_iter()
-            .map(|h| h.name())
-            .collect(),
+        hooks: id.hooks.iter().map(|h| h.name()).collect(),
         trial: format!("{}: {}", sample.name, sample.description),
     };
     let text = if args.json {

@@ -15,7 +15,7 @@ use ncclwasm_model::{
     ConnPlan, Connection, DeviceGroup, Endpoint, Gid, GidType, LinkLayer, Port, Topology,
     VnicAnswer,
 };
-use ncclwasm_policy::{Decision, Hook, PolicyError, PolicyHost, PolicyId, Source};
+use ncclwasm_policy::{Decision, PolicyError, PolicyHost, PolicyId, Source};
 use serde::Serialize;
 
 /// Everything one policy decides on one machine (and its peer).
@@ -789,36 +789,6 @@ fn plan_value(label: &str, p: &ConnPlan) -> String {
     }
 }
 
-/// Which hooks a policy answered (or faulted in) in a report, i.e. did not skip as
-/// undeclared: the hooks it implements, as far as the report asked them.
-pub fn hooks_seen(report: &Report) -> Vec<Hook> {
-    let mut sources: Vec<(Hook, &SourceView)> = vec![
-        (Hook::SelectDevices, &report.devices.source),
-        (Hook::GroupDevices, &report.groups.source),
-    ];
-    sources.extend(report.gids.iter().map(|g| (Hook::SelectGid, &g.source)));
-    sources.extend(
-        report
-            .vnic
-            .iter()
-            .map(|v| (Hook::MakeVnic, &v.answer.source)),
-    );
-    sources.extend(
-        report
-            .connection
-            .iter()
-            .map(|c| (Hook::PlanConnection, &c.plan.decided.source)),
-    );
-    Hook::DECISIONS
-        .into_iter()
-        .filter(|h| {
-            sources
-                .iter()
-                .any(|(hook, s)| hook == h && s.kind != "not-implemented" && s.kind != "builtin")
-        })
-        .collect()
-}
-
 /// Every fallback in a report: (decision, source).
 pub fn fallbacks(report: &Report) -> Vec<(String, &SourceView)> {
     let mut all: Vec<(String, &SourceView)> = vec![
@@ -863,6 +833,7 @@ pub(crate) fn corpus_report(name: &str) -> Report {
 mod tests {
     use super::*;
     use ncclwasm_model::{PlanPatch, QpPlan};
+    use ncclwasm_policy::Hook;
 
     fn base() -> ConnPlan {
         let ports = Topology::load(concat!(
@@ -890,6 +861,7 @@ mod tests {
             version: "1".into(),
             sha256: "00".into(),
             origin: "p.wasm".into(),
+            hooks: Hook::DECISIONS.to_vec(),
         }))
     }
 

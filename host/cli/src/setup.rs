@@ -69,15 +69,7 @@ impl FromStr for PolicyArg {
 /// caller loads it, to tell load failures apart), no watcher, and `open` failure so a faulting
 /// hook shows up as a fallback in the output instead of stopping it.
 pub fn settings(args: &ConfigArgs) -> Result<Settings, Fail> {
-    // `Settings::from_env` reads `std::env::vars`, which panics on a variable that is not UTF-8
-    // anywhere in the environment; a lossy value is refused by the parsers instead, with its name.
-    let vars = std::env::vars_os().filter_map(|(name, value)| {
-        Some((
-            name.into_string().ok()?,
-            value.to_string_lossy().into_owned(),
-        ))
-    });
-    let mut s = Settings::from_vars(vars)?;
+    let mut s = Settings::from_env()?;
     s.policy = None;
     s.reload = None;
     s.failure = FailureMode::Open;

@@ -84,9 +84,17 @@ impl Default for Settings {
 }
 
 impl Settings {
-    /// Read the process environment.
+    /// Read the process environment. Not `std::env::vars`, which panics when any variable of
+    /// the process is not UTF-8 (and the plugin lives in other people's processes): names that are
+    /// not UTF-8 cannot be ours and are skipped; a lossy value is refused by the parsers below,
+    /// with its name.
     pub fn from_env() -> Result<Settings, PolicyError> {
-        Settings::from_vars(std::env::vars())
+        Settings::from_vars(std::env::vars_os().filter_map(|(name, value)| {
+            Some((
+                name.into_string().ok()?,
+                value.to_string_lossy().into_owned(),
+            ))
+        }))
     }
 
     /// Read settings from name/value pairs shaped like the environment (so tests need not touch

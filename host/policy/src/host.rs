@@ -35,6 +35,9 @@ pub struct PolicyId {
     pub sha256: String,
     /// Where it came from: the path, or the label given to [`PolicyHost::swap_from_bytes`].
     pub origin: String,
+    /// The decision hooks it declared in `policy-info.hooks`, in [`Hook::DECISIONS`] order; the
+    /// host never calls the others.
+    pub hooks: Vec<Hook>,
 }
 
 impl fmt::Display for PolicyId {
@@ -147,10 +150,9 @@ impl Counters {
     }
 }
 
-/// One loaded policy version: its identity, the hooks it declared, and its instances.
+/// One loaded policy version: its identity (with the hooks it declared) and its instances.
 pub(crate) struct Loaded {
     id: Arc<PolicyId>,
-    hooks: HookFlags,
     pool: Pool,
 }
 
@@ -169,14 +171,7 @@ impl Loaded {
         call: impl FnOnce(&mut Instance) -> wasmtime::Result<Option<W>>,
         finish: impl FnOnce(W) -> Result<T, InvalidAnswer>,
     ) -> Result<Asked<T>, Fault> {
-        let declared = match hook {
-            Hook::Init => true,
-            Hook::SelectDevices => self.hooks.contains(HookFlags::SELECT_DEVICES),
-            Hook::SelectGid => self.hooks.contains(HookFlags::SELECT_GID),
-            Hook::GroupDevices => self.hooks.contains(HookFlags::GROUP_DEVICES),
-            Hook::MakeVnic => self.hooks.contains(HookFlags::MAKE_VNIC),
-            Hook::PlanConnection => self.hooks.contains(HookFlags::PLAN_CONNECTION),
-        };
+        let declared = hook == Hook::Init || self.id.hooks.contains(&hook);
         if !declared {
             return Ok(Asked::NotImplemented);
         }
@@ -634,14 +629,14 @@ impl Shared {
             version: convert::reason(info.version),
             sha256,
             origin: origin.to_owned(),
+            hooks: Hook::DECISIONS
+                .into_iter()
+                .filter(|&h| declares(info.hooks, h))
+                .collect(),
         });
         pool.set_label(&id.to_string());
         pool.give_back(instance);
-        let loaded = Loaded {
-            id,
-            hooks: info.hooks,
-            pool,
-        };
+        let loaded = Loaded { id, pool };
         if let Some(ports) = self.topology.load_full() {
             self.trial(&loaded, &ports)?;
         }
@@ -719,4 +714,17 @@ impl Shared {
             peer: vec![endpoint],
         }
     }
+}
+
+/// Whether `policy-info.hooks` names `hook`.
+fn declares(flags: HookFlags, hook: Hook) -> bool {
+    let flag = match hook {
+        Hook::Init => return true,
+        Hook::SelectDevices => HookFlags::SELECT_DEVICES,
+        Hook::SelectGid => HookFlags::SELECT_GID,
+        Hook::GroupDevices => HookFlags::GROUP_DEVICES,
+        Hook::MakeVnic => HookFlags::MAKE_VNIC,
+        Hook::PlanConnection => HookFlags::PLAN_CONNECTION,
+    };
+    flags.contains(flag)
 }
