@@ -1,1 +1,96 @@
-fn main() {}
+//! Developer tasks that need more than one `cargo` invocation: `cargo xtask <command>`.
+
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, Result};
+
+mod guests;
+mod setup;
+
+const USAGE: &str = "usage: cargo xtask <command>
+
+commands:
+  demo      the main job: what the shipped nccl-default policy decides on an 8xH100 node
+  test      every test: guests first, then the whole workspace, then the CI guards
+  guests    build every policy and guest example for wasm32-wasip2 into target/guests/";
+
+fn main() -> ExitCode {
+    // Paths below (topologies/, tests/guards/) are the workspace's, wherever cargo was run from.
+    if let Err(e) = std::env::set_current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/..")) {
+        eprintln!("xtask: cannot enter the workspace root: {e}");
+        return ExitCode::FAILURE;
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("guests") if args.len() == 1 => guests::build().map(|_| ()),
+        Some("test") if args.len() == 1 => test(),
+        Some("demo") if args.len() == 1 => demo(),
+        Some("-h" | "--help" | "help") => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `cargo xtask test`: what README calls "the tests" and CI runs.
+fn test() -> Result<()> {
+    setup::ensure_system_packages()?;
+    guests::build()?;
+    setup::run(guests::cargo().args(["test", "--workspace"]))?;
+    for guard in guards()? {
+        println!("== guard {}", guard.display());
+        setup::run(Command::new("bash").arg(&guard))?;
+    }
+    Ok(())
+}
+
+/// `cargo xtask demo`: README's main job.
+fn demo() -> Result<()> {
+    setup::ensure_system_packages()?;
+    let built = guests::build()?;
+    let policy = built
+        .iter()
+        .find(|p| p.file_name().is_some_and(|n| n == "nccl-default.wasm"))
+        .context("the nccl-default policy was not built")?;
+    setup::run(
+        guests::cargo()
+            .args([
+                "run",
+                "--quiet",
+                "-p",
+                "ncclwasm-cli",
+                "--",
+                "policy",
+                "explain",
+            ])
+            .arg(policy)
+            .args(["--topology", "topologies/dgx-h100.toml"]),
+    )
+}
+
+/// The CI guard scripts (`tests/guards/*.sh`), in name order.
+fn guards() -> Result<Vec<PathBuf>> {
+    let dir = PathBuf::from("tests/guards");
+    if !dir.exists() {
+        return Ok(Vec::new());
+    }
+    let mut scripts: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    scripts.retain(|p| p.extension().is_some_and(|e| e == "sh"));
+    scripts.sort();
+    Ok(scripts)
+}

@@ -295,7 +295,8 @@ pub struct PeerView {
 /// The sample connection and its plan.
 #[derive(Clone, Debug, Serialize)]
 pub struct ConnectionView {
-    /// NCCL device 0 (after fusion) and its name.
+    /// The device the sample connection runs on (NCCL device 0, or the vNIC that took it in the
+    /// sample fusion) and its name.
     pub device: u32,
     pub device_name: String,
     /// `conn.local` and `conn.peer`: QPs refer to these by position.
@@ -490,18 +491,20 @@ fn vnic_request(devices: &[NcclDevice], selected: &[Port]) -> Option<(Vec<u32>, 
     })
 }
 
-/// Ask every decision, as the plugin does at start-up and on the first connection.
-pub fn evaluate(
-    host: &PolicyHost,
-    policy: PolicyView,
-    local: &Topology,
-    peer: Option<&Topology>,
-    sizes: &[u64],
-) -> Result<Report, PolicyError> {
-    let ports = local.ports();
-    // Plans are held to the QP limit of the live ports, as in the plugin.
-    host.set_topology(ports.clone());
-    let chosen = choose(host, &ports)?;
+/// One machine's start-up decisions, as the plugin makes them: devices, GIDs, groups, the sample
+/// fusion request, and the device a sample connection runs on.
+struct Side {
+    chosen: Chosen,
+    groups: Decided<Vec<GroupView>>,
+    nccl: Vec<NcclDevice>,
+    vnic: Option<VnicView>,
+    /// The device NCCL would connect on: device 0, or the vNIC it went into when the sample
+    /// fusion took it (NCCL then uses the vNIC in its place).
+    sample: Option<(NcclDevice, Vec<Endpoint>)>,
+}
+
+fn side(host: &PolicyHost, ports: &[Port]) -> Result<Side, PolicyError> {
+    let chosen = choose(host, ports)?;
     let groups = host.group_devices(&chosen.selected)?;
     let nccl = nccl_devices(&chosen.selected, &groups.value);
     let groups = decided(groups, |gs| {
@@ -528,11 +531,35 @@ pub fn evaluate(
                 .collect()
         })
     };
+    let mut fused = None;
     let vnic = match vnic_request(&nccl, &chosen.selected) {
         None => None,
         Some((request, why_asked)) => {
             let members: Vec<Port> = request.iter().flat_map(|d| port_of(*d)).cloned().collect();
             let answer = host.make_vnic(&request, &members)?;
+            let devices = match &answer.value {
+                VnicAnswer::Accept { .. } => Some(request.clone()),
+                VnicAnswer::Reshape { devices, .. } => Some(devices.clone()),
+                VnicAnswer::Refuse { .. } => None,
+            };
+            fused = devices.map(|devices| {
+                let ports: Vec<u32> = devices
+                    .iter()
+                    .flat_map(|d| port_of(*d))
+                    .map(|p| p.index)
+                    .collect();
+                let name = devices
+                    .iter()
+                    .filter_map(|d| nccl.get(*d as usize))
+                    .map(|d| d.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join("+");
+                NcclDevice {
+                    device: nccl.len() as u32,
+                    name,
+                    ports,
+                }
+            });
             Some(VnicView {
                 members: members.iter().map(port_name).collect(),
                 request,
@@ -545,26 +572,51 @@ pub fn evaluate(
             })
         }
     };
+    let first = nccl.first().cloned();
+    let sample = match (fused, first) {
+        (Some(v), Some(d)) if d.ports.iter().all(|p| v.ports.contains(p)) => Some(v),
+        (_, first) => first,
+    };
+    let sample = sample.map(|dev| {
+        let endpoints = dev
+            .ports
+            .iter()
+            .filter_map(|i| chosen.selected.iter().position(|p| p.index == *i))
+            .map(|k| chosen.endpoints[k].clone())
+            .collect();
+        (dev, endpoints)
+    });
+    Ok(Side {
+        chosen,
+        groups,
+        nccl,
+        vnic,
+        sample,
+    })
+}
 
-    let peer_chosen = peer.map(|t| choose(host, &t.ports())).transpose()?;
-    let peer_endpoints = peer_chosen
-        .as_ref()
-        .map_or(&chosen.endpoints, |c| &c.endpoints);
-    let connection = match nccl.first() {
-        None => None,
-        Some(dev) => {
-            let local_endpoints: Vec<Endpoint> = dev
-                .ports
-                .iter()
-                .filter_map(|i| chosen.selected.iter().position(|p| p.index == *i))
-                .map(|k| chosen.endpoints[k].clone())
-                .collect();
+/// Ask every decision, as the plugin does at start-up and on the first connection.
+pub fn evaluate(
+    host: &PolicyHost,
+    policy: PolicyView,
+    local: &Topology,
+    peer: Option<&Topology>,
+    sizes: &[u64],
+) -> Result<Report, PolicyError> {
+    // The peer makes its own decisions first, with the same policy; plans are then held to the
+    // QP limit of the local (live) ports, as in the plugin.
+    let peer_side = peer.map(|t| side(host, &t.ports())).transpose()?;
+    host.set_topology(local.ports());
+    let local_side = side(host, &local.ports())?;
+    let peer_sample = peer_side.as_ref().map_or(&local_side.sample, |p| &p.sample);
+    let connection = match (&local_side.sample, peer_sample) {
+        (Some((dev, local_endpoints)), Some((_, peer_endpoints))) => {
             let conn = Connection {
                 comm_id: 0,
                 traffic_class: -1,
                 device: dev.device,
                 device_name: dev.name.clone(),
-                local: local_endpoints,
+                local: local_endpoints.clone(),
                 peer: peer_endpoints.clone(),
             };
             let base = ncclwasm_default::plan_connection(host.ib_config(), &conn);
@@ -577,6 +629,7 @@ pub fn evaluate(
                 plan: plan_view(plan, &base),
             })
         }
+        _ => None,
     };
     let striping = connection.as_ref().map_or(Vec::new(), |c| {
         sizes
@@ -604,14 +657,14 @@ pub fn evaluate(
         topology: local.into(),
         peer_topology: peer.unwrap_or(local).into(),
         settings: SettingsView::new(host.settings().config.clone(), host.ib_config()),
-        devices: chosen.devices,
-        gids: chosen.gids,
-        groups,
-        nccl_devices: nccl,
-        vnic,
-        peer: peer_chosen.map(|c| PeerView {
-            devices: c.devices,
-            gids: c.gids,
+        devices: local_side.chosen.devices,
+        gids: local_side.chosen.gids,
+        groups: local_side.groups,
+        nccl_devices: local_side.nccl,
+        vnic: local_side.vnic,
+        peer: peer_side.map(|p| PeerView {
+            devices: p.chosen.devices,
+            gids: p.chosen.gids,
         }),
         connection,
         striping,

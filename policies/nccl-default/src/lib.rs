@@ -1,0 +1,184 @@
+//! nccl-default: the built-in default policy, compiled to WebAssembly.
+//!
+//! Every hook answers with the `ncclwasm-default` function the host itself falls back on, so this
+//! component decides exactly what NCCL's IB transport would. It exists for two reasons: it proves
+//! that the wasm path (marshalling, validation, `NCCL_IB_*` handed to `init`) changes nothing —
+//! the host's tests compare it with the native default on every topology — and it is the
+//! starting point for a policy that changes one rule of NCCL's and keeps the rest.
+//!
+//! No settings of its own; an invalid `NCCL_IB_*` value makes `init` fail with the variable's
+//! name, as the native default refuses it.
+
+use ncclwasm_default::IbConfig;
+use ncclwasm_guest::model::ConnPlan;
+use ncclwasm_guest::{
+    Config, Connection, DeviceGroup, DeviceSelection, GidChoice, Hooks, PlanPatch, Policy, Port,
+    VnicAnswer,
+};
+
+/// The smallest vNIC size any NCCL allows (4 before 2.30, 8 after). The host knows which NCCL
+/// loaded it, the guest does not (`make-vnic` does not carry the limit).
+const SMALLEST_MAX_DEVS_PER_NIC: usize = 4;
+
+#[derive(Debug)]
+struct NcclDefault {
+    ib: IbConfig,
+}
+
+impl Policy for NcclDefault {
+    const HOOKS: Hooks = Hooks::all();
+
+    fn init(config: &Config) -> Result<Self, String> {
+        config.options()?.finish()?;
+        let ib = IbConfig::from_pairs(config.pairs()).map_err(|e| e.to_string())?;
+        Ok(NcclDefault { ib })
+    }
+
+    fn select_devices(&mut self, ports: &[Port]) -> Option<DeviceSelection> {
+        Some(ncclwasm_default::select_devices(&self.ib, ports))
+    }
+
+    fn select_gid(&mut self, port: &Port) -> Option<GidChoice> {
+        Some(ncclwasm_default::select_gid(&self.ib, port))
+    }
+
+    fn group_devices(&mut self, ports: &[Port]) -> Option<Vec<DeviceGroup>> {
+        Some(ncclwasm_default::group_devices(&self.ib, ports))
+    }
+
+    /// Up to 4 devices every NCCL's limit admits them, so the answer is the native one; a larger
+    /// request depends on a limit only the host knows, so the host's own default decides it.
+    fn make_vnic(&mut self, request: &[u32], ports: &[Port]) -> Option<VnicAnswer> {
+        (request.len() <= SMALLEST_MAX_DEVS_PER_NIC).then(|| {
+            ncclwasm_default::make_vnic(&self.ib, request, ports, SMALLEST_MAX_DEVS_PER_NIC)
+        })
+    }
+
+    fn plan_connection(&mut self, conn: &Connection) -> Option<PlanPatch> {
+        Some(whole(ncclwasm_default::plan_connection(&self.ib, conn)))
+    }
+}
+
+ncclwasm_guest::export_policy!(NcclDefault);
+
+/// A patch setting every field: the complete built-in plan.
+fn whole(plan: ConnPlan) -> PlanPatch {
+    PlanPatch {
+        qps: Some(plan.qps),
+        stripe_width: Some(plan.stripe_width),
+        align: Some(plan.align),
+        adaptive_routing: Some(plan.adaptive_routing),
+        ar_threshold: Some(plan.ar_threshold),
+        tc: Some(plan.tc),
+        sl: Some(plan.sl),
+        fifo_tc: Some(plan.fifo_tc),
+        ece: Some(plan.ece),
+        timeout: Some(plan.timeout),
+        retry_cnt: Some(plan.retry_cnt),
+        reason: plan.reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ncclwasm_guest::testing::{connection, endpoint, port, topology};
+
+    const CORPUS: [&str; 7] = [
+        "loopback",
+        "dgx-h100",
+        "roce-8nic",
+        "k8s-pod",
+        "dual-port",
+        "pf-vf",
+        "mixed-ib-roce",
+    ];
+
+    fn policy(pairs: &[(&str, &str)]) -> Result<NcclDefault, String> {
+        let pairs = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        NcclDefault::init(&Config::new(pairs))
+    }
+
+    #[test]
+    fn answers_as_the_native_default_on_the_corpus() {
+        for settings in [
+            &[][..],
+            &[("NCCL_IB_HCA", "mlx5"), ("NCCL_IB_ADDR_FAMILY", "AF_INET6")],
+        ] {
+            let mut p = policy(settings).unwrap();
+            let ib = &p.ib.clone();
+            for name in CORPUS {
+                let ports = topology(name);
+                let sel = p.select_devices(&ports).unwrap();
+                assert_eq!(sel, ncclwasm_default::select_devices(ib, &ports), "{name}");
+                let selected: Vec<Port> = sel
+                    .ports
+                    .iter()
+                    .map(|&i| ports[i as usize].clone())
+                    .collect();
+                for port in &selected {
+                    assert_eq!(
+                        p.select_gid(port),
+                        Some(ncclwasm_default::select_gid(ib, port)),
+                        "{name} {}",
+                        port.device
+                    );
+                }
+                assert_eq!(
+                    p.group_devices(&selected),
+                    Some(ncclwasm_default::group_devices(ib, &selected))
+                );
+                let request: Vec<u32> = (0..selected.len().min(2) as u32).collect();
+                let asked = &selected[..request.len()];
+                assert_eq!(
+                    p.make_vnic(&request, asked),
+                    Some(ncclwasm_default::make_vnic(ib, &request, asked, 4))
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn connection_plan_is_the_whole_native_plan() {
+        let mut p = policy(&[("NCCL_IB_QPS_PER_CONNECTION", "2"), ("NCCL_IB_TC", "106")]).unwrap();
+        let ports = topology("dual-port");
+        let a = endpoint(port(&ports, "mlx5_0"), 3);
+        let b = endpoint(port(&ports, "mlx5_1"), 3);
+        let conn = connection(vec![a.clone(), b.clone()], vec![a, b]);
+        let native = ncclwasm_default::plan_connection(&p.ib, &conn);
+        let patch = p.plan_connection(&conn).unwrap();
+        assert!(patch.qps.is_some() && patch.ece.is_some() && patch.retry_cnt.is_some());
+        assert_eq!(patch.tc, Some(106));
+        // Applied over any base, the patch reproduces the native plan field by field.
+        let mut other = native.clone();
+        other.qps.clear();
+        other.tc = 0;
+        let applied = patch.apply(other);
+        assert_eq!(
+            ConnPlan {
+                reason: native.reason.clone(),
+                ..applied
+            },
+            native
+        );
+    }
+
+    #[test]
+    fn leaves_vnics_beyond_the_smallest_limit_to_the_host() {
+        let mut p = policy(&[]).unwrap();
+        let ports = topology("dgx-h100");
+        let ib: Vec<Port> = ports[..5].to_vec();
+        assert_eq!(p.make_vnic(&[0, 1, 2, 3, 4], &ib), None);
+        assert!(p.make_vnic(&[0, 1, 2, 3], &ib[..4]).is_some());
+    }
+
+    #[test]
+    fn invalid_nccl_variable_fails_init_by_name() {
+        let e = policy(&[("NCCL_IB_TIMEOUT", "99")]).unwrap_err();
+        assert!(e.contains("NCCL_IB_TIMEOUT"), "{e}");
+        assert!(policy(&[(ncclwasm_guest::POLICY_CONFIG_KEY, "x=1")]).is_err());
+    }
+}

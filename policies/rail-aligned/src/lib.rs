@@ -1,0 +1,362 @@
+//! rail-aligned: every QP of a connection joins a local port to a peer port on the **same
+//! subnet**, so traffic never crosses rails.
+//!
+//! On a rail-optimised fabric NIC *k* of every node hangs off leaf switch *k*; a QP from rail 0 to
+//! rail 3 leaves the leaf and crosses the spine, where it competes with every other job. NCCL's
+//! built-in plan pairs QP *i* with local port `i % nlocal` and peer port `i % npeer` by position,
+//! which crosses rails whenever the two sides list their ports in different orders (a fused NIC
+//! built from different devices, a pod that got other VFs, a PCI renumbering). This policy pairs
+//! by address instead: a local endpoint goes with a peer endpoint whose GID shares its subnet
+//! (IB: the 64-bit subnet prefix; RoCE: the interface's prefix). Local endpoints without such a
+//! peer carry nothing; when no endpoint pairs at all the policy has no opinion and the built-in
+//! plan stands.
+//!
+//! Settings (`NCCL_WASM_POLICY_CONFIG`): `qps-per-pair=N` (1..=128), default
+//! `NCCL_IB_QPS_PER_CONNECTION` (1), NCCL's QPs per device.
+
+use ncclwasm_default::IbConfig;
+use ncclwasm_guest::{Config, Connection, Hooks, PlanPatch, Policy, QpPlan, Subnet};
+
+/// The most QPs a plan may hold (`conn-plan.qps` in the WIT).
+const MAX_QPS: usize = 128;
+
+#[derive(Debug)]
+struct RailAligned {
+    qps_per_pair: u32,
+    /// `NCCL_IB_SPLIT_DATA_ON_QPS`: stripe each message over every QP, not one per pair.
+    split_data_on_qps: bool,
+}
+
+impl Policy for RailAligned {
+    const HOOKS: Hooks = Hooks::PLAN_CONNECTION;
+
+    fn init(config: &Config) -> Result<Self, String> {
+        let ib = IbConfig::from_pairs(config.pairs()).map_err(|e| e.to_string())?;
+        let mut options = config.options()?;
+        let qps_per_pair = options
+            .take::<u32>("qps-per-pair")?
+            .unwrap_or(ib.qps_per_connection);
+        options.finish()?;
+        if !(1..=MAX_QPS as u32).contains(&qps_per_pair) {
+            return Err(format!(
+                "qps-per-pair={qps_per_pair}: a connection holds 1..={MAX_QPS} QPs"
+            ));
+        }
+        Ok(RailAligned {
+            qps_per_pair,
+            split_data_on_qps: ib.split_data_on_qps,
+        })
+    }
+
+    fn plan_connection(&mut self, conn: &Connection) -> Option<PlanPatch> {
+        self.plan(conn)
+    }
+}
+
+ncclwasm_guest::export_policy!(RailAligned);
+
+/// One local endpoint and the peer endpoint on its rail.
+#[derive(Debug, PartialEq, Eq)]
+struct Pair {
+    local: u32,
+    remote: u32,
+    subnet: Subnet,
+}
+
+/// For each local endpoint, a peer endpoint on its subnet: a peer not yet taken if there is one
+/// (so two rails never funnel into one peer port while another idles), else a taken one.
+fn pair_up(conn: &Connection) -> Vec<Pair> {
+    let mut taken = vec![false; conn.peer.len()];
+    let mut pairs = Vec::new();
+    for (local, l) in conn.local.iter().enumerate() {
+        let Some(subnet) = Subnet::of(&l.gid) else {
+            continue;
+        };
+        let on_rail: Vec<usize> = (0..conn.peer.len())
+            .filter(|&r| Subnet::of(&conn.peer[r].gid) == Some(subnet))
+            .collect();
+        let Some(&remote) = on_rail.iter().find(|&&r| !taken[r]).or(on_rail.first()) else {
+            continue;
+        };
+        taken[remote] = true;
+        pairs.push(Pair {
+            local: local as u32,
+            remote: remote as u32,
+            subnet,
+        });
+    }
+    pairs
+}
+
+impl RailAligned {
+    /// `qps_per_pair` QPs per pair, interleaved pair by pair as NCCL rotates over devices, so
+    /// consecutive messages start on different rails; a message goes over one QP per pair (or
+    /// every QP with `NCCL_IB_SPLIT_DATA_ON_QPS=1`), as NCCL stripes over devices. `None` when
+    /// nothing pairs.
+    fn plan(&self, conn: &Connection) -> Option<PlanPatch> {
+        let pairs = pair_up(conn);
+        if pairs.is_empty() {
+            return None;
+        }
+        let rounds = (self.qps_per_pair as usize).min(MAX_QPS / pairs.len());
+        let qps: Vec<QpPlan> = (0..rounds)
+            .flat_map(|_| &pairs)
+            .map(|p| QpPlan {
+                local: p.local,
+                remote: p.remote,
+                weight: 1,
+            })
+            .collect();
+
+        let stripe = if self.split_data_on_qps {
+            qps.len()
+        } else {
+            pairs.len()
+        };
+        // A reason is read in one log line (and cut by the host past 1 KiB): counts and idle ports
+        // first, so only the tail of a long pair list can get lost.
+        let mut reason =
+            format!("{rounds} QP(s) per pair, {stripe} per message, none across rails; ");
+        let idle: Vec<&str> = (0..conn.local.len())
+            .filter(|&l| !pairs.iter().any(|p| p.local as usize == l))
+            .map(|l| conn.local[l].device.as_str())
+            .collect();
+        if !idle.is_empty() {
+            reason += &format!("idle, no peer on their subnet: {}; ", idle.join(", "));
+        }
+        // The peer's device is named only when it differs from ours: eight rails then fit.
+        let rails: Vec<String> = pairs
+            .iter()
+            .map(|p| {
+                let (l, r) = (&conn.local[p.local as usize], &conn.peer[p.remote as usize]);
+                if l.device == r.device {
+                    format!("{} {}", l.device, p.subnet)
+                } else {
+                    format!("{}↔{} {}", l.device, r.device, p.subnet)
+                }
+            })
+            .collect();
+        reason += &format!("rails (local[↔peer] subnet): {}", rails.join(", "));
+        Some(PlanPatch {
+            stripe_width: Some(stripe as u32),
+            qps: Some(qps),
+            reason,
+            ..PlanPatch::default()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ncclwasm_guest::model::validate::check_plan;
+    use ncclwasm_guest::testing::{connection, endpoint, port, topology};
+    use ncclwasm_guest::{AddrFamily, Endpoint, GidType, POLICY_CONFIG_KEY, Port};
+
+    /// `device` talking over its RoCEv2 IPv4 GID, as NCCL's default GID scan would pick.
+    fn roce_v4(ports: &[Port], device: &str) -> Endpoint {
+        let p = port(ports, device);
+        let gid = p
+            .gids
+            .iter()
+            .find(|g| g.gid_type == GidType::RoceV2 && g.family() == AddrFamily::Ipv4)
+            .unwrap_or_else(|| panic!("{device} has no RoCEv2 IPv4 GID"));
+        endpoint(p, gid.index)
+    }
+
+    /// Each `roce-8nic` NIC on its own rail: its IPv4 address, or its IPv6 one (mlx5_3, mlx5_7).
+    fn roce_or_v6(p: &Port) -> Endpoint {
+        let mut routable = p.gids.iter().filter(|g| g.is_routable());
+        let v4 = routable.clone().find(|g| g.family() == AddrFamily::Ipv4);
+        endpoint(p, v4.or(routable.next_back()).unwrap().index)
+    }
+
+    fn rails(qps_per_pair: u32) -> RailAligned {
+        RailAligned {
+            qps_per_pair,
+            split_data_on_qps: false,
+        }
+    }
+
+    fn init(policy_config: &str) -> Result<RailAligned, String> {
+        RailAligned::init(&Config::new(vec![(
+            POLICY_CONFIG_KEY.into(),
+            policy_config.into(),
+        )]))
+    }
+
+    #[test]
+    fn pairs_by_subnet_not_by_position() {
+        let ports = topology("roce-8nic");
+        let local = vec![roce_v4(&ports, "mlx5_0"), roce_v4(&ports, "mlx5_2")];
+        // The peer lists the same rails in the other order, plus a rail we do not have.
+        let peer = vec![
+            roce_v4(&ports, "mlx5_4"),
+            roce_v4(&ports, "mlx5_2"),
+            roce_v4(&ports, "mlx5_0"),
+        ];
+        let conn = connection(local, peer);
+        let patch = rails(1).plan(&conn).unwrap();
+        let qps = patch.qps.unwrap();
+        let pairs: Vec<_> = qps.iter().map(|q| (q.local, q.remote)).collect();
+        assert_eq!(pairs, [(0, 2), (1, 1)]);
+        assert_eq!(
+            patch.reason,
+            "1 QP(s) per pair, 2 per message, none across rails; \
+             rails (local[↔peer] subnet): mlx5_0 10.0.0.0/24, mlx5_2 10.0.2.0/24"
+        );
+    }
+
+    #[test]
+    fn qps_rotate_over_pairs_and_never_cross_rails() {
+        let ports = topology("roce-8nic");
+        let devices = ["mlx5_0", "mlx5_1", "mlx5_2"];
+        let local: Vec<_> = devices.iter().map(|d| roce_v4(&ports, d)).collect();
+        let peer: Vec<_> = devices.iter().rev().map(|d| roce_v4(&ports, d)).collect();
+        let conn = connection(local, peer);
+        let qps = rails(2).plan(&conn).unwrap().qps.unwrap();
+        assert_eq!(qps.len(), 6);
+        let locals: Vec<u32> = qps.iter().map(|q| q.local).collect();
+        assert_eq!(locals, [0, 1, 2, 0, 1, 2]);
+        for q in &qps {
+            let (l, r) = (&conn.local[q.local as usize], &conn.peer[q.remote as usize]);
+            assert_eq!(
+                Subnet::of(&l.gid),
+                Subnet::of(&r.gid),
+                "{} -> {}",
+                l.device,
+                r.device
+            );
+        }
+    }
+
+    #[test]
+    fn unpaired_local_ports_stay_idle_and_are_named() {
+        let ports = topology("roce-8nic");
+        let local = vec![roce_v4(&ports, "mlx5_0"), roce_v4(&ports, "mlx5_4")];
+        let conn = connection(local, vec![roce_v4(&ports, "mlx5_0")]);
+        let patch = rails(1).plan(&conn).unwrap();
+        assert_eq!(patch.qps.unwrap().len(), 1);
+        assert_eq!(
+            patch.reason,
+            "1 QP(s) per pair, 1 per message, none across rails; \
+             idle, no peer on their subnet: mlx5_4; \
+             rails (local[↔peer] subnet): mlx5_0 10.0.0.0/24"
+        );
+    }
+
+    #[test]
+    fn two_locals_on_one_rail_share_the_only_peer_port() {
+        let ports = topology("roce-8nic");
+        let a = roce_v4(&ports, "mlx5_0");
+        let conn = connection(vec![a.clone(), a.clone()], vec![a]);
+        let qps = rails(1).plan(&conn).unwrap().qps.unwrap();
+        assert_eq!(qps.iter().map(|q| q.remote).collect::<Vec<_>>(), [0, 0]);
+    }
+
+    #[test]
+    fn no_common_subnet_means_no_opinion() {
+        let ports = topology("roce-8nic");
+        let conn = connection(
+            vec![roce_v4(&ports, "mlx5_0")],
+            vec![roce_v4(&ports, "mlx5_1")],
+        );
+        assert_eq!(rails(1).plan(&conn), None);
+        // A GID whose prefix length the host does not know never pairs, not even with itself.
+        let mut unknown = roce_v4(&ports, "mlx5_0");
+        unknown.gid.prefix_len = 0;
+        assert_eq!(
+            rails(1).plan(&connection(vec![unknown.clone()], vec![unknown])),
+            None
+        );
+    }
+
+    #[test]
+    fn ib_ports_pair_on_the_subnet_prefix() {
+        let ports = topology("dgx-h100");
+        let ib = |d: &str| endpoint(port(&ports, d), 0);
+        let conn = connection(vec![ib("mlx5_0"), ib("mlx5_1")], vec![ib("mlx5_1")]);
+        // Every DGX IB port sits on the default subnet fe80::/64: all pair with the one peer.
+        let patch = rails(1).plan(&conn).unwrap();
+        assert_eq!(patch.qps.unwrap().len(), 2);
+        assert!(
+            patch
+                .reason
+                .ends_with("mlx5_0↔mlx5_1 fe80::/64, mlx5_1 fe80::/64"),
+            "{}",
+            patch.reason
+        );
+    }
+
+    #[test]
+    fn caps_the_plan_at_128_qps() {
+        let ports = topology("roce-8nic");
+        let devices = ["mlx5_0", "mlx5_1", "mlx5_2"];
+        let eps: Vec<_> = devices.iter().map(|d| roce_v4(&ports, d)).collect();
+        let qps = rails(128)
+            .plan(&connection(eps.clone(), eps))
+            .unwrap()
+            .qps
+            .unwrap();
+        assert_eq!(qps.len(), 126);
+    }
+
+    #[test]
+    fn eight_rails_fit_in_one_log_line() {
+        let ports = topology("roce-8nic");
+        let eps: Vec<_> = ports.iter().map(roce_or_v6).collect();
+        let patch = rails(1).plan(&connection(eps.clone(), eps)).unwrap();
+        assert_eq!(patch.qps.unwrap().len(), 8);
+        assert!(
+            patch.reason.len() <= 256,
+            "{} bytes: {}",
+            patch.reason.len(),
+            patch.reason
+        );
+    }
+
+    #[test]
+    fn patched_plans_pass_the_hosts_validation() {
+        let ports = topology("roce-8nic");
+        let all: Vec<_> = ports.iter().map(roce_or_v6).collect();
+        // What `ncclwasm policy explain` asks: one local port, the peer's eight.
+        let one_to_all = connection(vec![all[0].clone()], all.clone());
+        let fused = connection(all[..3].to_vec(), all.iter().rev().cloned().collect());
+        for split in ["0", "1"] {
+            for qps in ["1", "3"] {
+                let pairs = vec![
+                    ("NCCL_IB_SPLIT_DATA_ON_QPS".to_string(), split.to_string()),
+                    ("NCCL_IB_QPS_PER_CONNECTION".to_string(), qps.to_string()),
+                ];
+                let ib = IbConfig::from_pairs(&pairs).unwrap();
+                let policy = RailAligned::init(&Config::new(pairs)).unwrap();
+                for conn in [&one_to_all, &fused] {
+                    let base = ncclwasm_default::plan_connection(&ib, conn);
+                    let plan = policy.plan(conn).unwrap().apply(base);
+                    let at = format!("split {split}, {qps} QPs, {}", conn.device_name);
+                    check_plan(&plan, conn, 1 << 16).unwrap_or_else(|e| panic!("{at}: {e:?}"));
+                    let want = if split == "1" {
+                        plan.qps.len()
+                    } else {
+                        conn.local.len()
+                    };
+                    assert_eq!(plan.stripe_width as usize, want, "{at}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn settings() {
+        assert_eq!(init("").unwrap().qps_per_pair, 1);
+        assert_eq!(init("qps-per-pair=4").unwrap().qps_per_pair, 4);
+        let from_nccl = RailAligned::init(&Config::new(vec![(
+            "NCCL_IB_QPS_PER_CONNECTION".into(),
+            "2".into(),
+        )]))
+        .unwrap();
+        assert_eq!(from_nccl.qps_per_pair, 2);
+        assert!(init("qps-per-pair=0").unwrap_err().contains("1..=128"));
+        assert!(init("qps=2").unwrap_err().contains("unknown setting `qps`"));
+    }
+}

@@ -1,0 +1,199 @@
+//! `cargo xtask guests`: every policy component, built and collected in one place.
+//!
+//! Guests are workspace members under `policies/` or `guest-examples/` with a `cdylib` target.
+//! They are built in one `cargo build --profile guest --target wasm32-wasip2` (one cargo
+//! invocation shares the dependency graph and the build lock, which matters on a 2-core machine),
+//! then each artefact is copied to `<target-dir>/guests/<package-name>.wasm`: the host's tests,
+//! the CLI and the demo find a policy by its package name there. Guest examples in other
+//! languages are built by their own toolchains ([`npm`]).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::Value;
+
+mod npm;
+
+const TARGET: &str = "wasm32-wasip2";
+const PROFILE: &str = "guest";
+/// Where guests live, relative to the workspace root.
+const GUEST_DIRS: [&str; 2] = ["policies", "guest-examples"];
+
+/// A workspace member that builds to a component.
+#[derive(Debug)]
+struct RustGuest {
+    package: String,
+    /// The cdylib target's name, which names the artefact (`-` becomes `_`).
+    lib: String,
+}
+
+/// The workspace layout `cargo metadata` reports.
+#[derive(Debug)]
+struct Workspace {
+    root: PathBuf,
+    /// Honours `CARGO_TARGET_DIR` and `build.target-dir`.
+    target_dir: PathBuf,
+    guests: Vec<RustGuest>,
+}
+
+/// Builds every guest and returns the paths of the components in `<target-dir>/guests/`.
+pub fn build() -> Result<Vec<PathBuf>> {
+    let ws = workspace()?;
+    let out_dir = ws.target_dir.join("guests");
+    std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+
+    let mut built = build_rust(&ws, &out_dir)?;
+    for dir in GUEST_DIRS {
+        built.extend(npm::build_all(&ws.root.join(dir), &out_dir)?);
+    }
+    for path in &built {
+        let size = std::fs::metadata(path)?.len();
+        println!("{:>10} bytes  {}", size, path.display());
+    }
+    Ok(built)
+}
+
+/// The cargo that runs this task (`CARGO`), so nested builds use the same toolchain.
+pub fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+fn workspace() -> Result<Workspace> {
+    let out = cargo()
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .output()
+        .context("running cargo metadata")?;
+    ensure!(
+        out.status.success(),
+        "cargo metadata failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    parse_metadata(&serde_json::from_slice(&out.stdout)?)
+}
+
+fn parse_metadata(meta: &Value) -> Result<Workspace> {
+    let path = |v: &Value, what: &str| -> Result<PathBuf> {
+        Ok(PathBuf::from(
+            v.as_str()
+                .with_context(|| format!("cargo metadata: no {what}"))?,
+        ))
+    };
+    let root = path(&meta["workspace_root"], "workspace_root")?;
+    let target_dir = path(&meta["target_directory"], "target_directory")?;
+    let guest_roots: Vec<PathBuf> = GUEST_DIRS.iter().map(|d| root.join(d)).collect();
+
+    let mut guests = Vec::new();
+    for pkg in meta["packages"]
+        .as_array()
+        .context("cargo metadata: no packages")?
+    {
+        let manifest = path(&pkg["manifest_path"], "manifest_path")?;
+        if !guest_roots.iter().any(|dir| manifest.starts_with(dir)) {
+            continue;
+        }
+        let cdylib = pkg["targets"].as_array().into_iter().flatten().find(|t| {
+            t["kind"]
+                .as_array()
+                .is_some_and(|kinds| kinds.iter().any(|k| k == "cdylib"))
+        });
+        // Libraries under policies/ (the guest SDK) are built as dependencies, not copied.
+        let Some(cdylib) = cdylib else { continue };
+        let name = |v: &Value| {
+            v.as_str()
+                .context("cargo metadata: unnamed package")
+                .map(str::to_owned)
+        };
+        guests.push(RustGuest {
+            package: name(&pkg["name"])?,
+            lib: name(&cdylib["name"])?.replace('-', "_"),
+        });
+    }
+    guests.sort_by(|a, b| a.package.cmp(&b.package));
+    Ok(Workspace {
+        root,
+        target_dir,
+        guests,
+    })
+}
+
+fn build_rust(ws: &Workspace, out_dir: &Path) -> Result<Vec<PathBuf>> {
+    if ws.guests.is_empty() {
+        return Ok(Vec::new());
+    }
+    ensure_target()?;
+    let mut cmd = cargo();
+    cmd.args(["build", "--profile", PROFILE, "--target", TARGET]);
+    for g in &ws.guests {
+        cmd.args(["-p", &g.package]);
+    }
+    let status = cmd.status().context("running cargo build")?;
+    ensure!(status.success(), "building the guests failed");
+
+    let artefacts = ws.target_dir.join(TARGET).join(PROFILE);
+    ws.guests
+        .iter()
+        .map(|g| {
+            let from = artefacts.join(format!("{}.wasm", g.lib));
+            let to = out_dir.join(format!("{}.wasm", g.package));
+            std::fs::copy(&from, &to)
+                .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+            Ok(to)
+        })
+        .collect()
+}
+
+/// Installs the wasm target when it is missing. Explicit, because `RUSTUP_AUTO_INSTALL=0` may
+/// be set and then cargo would only fail with "can't find crate for `core`".
+fn ensure_target() -> Result<()> {
+    let out = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .context("running rustup (the wasm32-wasip2 target is installed with rustup)")?;
+    ensure!(out.status.success(), "rustup target list failed");
+    if String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l.trim() == TARGET)
+    {
+        return Ok(());
+    }
+    println!("installing the {TARGET} target");
+    let status = Command::new("rustup")
+        .args(["target", "add", TARGET])
+        .status()?;
+    if !status.success() {
+        bail!("rustup target add {TARGET} failed");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_cdylib_members_under_guest_dirs() {
+        let meta = serde_json::json!({
+            "workspace_root": "/ws",
+            "target_directory": "/elsewhere/target",
+            "packages": [
+                {"name": "rail-aligned", "manifest_path": "/ws/policies/rail-aligned/Cargo.toml",
+                 "targets": [{"name": "rail-aligned", "kind": ["cdylib"]}]},
+                {"name": "ncclwasm-guest", "manifest_path": "/ws/policies/guest-sdk/Cargo.toml",
+                 "targets": [{"name": "ncclwasm_guest", "kind": ["lib"]}]},
+                {"name": "trap", "manifest_path": "/ws/guest-examples/hostile/trap/Cargo.toml",
+                 "targets": [{"name": "trap", "kind": ["cdylib", "rlib"]}]},
+                {"name": "ncclwasm-cli", "manifest_path": "/ws/host/cli/Cargo.toml",
+                 "targets": [{"name": "ncclwasm", "kind": ["cdylib"]}]},
+            ]
+        });
+        let ws = parse_metadata(&meta).unwrap();
+        assert_eq!(ws.target_dir, Path::new("/elsewhere/target"));
+        let got: Vec<_> = ws
+            .guests
+            .iter()
+            .map(|g| (g.package.as_str(), g.lib.as_str()))
+            .collect();
+        assert_eq!(got, [("rail-aligned", "rail_aligned"), ("trap", "trap")]);
+    }
+}

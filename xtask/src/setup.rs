@@ -1,0 +1,84 @@
+//! What a fresh machine needs before anything here builds, installed explicitly.
+//!
+//! The `wasm32-wasip2` target is ensured by [`crate::guests`]. This module covers the Debian
+//! packages: `rdma-sys` runs bindgen against rdma-core's headers at build time, so building needs
+//! `libibverbs-dev` and `librdmacm-dev` (headers only — the plugin never links libibverbs, it opens
+//! it at run time) and libclang with its builtin headers. As root the packages are installed with
+//! apt-get (that is what a fresh machine of this kind is); otherwise the exact command is printed
+//! and the task stops, rather than failing later inside a build script with a cryptic message.
+
+use std::process::Command;
+
+use anyhow::{Context, Result, bail, ensure};
+
+/// The Debian packages the workspace needs to build, and why.
+const PACKAGES: [(&str, &str); 4] = [
+    ("libibverbs-dev", "rdma-core headers for rdma-sys"),
+    ("librdmacm-dev", "rdma-sys's build script probes it"),
+    ("libclang1-14", "bindgen inside rdma-sys"),
+    (
+        "libclang-common-14-dev",
+        "clang's builtin headers for bindgen",
+    ),
+];
+
+/// Installs whichever of [`PACKAGES`] is missing (as root), or explains how.
+pub fn ensure_system_packages() -> Result<()> {
+    if Command::new("dpkg-query")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        println!(
+            "setup: not a Debian system; make sure rdma-core headers and libclang are installed"
+        );
+        return Ok(());
+    }
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .filter(|(name, _)| !installed(name))
+        .map(|(name, _)| *name)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let why: Vec<String> = PACKAGES
+        .iter()
+        .filter(|(name, _)| missing.contains(name))
+        .map(|(name, why)| format!("{name} ({why})"))
+        .collect();
+    println!("setup: installing {}", why.join(", "));
+    if !is_root()? {
+        bail!(
+            "missing packages; run as root: apt-get update && apt-get install -y --no-install-recommends {}",
+            missing.join(" ")
+        );
+    }
+    run(Command::new("apt-get").args(["update", "-qq"]))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+fn installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", package])
+        .output()
+        .is_ok_and(|o| o.status.success() && o.stdout.ends_with(b"install ok installed"))
+}
+
+fn is_root() -> Result<bool> {
+    let out = Command::new("id")
+        .arg("-u")
+        .output()
+        .context("running id -u")?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim() == "0")
+}
+
+/// Runs a command with inherited output; an unsuccessful exit is an error naming it.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+    ensure!(status.success(), "{cmd:?} failed with {status}");
+    Ok(())
+}
