@@ -78,9 +78,9 @@ export function selectDevices(_ports) {
 export function selectGid(_port) {
   return undefined;
 }
-export function groupDevices(_ports) {
+export function groupDevices(_ports, _maxDevices) {
   return undefined;
 }
-export function makeVnic(_request, _ports) {
+export function makeVnic(_request, _ports, _maxDevices) {
   return undefined;
 }

@@ -389,6 +389,30 @@ fn check_reports_name_version_and_hooks() {
 }
 
 #[test]
+fn every_shipped_policy_and_example_passes_check() {
+    // What an operator deploys must load and answer every hook it declares on the sample
+    // machine; the JavaScript example takes seconds to compile, the rest milliseconds.
+    for (package, config) in [
+        ("nccl-default", None),
+        ("rail-aligned", None),
+        ("weighted-stripe", None),
+        ("gid-by-subnet", Some("subnet=10.0.0.0/8")),
+        ("tc-by-class", Some("1=106,default=0")),
+    ] {
+        let path = guest(package);
+        let mut args = vec!["policy", "check", path.as_str(), "--json"];
+        if let Some(config) = config {
+            args.extend(["--config", config]);
+        }
+        let o = run(&args);
+        assert_ok(&o);
+        let j = json(&o);
+        assert_eq!(j["name"], package, "{j}");
+        assert!(!j["hooks"].as_array().unwrap().is_empty(), "{package}: {j}");
+    }
+}
+
+#[test]
 fn check_refuses_what_the_plugin_would_not_load() {
     let not_wasm = workspace()
         .join("host/cli/Cargo.toml")

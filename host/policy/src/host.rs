@@ -491,7 +491,10 @@ impl Shared {
         let max = self.settings.max_devs_per_nic;
         l.ask(
             Hook::GroupDevices,
-            |i| i.bindings.call_group_devices(&mut i.store, &arg),
+            |i| {
+                i.bindings
+                    .call_group_devices(&mut i.store, &arg, wire_max(max))
+            },
             |w| {
                 let groups = convert::groups(w);
                 validate::check_groups(&groups, ports, max).map(|()| groups)
@@ -509,7 +512,10 @@ impl Shared {
         let max = self.settings.max_devs_per_nic;
         l.ask(
             Hook::MakeVnic,
-            |i| i.bindings.call_make_vnic(&mut i.store, request, &arg),
+            |i| {
+                i.bindings
+                    .call_make_vnic(&mut i.store, request, &arg, wire_max(max))
+            },
             |w| {
                 let answer = convert::vnic(w);
                 validate::check_vnic(&answer, request, ports, max).map(|()| answer)
@@ -727,4 +733,9 @@ fn declares(flags: HookFlags, hook: Hook) -> bool {
         Hook::PlanConnection => HookFlags::PLAN_CONNECTION,
     };
     flags.contains(flag)
+}
+
+/// The vNIC size limit as the WIT carries it (NCCL's limits are 4 and 8).
+fn wire_max(max_devs_per_nic: usize) -> u32 {
+    u32::try_from(max_devs_per_nic).unwrap_or(u32::MAX)
 }

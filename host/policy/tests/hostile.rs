@@ -4,9 +4,9 @@
 use std::time::{Duration, Instant};
 
 use ncclwasm_model::{GidChoice, VnicAnswer};
-use ncclwasm_policy::{FailureCause, FailureMode, Hook, PolicyError, Source};
+use ncclwasm_policy::{FailureCause, FailureMode, Hook, PolicyError, PolicyHost, Source};
 
-use crate::{capture_logs, connection, host_with, logged, ports};
+use crate::{capture_logs, connection, guest, host_with, logged, ports, settings};
 
 /// The fallback's cause and detail, or a panic saying what came instead.
 fn fallback(source: &Source) -> (FailureCause, String) {
@@ -30,7 +30,13 @@ fn failed<T: std::fmt::Debug>(r: Result<T, PolicyError>, hook: Hook, cause: Fail
 fn endless_loop_is_stopped_within_the_deadline() {
     capture_logs();
     let ports = ports();
-    let host = host_with("hostile-loop", FailureMode::Open, None);
+    let looping = |failure| {
+        let mut s = settings(failure);
+        s.timeout = Duration::from_millis(200);
+        s.policy = Some(guest("hostile-loop"));
+        PolicyHost::new(s).expect("host starts")
+    };
+    let host = looping(FailureMode::Open);
     let deadline = host.settings().timeout;
     let builtin = ncclwasm_default::select_devices(host.ib_config(), &ports);
     for _ in 0..2 {
@@ -54,7 +60,7 @@ fn endless_loop_is_stopped_within_the_deadline() {
         logged()
     );
 
-    let closed = host_with("hostile-loop", FailureMode::Closed, None);
+    let closed = looping(FailureMode::Closed);
     let start = Instant::now();
     failed(
         closed.select_devices(&ports),

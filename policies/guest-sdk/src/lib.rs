@@ -108,15 +108,17 @@ macro_rules! export_policy {
                 }
                 fn group_devices(
                     ports: ::std::vec::Vec<$crate::bindings::Port>,
+                    max_devices: u32,
                 ) -> ::core::option::Option<::std::vec::Vec<$crate::bindings::DeviceGroup>>
                 {
-                    SLOT.group_devices(ports)
+                    SLOT.group_devices(ports, max_devices)
                 }
                 fn make_vnic(
                     request: ::std::vec::Vec<u32>,
                     ports: ::std::vec::Vec<$crate::bindings::Port>,
+                    max_devices: u32,
                 ) -> ::core::option::Option<$crate::bindings::VnicAnswer> {
-                    SLOT.make_vnic(request, ports)
+                    SLOT.make_vnic(request, ports, max_devices)
                 }
                 fn plan_connection(
                     conn: $crate::bindings::Connection,

@@ -32,13 +32,20 @@ pub trait Policy: Sized + Send + 'static {
         None
     }
 
-    /// Fused NICs the plugin exposes as one NCCL device; `Some(vec![])` means "no groups".
-    fn group_devices(&mut self, _ports: &[Port]) -> Option<Vec<DeviceGroup>> {
+    /// Fused NICs the plugin exposes as one NCCL device, each of at most `max_devices` ports;
+    /// `Some(vec![])` means "no groups".
+    fn group_devices(&mut self, _ports: &[Port], _max_devices: usize) -> Option<Vec<DeviceGroup>> {
         None
     }
 
-    /// NCCL core asks to fuse the NCCL devices `request`, whose ports are `ports` (same order).
-    fn make_vnic(&mut self, _request: &[u32], _ports: &[Port]) -> Option<VnicAnswer> {
+    /// NCCL core asks to fuse the NCCL devices `request`, whose ports are `ports` (same order);
+    /// a vNIC may hold at most `max_devices` devices.
+    fn make_vnic(
+        &mut self,
+        _request: &[u32],
+        _ports: &[Port],
+        _max_devices: usize,
+    ) -> Option<VnicAnswer> {
         None
     }
 

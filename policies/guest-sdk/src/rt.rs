@@ -54,15 +54,25 @@ impl<P: Policy> Slot<P> {
         self.with(|p| p.select_gid(&port)).map(Into::into)
     }
 
-    pub fn group_devices(&self, ports: Vec<wit::Port>) -> Option<Vec<wit::DeviceGroup>> {
+    pub fn group_devices(
+        &self,
+        ports: Vec<wit::Port>,
+        max_devices: u32,
+    ) -> Option<Vec<wit::DeviceGroup>> {
         let ports = convert_ports(ports);
-        self.with(|p| p.group_devices(&ports))
+        self.with(|p| p.group_devices(&ports, max_devices as usize))
             .map(|groups| groups.into_iter().map(Into::into).collect())
     }
 
-    pub fn make_vnic(&self, request: Vec<u32>, ports: Vec<wit::Port>) -> Option<wit::VnicAnswer> {
+    pub fn make_vnic(
+        &self,
+        request: Vec<u32>,
+        ports: Vec<wit::Port>,
+        max_devices: u32,
+    ) -> Option<wit::VnicAnswer> {
         let ports = convert_ports(ports);
-        self.with(|p| p.make_vnic(&request, &ports)).map(Into::into)
+        self.with(|p| p.make_vnic(&request, &ports, max_devices as usize))
+            .map(Into::into)
     }
 
     pub fn plan_connection(&self, conn: wit::Connection) -> Option<wit::ConnPlan> {

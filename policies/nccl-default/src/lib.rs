@@ -16,10 +16,6 @@ use ncclwasm_guest::{
     VnicAnswer,
 };
 
-/// The smallest vNIC size any NCCL allows (4 before 2.30, 8 after). The host knows which NCCL
-/// loaded it, the guest does not (`make-vnic` does not carry the limit).
-const SMALLEST_MAX_DEVS_PER_NIC: usize = 4;
-
 #[derive(Debug)]
 struct NcclDefault {
     ib: IbConfig,
@@ -42,16 +38,22 @@ impl Policy for NcclDefault {
         Some(ncclwasm_default::select_gid(&self.ib, port))
     }
 
-    fn group_devices(&mut self, ports: &[Port]) -> Option<Vec<DeviceGroup>> {
+    fn group_devices(&mut self, ports: &[Port], _max_devices: usize) -> Option<Vec<DeviceGroup>> {
         Some(ncclwasm_default::group_devices(&self.ib, ports))
     }
 
-    /// Up to 4 devices every NCCL's limit admits them, so the answer is the native one; a larger
-    /// request depends on a limit only the host knows, so the host's own default decides it.
-    fn make_vnic(&mut self, request: &[u32], ports: &[Port]) -> Option<VnicAnswer> {
-        (request.len() <= SMALLEST_MAX_DEVS_PER_NIC).then(|| {
-            ncclwasm_default::make_vnic(&self.ib, request, ports, SMALLEST_MAX_DEVS_PER_NIC)
-        })
+    fn make_vnic(
+        &mut self,
+        request: &[u32],
+        ports: &[Port],
+        max_devices: usize,
+    ) -> Option<VnicAnswer> {
+        Some(ncclwasm_default::make_vnic(
+            &self.ib,
+            request,
+            ports,
+            max_devices,
+        ))
     }
 
     fn plan_connection(&mut self, conn: &Connection) -> Option<PlanPatch> {
@@ -128,13 +130,13 @@ mod tests {
                     );
                 }
                 assert_eq!(
-                    p.group_devices(&selected),
+                    p.group_devices(&selected, 4),
                     Some(ncclwasm_default::group_devices(ib, &selected))
                 );
                 let request: Vec<u32> = (0..selected.len().min(2) as u32).collect();
                 let asked = &selected[..request.len()];
                 assert_eq!(
-                    p.make_vnic(&request, asked),
+                    p.make_vnic(&request, asked, 4),
                     Some(ncclwasm_default::make_vnic(ib, &request, asked, 4))
                 );
             }
@@ -167,12 +169,19 @@ mod tests {
     }
 
     #[test]
-    fn leaves_vnics_beyond_the_smallest_limit_to_the_host() {
+    fn vnic_size_limit_is_the_hosts() {
         let mut p = policy(&[]).unwrap();
         let ports = topology("dgx-h100");
         let ib: Vec<Port> = ports[..5].to_vec();
-        assert_eq!(p.make_vnic(&[0, 1, 2, 3, 4], &ib), None);
-        assert!(p.make_vnic(&[0, 1, 2, 3], &ib[..4]).is_some());
+        let five = [0, 1, 2, 3, 4];
+        assert!(matches!(
+            p.make_vnic(&five, &ib, 4),
+            Some(VnicAnswer::Refuse { .. })
+        ));
+        assert!(matches!(
+            p.make_vnic(&five, &ib, 8),
+            Some(VnicAnswer::Accept { .. })
+        ));
     }
 
     #[test]

@@ -26,11 +26,11 @@ impl Guest for Clock {
         None
     }
 
-    fn group_devices(_ports: Vec<Port>) -> Option<Vec<DeviceGroup>> {
+    fn group_devices(_ports: Vec<Port>, _max_devices: u32) -> Option<Vec<DeviceGroup>> {
         None
     }
 
-    fn make_vnic(_request: Vec<u32>, _ports: Vec<Port>) -> Option<VnicAnswer> {
+    fn make_vnic(_request: Vec<u32>, _ports: Vec<Port>, _max_devices: u32) -> Option<VnicAnswer> {
         None
     }
 

@@ -37,7 +37,7 @@ impl Guest for Contradictory {
         None
     }
 
-    fn group_devices(ports: Vec<Port>) -> Option<Vec<DeviceGroup>> {
+    fn group_devices(ports: Vec<Port>, _max_devices: u32) -> Option<Vec<DeviceGroup>> {
         let group = |ports: Vec<u32>, reason: &str| DeviceGroup {
             ports,
             name: None,
@@ -65,7 +65,7 @@ impl Guest for Contradictory {
         Some(vec![group(vec![ib, eth], "InfiniBand fused with Ethernet")])
     }
 
-    fn make_vnic(_request: Vec<u32>, _ports: Vec<Port>) -> Option<VnicAnswer> {
+    fn make_vnic(_request: Vec<u32>, _ports: Vec<Port>, _max_devices: u32) -> Option<VnicAnswer> {
         None
     }
 

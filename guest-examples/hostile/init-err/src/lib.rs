@@ -21,11 +21,11 @@ impl Guest for InitErr {
         unreachable!("init refused")
     }
 
-    fn group_devices(_ports: Vec<Port>) -> Option<Vec<DeviceGroup>> {
+    fn group_devices(_ports: Vec<Port>, _max_devices: u32) -> Option<Vec<DeviceGroup>> {
         unreachable!("init refused")
     }
 
-    fn make_vnic(_request: Vec<u32>, _ports: Vec<Port>) -> Option<VnicAnswer> {
+    fn make_vnic(_request: Vec<u32>, _ports: Vec<Port>, _max_devices: u32) -> Option<VnicAnswer> {
         unreachable!("init refused")
     }
 

@@ -56,7 +56,7 @@ impl Guest for OutOfRange {
         })
     }
 
-    fn group_devices(ports: Vec<Port>) -> Option<Vec<DeviceGroup>> {
+    fn group_devices(ports: Vec<Port>, _max_devices: u32) -> Option<Vec<DeviceGroup>> {
         let first = ports.first().map_or(0, |p| p.index);
         Some(vec![DeviceGroup {
             ports: vec![first, 99],
@@ -65,7 +65,7 @@ impl Guest for OutOfRange {
         }])
     }
 
-    fn make_vnic(request: Vec<u32>, _ports: Vec<Port>) -> Option<VnicAnswer> {
+    fn make_vnic(request: Vec<u32>, _ports: Vec<Port>, _max_devices: u32) -> Option<VnicAnswer> {
         let never = request.iter().max().copied().unwrap_or(0) + 100;
         Some(VnicAnswer::Reshape((
             vec![never],

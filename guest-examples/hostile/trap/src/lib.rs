@@ -26,7 +26,7 @@ impl Guest for Trap {
         panic!("hostile-trap refuses to pick a GID for {}", port.device)
     }
 
-    fn group_devices(_ports: Vec<Port>) -> Option<Vec<DeviceGroup>> {
+    fn group_devices(_ports: Vec<Port>, _max_devices: u32) -> Option<Vec<DeviceGroup>> {
         for i in 0..10_000 {
             log(
                 LogLevel::Info,
@@ -36,7 +36,7 @@ impl Guest for Trap {
         None
     }
 
-    fn make_vnic(_request: Vec<u32>, _ports: Vec<Port>) -> Option<VnicAnswer> {
+    fn make_vnic(_request: Vec<u32>, _ports: Vec<Port>, _max_devices: u32) -> Option<VnicAnswer> {
         None
     }
 
