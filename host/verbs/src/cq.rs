@@ -1,0 +1,228 @@
+//! Completion queues and decoded work completions.
+
+use std::os::raw::c_int;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use rdma_sys::{ibv_cq, ibv_wc};
+
+use crate::device::Context;
+use crate::error::{Result, VerbsError, check, last_errno};
+
+/// A completion queue, polled (never armed: NCCL busy-polls).
+#[derive(Debug)]
+pub struct Cq {
+    pub(crate) ctx: Arc<Context>,
+    pub(crate) cq: NonNull<ibv_cq>,
+    depth: u32,
+}
+
+// SAFETY: verbs objects are thread-safe (table contract); the pointer is owned by this value.
+unsafe impl Send for Cq {}
+// SAFETY: as above.
+unsafe impl Sync for Cq {}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        // SAFETY: QPs hold an Arc of their CQs, so none refers to this one any more.
+        let rc = unsafe { (self.ctx.table().destroy_cq)(self.cq.as_ptr()) };
+        if let Err(e) = check(rc, "destroy_cq", || format!("CQ of {}", self.ctx.name())) {
+            tracing::warn!("{e}");
+        }
+    }
+}
+
+impl Context {
+    /// `ibv_create_cq` with at least `depth` entries, no channel, vector 0.
+    pub fn create_cq(self: &Arc<Self>, depth: u32) -> Result<Arc<Cq>> {
+        let cqe =
+            c_int::try_from(depth).map_err(|_| VerbsError::Invalid(format!("CQ depth {depth}")))?;
+        // SAFETY: live context; NULL context/channel are allowed.
+        let cq = unsafe {
+            (self.table().create_cq)(
+                self.ctx.as_ptr(),
+                cqe,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        let cq = NonNull::new(cq).ok_or_else(|| VerbsError::Verb {
+            verb: "create_cq",
+            object: self.name().to_owned(),
+            errno: last_errno(),
+        })?;
+        // SAFETY: freshly created CQ; `cqe` is the granted depth.
+        let depth = unsafe { (*cq.as_ptr()).cqe }.max(0) as u32;
+        Ok(Arc::new(Cq {
+            ctx: Arc::clone(self),
+            cq,
+            depth,
+        }))
+    }
+}
+
+/// `ibv_wc_status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WcStatus {
+    #[default]
+    Success,
+    LocLenErr,
+    LocQpOpErr,
+    LocEecOpErr,
+    LocProtErr,
+    WrFlushErr,
+    MwBindErr,
+    BadRespErr,
+    LocAccessErr,
+    RemInvReqErr,
+    RemAccessErr,
+    RemOpErr,
+    RetryExcErr,
+    RnrRetryExcErr,
+    LocRddViolErr,
+    RemInvRdReqErr,
+    RemAbortErr,
+    InvEecnErr,
+    InvEecStateErr,
+    FatalErr,
+    RespTimeoutErr,
+    GeneralErr,
+    Other(u32),
+}
+
+const STATUSES: [WcStatus; 22] = [
+    WcStatus::Success,
+    WcStatus::LocLenErr,
+    WcStatus::LocQpOpErr,
+    WcStatus::LocEecOpErr,
+    WcStatus::LocProtErr,
+    WcStatus::WrFlushErr,
+    WcStatus::MwBindErr,
+    WcStatus::BadRespErr,
+    WcStatus::LocAccessErr,
+    WcStatus::RemInvReqErr,
+    WcStatus::RemAccessErr,
+    WcStatus::RemOpErr,
+    WcStatus::RetryExcErr,
+    WcStatus::RnrRetryExcErr,
+    WcStatus::LocRddViolErr,
+    WcStatus::RemInvRdReqErr,
+    WcStatus::RemAbortErr,
+    WcStatus::InvEecnErr,
+    WcStatus::InvEecStateErr,
+    WcStatus::FatalErr,
+    WcStatus::RespTimeoutErr,
+    WcStatus::GeneralErr,
+];
+
+impl WcStatus {
+    fn from_raw(v: u32) -> WcStatus {
+        STATUSES
+            .get(v as usize)
+            .copied()
+            .unwrap_or(WcStatus::Other(v))
+    }
+}
+
+/// `ibv_wc_opcode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WcOpcode {
+    #[default]
+    Send,
+    RdmaWrite,
+    RdmaRead,
+    Recv,
+    RecvRdmaWithImm,
+    Other(u32),
+}
+
+impl WcOpcode {
+    fn from_raw(v: u32) -> WcOpcode {
+        match v {
+            0 => WcOpcode::Send,
+            1 => WcOpcode::RdmaWrite,
+            2 => WcOpcode::RdmaRead,
+            128 => WcOpcode::Recv,
+            129 => WcOpcode::RecvRdmaWithImm,
+            o => WcOpcode::Other(o),
+        }
+    }
+}
+
+/// One work completion, decoded. The opcode and length are only meaningful on success
+/// (as in verbs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Completion {
+    pub wr_id: u64,
+    pub status: WcStatus,
+    pub opcode: WcOpcode,
+    pub byte_len: u32,
+    /// Immediate data (host order) of a WRITE_WITH_IMM / SEND_WITH_IMM receive.
+    pub imm: Option<u32>,
+    pub qp_num: u32,
+    pub vendor_err: u32,
+}
+
+/// `IBV_WC_WITH_IMM`.
+const WC_WITH_IMM: u32 = 2;
+/// Completions fetched from the provider per `poll_cq` call.
+const POLL_BATCH: usize = 32;
+
+impl Cq {
+    /// The depth the provider granted (≥ the request).
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// Polls up to `out.len()` completions into `out`; returns how many were written.
+    pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        // SAFETY: ibv_wc is plain data; all-zero is a valid value.
+        let mut wcs: [ibv_wc; POLL_BATCH] = unsafe { std::mem::zeroed() };
+        let mut done = 0;
+        while done < out.len() {
+            let want = (out.len() - done).min(POLL_BATCH);
+            // SAFETY: live CQ whose context's ops.poll_cq is set (contract); `wcs` has room for
+            // `want` entries. This is verbs.h's inline ibv_poll_cq.
+            let n =
+                unsafe {
+                    let poll = (*(*self.cq.as_ptr()).context).ops.poll_cq.ok_or(
+                        VerbsError::Unsupported {
+                            verb: "poll_cq",
+                            fabric: self.ctx.fabric().name(),
+                        },
+                    )?;
+                    poll(self.cq.as_ptr(), want as c_int, wcs.as_mut_ptr())
+                };
+            if n < 0 {
+                return Err(VerbsError::Verb {
+                    verb: "poll_cq",
+                    object: format!("CQ of {}", self.ctx.name()),
+                    errno: if n == -1 { last_errno() } else { -n },
+                });
+            }
+            let n = n as usize;
+            for (slot, wc) in out[done..].iter_mut().zip(&wcs[..n]) {
+                *slot = Completion {
+                    wr_id: wc.wr_id,
+                    status: WcStatus::from_raw(wc.status),
+                    opcode: WcOpcode::from_raw(wc.opcode),
+                    byte_len: wc.byte_len,
+                    imm: (wc.wc_flags & WC_WITH_IMM != 0).then(|| {
+                        // SAFETY: both members of the union are plain u32s.
+                        u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })
+                    }),
+                    qp_num: wc.qp_num,
+                    vendor_err: wc.vendor_err,
+                };
+            }
+            done += n;
+            if n < want {
+                break;
+            }
+        }
+        Ok(done)
+    }
+}

@@ -1,0 +1,233 @@
+//! Discovery: every port of every device as a [`ncclwasm_model::Port`], as `ncclIbInitDevices`
+//! gathers it (verbs for what the device says, sysfs for the rest).
+
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::Arc;
+
+use ncclwasm_model::topology::merged_pci_path;
+use ncclwasm_model::{AddrFamily, Gid, GidType, LinkLayer, Port, PortState};
+
+use crate::device::{Context, Fabric};
+use crate::sysfs::Sysfs;
+
+/// Prefix length of IB and link-local GIDs (the IB subnet prefix is 64 bits).
+const IB_PREFIX: u8 = 64;
+
+impl Fabric {
+    /// All ports of all devices, numbered in discovery order. A device or port that cannot be
+    /// queried is skipped with a WARN, as NCCL does; no library devices means an empty list.
+    /// `merge_vfs` is `NCCL_IB_MERGE_VFS` (default 1) for the PCI path rule.
+    pub fn discover(self: &Arc<Self>, merge_vfs: bool) -> Vec<Port> {
+        let sysfs = Sysfs::open(&self.sysfs_root);
+        let mut ports = Vec::new();
+        for name in self.device_names() {
+            let ctx = match self.open(&name) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!("skipping device {name}: {e}");
+                    continue;
+                }
+            };
+            if let Err(e) = discover_device(&ctx, &sysfs, merge_vfs, &mut ports) {
+                tracing::warn!("skipping device {name}: {e}");
+            }
+        }
+        ports
+    }
+}
+
+fn discover_device(
+    ctx: &Context,
+    sysfs: &Sysfs,
+    merge_vfs: bool,
+    ports: &mut Vec<Port>,
+) -> crate::Result<()> {
+    let name = ctx.name();
+    let dev = ctx.query_device()?;
+    let pci_path = sysfs
+        .pci_path(name)
+        .map(|p| merged_pci_path(&p, merge_vfs))
+        .unwrap_or_default();
+    let numa_node = sysfs.numa_node(name);
+    let provider = sysfs
+        .driver(name)
+        .unwrap_or_else(|| provider_from_name(name));
+    for port in 1..=dev.phys_port_cnt {
+        let attr = match ctx.query_port(port) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!("skipping {name} port {port}: {e}");
+                continue;
+            }
+        };
+        let mut gids = Vec::new();
+        for index in 0..attr.gid_tbl_len {
+            let raw = match ctx.query_gid(port, index) {
+                Ok(raw) => raw,
+                Err(e) => {
+                    tracing::debug!("{name} port {port}: {e}");
+                    [0; 16]
+                }
+            };
+            gids.push(gid(sysfs, name, port, index, raw, attr.link_layer));
+        }
+        // The kernel reports the whole table; trailing empty slots carry no information.
+        while gids.last().is_some_and(Gid::is_unconfigured) {
+            gids.pop();
+        }
+        ports.push(Port {
+            index: ports.len() as u32,
+            device: name.to_owned(),
+            port,
+            state: attr.state,
+            link_layer: attr.link_layer,
+            // A link that is not up has no speed (its active_speed bits are stale or zero,
+            // which ncclIbSpeed would read as the fastest entry); NCCL never uses such a port.
+            speed_mbps: if attr.state == PortState::Active {
+                attr.speed_mbps
+            } else {
+                0
+            },
+            width: attr.width,
+            mtu: attr.mtu,
+            lid: attr.lid,
+            pci_path: pci_path.clone(),
+            guid: dev.sys_image_guid,
+            numa_node,
+            max_qps: dev.max_qp,
+            provider: provider.clone(),
+            gids,
+        });
+    }
+    Ok(())
+}
+
+/// A GID entry with its type (sysfs) and the prefix length of the subnet it sits in.
+fn gid(sysfs: &Sysfs, dev: &str, port: u8, index: u32, raw: [u8; 16], link: LinkLayer) -> Gid {
+    let probe = Gid {
+        index,
+        raw,
+        gid_type: GidType::Unknown,
+        prefix_len: 0,
+    };
+    if probe.is_unconfigured() {
+        return Gid::unconfigured(index);
+    }
+    if link == LinkLayer::Infiniband {
+        return Gid {
+            gid_type: GidType::Ib,
+            prefix_len: IB_PREFIX,
+            ..probe
+        };
+    }
+    let gid_type = sysfs.roce_gid_type(dev, port, index);
+    let prefix_len = if probe.is_link_local() {
+        IB_PREFIX
+    } else {
+        sysfs
+            .gid_netdev(dev, port, index)
+            .and_then(|ndev| interface_prefix(&ndev, &probe))
+            .unwrap_or(0)
+    };
+    Gid {
+        gid_type,
+        prefix_len,
+        ..probe
+    }
+}
+
+/// The prefix length of the address `gid` carries on interface `ndev` (from `getifaddrs`).
+fn interface_prefix(ndev: &str, gid: &Gid) -> Option<u8> {
+    let v6 = Ipv6Addr::from(gid.raw);
+    let want: IpAddr = match gid.family() {
+        AddrFamily::Ipv4 => IpAddr::V4(v6.to_ipv4_mapped()?),
+        AddrFamily::Ipv6 => IpAddr::V6(v6),
+    };
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the list is freed below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut cur = head;
+    while !cur.is_null() && found.is_none() {
+        // SAFETY: `cur` walks the list getifaddrs returned, which stays valid until freeifaddrs.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        // SAFETY: ifa_name is a NUL-terminated string of the live list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+        if name.to_bytes() != ndev.as_bytes() || ifa.ifa_addr.is_null() || ifa.ifa_netmask.is_null()
+        {
+            continue;
+        }
+        // SAFETY: non-NULL sockaddrs of the live list, read per their family.
+        found = unsafe { match_prefix(ifa.ifa_addr, ifa.ifa_netmask, want) };
+    }
+    // SAFETY: frees the list getifaddrs allocated, once.
+    unsafe { libc::freeifaddrs(head) };
+    found
+}
+
+/// The netmask's length if `addr` is `want`.
+///
+/// # Safety
+/// `addr` and `mask` must point at valid sockaddrs of the same family.
+unsafe fn match_prefix(
+    addr: *const libc::sockaddr,
+    mask: *const libc::sockaddr,
+    want: IpAddr,
+) -> Option<u8> {
+    // SAFETY: the caller guarantees valid sockaddrs; the family says which struct it is.
+    unsafe {
+        match (i32::from((*addr).sa_family), want) {
+            (libc::AF_INET, IpAddr::V4(w)) => {
+                let a = &*addr.cast::<libc::sockaddr_in>();
+                let m = &*mask.cast::<libc::sockaddr_in>();
+                (u32::from_be(a.sin_addr.s_addr) == u32::from(w))
+                    .then(|| m.sin_addr.s_addr.count_ones() as u8)
+            }
+            (libc::AF_INET6, IpAddr::V6(w)) => {
+                let a = &*addr.cast::<libc::sockaddr_in6>();
+                let m = &*mask.cast::<libc::sockaddr_in6>();
+                (a.sin6_addr.s6_addr == w.octets()).then(|| {
+                    m.sin6_addr
+                        .s6_addr
+                        .iter()
+                        .map(|b| b.count_ones())
+                        .sum::<u32>() as u8
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// When sysfs has no driver link: the device name without its index (`mlx5_0` → `mlx5`).
+fn provider_from_name(name: &str) -> String {
+    let stem = name.trim_end_matches(|c: char| c.is_ascii_digit());
+    stem.strip_suffix('_').unwrap_or(stem).to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_names() {
+        assert_eq!(provider_from_name("mlx5_0"), "mlx5");
+        assert_eq!(provider_from_name("rxe0"), "rxe");
+        assert_eq!(provider_from_name("soft"), "soft");
+    }
+
+    #[test]
+    fn loopback_prefix() {
+        let g = Gid::new(
+            1,
+            std::net::Ipv4Addr::LOCALHOST.to_ipv6_mapped(),
+            GidType::RoceV2,
+            0,
+        );
+        assert_eq!(interface_prefix("lo", &g), Some(8));
+        assert_eq!(interface_prefix("nonexistent0", &g), None);
+    }
+}

@@ -1,0 +1,651 @@
+//! RC queue pairs: creation, the INIT → RTR → RTS transitions NCCL makes, posting, ECE.
+
+use std::os::raw::c_int;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+
+use rdma_sys::{
+    ibv_ece, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask as mask, ibv_qp_init_attr, ibv_recv_wr,
+    ibv_send_wr, ibv_sge, ibv_wr_opcode,
+};
+
+use crate::cq::Cq;
+use crate::error::{Result, VerbsError, check, last_errno};
+use crate::memory::{Access, Pd};
+
+/// One scatter/gather entry: `len` bytes at `addr` under `lkey`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sge {
+    addr: u64,
+    len: u32,
+    lkey: u32,
+    /// Built by [`crate::Mr::sge`] over CPU-addressed memory, so an inline send may read it.
+    inline_ok: bool,
+}
+
+impl Sge {
+    pub(crate) fn new(addr: u64, len: u32, lkey: u32, inline_ok: bool) -> Sge {
+        Sge {
+            addr,
+            len,
+            lkey,
+            inline_ok,
+        }
+    }
+
+    /// An unchecked entry (e.g. to provoke a protection error); the device validates the lkey
+    /// and bounds, so it cannot touch memory outside a registration. Not usable inline.
+    pub fn raw(addr: u64, len: u32, lkey: u32) -> Sge {
+        Sge {
+            addr,
+            len,
+            lkey,
+            inline_ok: false,
+        }
+    }
+
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn to_sys(self) -> ibv_sge {
+        ibv_sge {
+            addr: self.addr,
+            length: self.len,
+            lkey: self.lkey,
+        }
+    }
+}
+
+/// The remote side of an RDMA operation: an address in the peer's MR and its rkey.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Remote {
+    pub addr: u64,
+    pub rkey: u32,
+}
+
+/// What a send work request does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOp {
+    Write(Remote),
+    /// Write, then consume a receive at the peer carrying `imm` (host order).
+    WriteImm(Remote, u32),
+    Read(Remote),
+    Send,
+}
+
+/// A send work request.
+#[derive(Clone, Copy, Debug)]
+pub struct SendWr<'a> {
+    pub wr_id: u64,
+    pub op: SendOp,
+    pub sges: &'a [Sge],
+    /// Produce a completion on success (`IBV_SEND_SIGNALED`).
+    pub signaled: bool,
+    /// Copy the payload at post time (`IBV_SEND_INLINE`); needs `Mr::sge` entries whose total
+    /// fits `max_inline_data`.
+    pub inline: bool,
+}
+
+/// A receive work request (NCCL posts them without SGEs for WRITE_WITH_IMM).
+#[derive(Clone, Copy, Debug)]
+pub struct RecvWr<'a> {
+    pub wr_id: u64,
+    pub sges: &'a [Sge],
+}
+
+/// Queue sizes of a QP (`ibv_qp_cap`): requested on creation, granted afterwards.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpCaps {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// `ibv_qp_state`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QpState {
+    Reset,
+    Init,
+    Rtr,
+    Rts,
+    Sqd,
+    Sqe,
+    Err,
+    Unknown,
+}
+
+impl QpState {
+    fn from_raw(v: u32) -> QpState {
+        [
+            QpState::Reset,
+            QpState::Init,
+            QpState::Rtr,
+            QpState::Rts,
+            QpState::Sqd,
+            QpState::Sqe,
+            QpState::Err,
+        ]
+        .get(v as usize)
+        .copied()
+        .unwrap_or(QpState::Unknown)
+    }
+}
+
+/// Path MTU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mtu {
+    B256 = 1,
+    B512 = 2,
+    B1024 = 3,
+    B2048 = 4,
+    B4096 = 5,
+}
+
+impl Mtu {
+    /// The MTU of `bytes` (as a port reports it), `None` if it is not an IB MTU.
+    pub fn from_bytes(bytes: u32) -> Option<Mtu> {
+        [Mtu::B256, Mtu::B512, Mtu::B1024, Mtu::B2048, Mtu::B4096]
+            .into_iter()
+            .find(|m| m.bytes() == bytes)
+    }
+
+    pub fn bytes(self) -> u32 {
+        crate::device::mtu_bytes(self as u32)
+    }
+}
+
+/// RESET → INIT, as `ncclIbCreateQp`.
+#[derive(Clone, Copy, Debug)]
+pub struct InitAttr {
+    pub pkey_index: u16,
+    pub port: u8,
+    pub access: Access,
+}
+
+/// Global routing header: RoCE always, IB across subnets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grh {
+    pub dgid: [u8; 16],
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub flow_label: u32,
+}
+
+/// INIT → RTR, as `ncclIbRtrQp`: the peer's QP and how to reach it.
+#[derive(Clone, Copy, Debug)]
+pub struct RtrAttr {
+    pub path_mtu: Mtu,
+    pub dest_qpn: u32,
+    pub rq_psn: u32,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    /// Destination LID (IB within a subnet; also the FLID across subnets).
+    pub dlid: u16,
+    pub grh: Option<Grh>,
+    pub sl: u8,
+    pub port: u8,
+}
+
+/// RTR → RTS, as `ncclIbRtsQp`.
+#[derive(Clone, Copy, Debug)]
+pub struct RtsAttr {
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub sq_psn: u32,
+    pub max_rd_atomic: u8,
+}
+
+/// Enhanced connection establishment options (`ibv_ece`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ece {
+    pub vendor_id: u32,
+    pub options: u32,
+    pub comp_mask: u32,
+}
+
+/// Reused arrays for building WR chains; the mutex also serialises posts on one QP.
+#[derive(Default)]
+struct Scratch {
+    sges: Vec<ibv_sge>,
+    sends: Vec<ibv_send_wr>,
+    recvs: Vec<ibv_recv_wr>,
+}
+
+/// An RC queue pair. Holds its PD and CQs, so they outlive it.
+pub struct Qp {
+    pd: Arc<Pd>,
+    send_cq: Arc<Cq>,
+    recv_cq: Arc<Cq>,
+    qp: NonNull<ibv_qp>,
+    qpn: u32,
+    caps: QpCaps,
+    scratch: Mutex<Scratch>,
+}
+
+impl std::fmt::Debug for Qp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qp")
+            .field("qpn", &self.qpn)
+            .field("caps", &self.caps)
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: verbs objects are thread-safe (contract); the scratch arrays only hold pointers into
+// themselves while the mutex is held.
+unsafe impl Send for Qp {}
+// SAFETY: as above.
+unsafe impl Sync for Qp {}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        // SAFETY: created by this value and destroyed once; the CQs and PD outlive it.
+        let rc = unsafe { (self.pd.ctx.table().destroy_qp)(self.qp.as_ptr()) };
+        if let Err(e) = check(rc, "destroy_qp", || format!("QP {}", self.qpn)) {
+            tracing::warn!("{e}");
+        }
+    }
+}
+
+/// NCCL's `NCCL_IB_MQP_RETRY_CNT` / `NCCL_IB_MQP_RETRY_SLEEP_MSEC` defaults.
+const MODIFY_RETRIES: u32 = 34;
+const MODIFY_RETRY_SLEEP: std::time::Duration = std::time::Duration::from_millis(100);
+
+const SEND_SIGNALED: u32 = 2;
+const SEND_INLINE: u32 = 8;
+
+impl Pd {
+    /// `ibv_create_qp` for an RC QP; `sq_sig_all` makes every send signaled.
+    pub fn create_qp(
+        self: &Arc<Self>,
+        send_cq: &Arc<Cq>,
+        recv_cq: &Arc<Cq>,
+        caps: QpCaps,
+        sq_sig_all: bool,
+    ) -> Result<Qp> {
+        // SAFETY: plain data; zero is valid for every field.
+        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        init.send_cq = send_cq.cq.as_ptr();
+        init.recv_cq = recv_cq.cq.as_ptr();
+        init.qp_type = rdma_sys::ibv_qp_type::IBV_QPT_RC;
+        init.sq_sig_all = c_int::from(sq_sig_all);
+        init.cap.max_send_wr = caps.max_send_wr;
+        init.cap.max_recv_wr = caps.max_recv_wr;
+        init.cap.max_send_sge = caps.max_send_sge;
+        init.cap.max_recv_sge = caps.max_recv_sge;
+        init.cap.max_inline_data = caps.max_inline_data;
+        // SAFETY: live PD and CQs of the same context; init is fully initialised.
+        let qp = unsafe { (self.ctx.table().create_qp)(self.pd.as_ptr(), &mut init) };
+        let qp = NonNull::new(qp).ok_or_else(|| VerbsError::Verb {
+            verb: "create_qp",
+            object: format!("PD of {}", self.ctx.name()),
+            errno: last_errno(),
+        })?;
+        // SAFETY: freshly created QP.
+        let qpn = unsafe { (*qp.as_ptr()).qp_num };
+        let granted = QpCaps {
+            max_send_wr: init.cap.max_send_wr,
+            max_recv_wr: init.cap.max_recv_wr,
+            max_send_sge: init.cap.max_send_sge,
+            max_recv_sge: init.cap.max_recv_sge,
+            max_inline_data: init.cap.max_inline_data,
+        };
+        Ok(Qp {
+            pd: Arc::clone(self),
+            send_cq: Arc::clone(send_cq),
+            recv_cq: Arc::clone(recv_cq),
+            qp,
+            qpn,
+            caps: granted,
+            scratch: Mutex::new(Scratch::default()),
+        })
+    }
+}
+
+impl Qp {
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    /// What the provider granted (≥ the request).
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    pub fn pd(&self) -> &Arc<Pd> {
+        &self.pd
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut ibv_qp {
+        self.qp.as_ptr()
+    }
+
+    pub fn send_cq(&self) -> &Arc<Cq> {
+        &self.send_cq
+    }
+
+    pub fn recv_cq(&self) -> &Arc<Cq> {
+        &self.recv_cq
+    }
+
+    /// `ibv_modify_qp`, retried on ETIMEDOUT as NCCL's `wrap_ibv_modify_qp` does (some
+    /// firmware answers RTR/RTS transitions late under load).
+    fn modify(&self, attr: &mut ibv_qp_attr, bits: u32) -> Result<()> {
+        let mut tries = 0;
+        loop {
+            // SAFETY: live QP; attr initialised for every bit in `bits`.
+            let rc =
+                unsafe { (self.pd.ctx.table().modify_qp)(self.qp.as_ptr(), attr, bits as c_int) };
+            match check(rc, "modify_qp", || format!("QP {}", self.qpn)) {
+                Err(e) if e.errno() == Some(libc::ETIMEDOUT) && tries < MODIFY_RETRIES => {
+                    tries += 1;
+                    tracing::info!("{e}; retry {tries}/{MODIFY_RETRIES}");
+                    std::thread::sleep(MODIFY_RETRY_SLEEP);
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn zeroed_attr(state: u32) -> ibv_qp_attr {
+        // SAFETY: plain data; zero is valid for every field.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = state;
+        a
+    }
+
+    /// RESET → INIT with pkey, port and remote access (`ncclIbCreateQp`).
+    pub fn to_init(&self, a: &InitAttr) -> Result<()> {
+        let mut attr = Self::zeroed_attr(rdma_sys::ibv_qp_state::IBV_QPS_INIT);
+        attr.pkey_index = a.pkey_index;
+        attr.port_num = a.port;
+        attr.qp_access_flags = a.access.bits();
+        let bits = mask::IBV_QP_STATE
+            | mask::IBV_QP_PKEY_INDEX
+            | mask::IBV_QP_PORT
+            | mask::IBV_QP_ACCESS_FLAGS;
+        self.modify(&mut attr, bits.0)
+    }
+
+    /// INIT → RTR (`ncclIbRtrQp`): LID or GRH addressing with SGID index, hop limit, TC, SL.
+    pub fn to_rtr(&self, a: &RtrAttr) -> Result<()> {
+        let mut attr = Self::zeroed_attr(rdma_sys::ibv_qp_state::IBV_QPS_RTR);
+        attr.path_mtu = a.path_mtu as u32;
+        attr.dest_qp_num = a.dest_qpn;
+        attr.rq_psn = a.rq_psn;
+        attr.max_dest_rd_atomic = a.max_dest_rd_atomic;
+        attr.min_rnr_timer = a.min_rnr_timer;
+        attr.ah_attr.dlid = a.dlid;
+        if let Some(g) = a.grh {
+            attr.ah_attr.is_global = 1;
+            attr.ah_attr.grh.dgid.raw = g.dgid;
+            attr.ah_attr.grh.sgid_index = g.sgid_index;
+            attr.ah_attr.grh.hop_limit = g.hop_limit;
+            attr.ah_attr.grh.traffic_class = g.traffic_class;
+            attr.ah_attr.grh.flow_label = g.flow_label;
+        }
+        attr.ah_attr.sl = a.sl;
+        attr.ah_attr.src_path_bits = 0;
+        attr.ah_attr.port_num = a.port;
+        let bits = mask::IBV_QP_STATE
+            | mask::IBV_QP_AV
+            | mask::IBV_QP_PATH_MTU
+            | mask::IBV_QP_DEST_QPN
+            | mask::IBV_QP_RQ_PSN
+            | mask::IBV_QP_MAX_DEST_RD_ATOMIC
+            | mask::IBV_QP_MIN_RNR_TIMER;
+        self.modify(&mut attr, bits.0)
+    }
+
+    /// RTR → RTS (`ncclIbRtsQp`): timeout, retry counts, SQ PSN, outstanding reads.
+    pub fn to_rts(&self, a: &RtsAttr) -> Result<()> {
+        let mut attr = Self::zeroed_attr(rdma_sys::ibv_qp_state::IBV_QPS_RTS);
+        attr.timeout = a.timeout;
+        attr.retry_cnt = a.retry_cnt;
+        attr.rnr_retry = a.rnr_retry;
+        attr.sq_psn = a.sq_psn;
+        attr.max_rd_atomic = a.max_rd_atomic;
+        let bits = mask::IBV_QP_STATE
+            | mask::IBV_QP_TIMEOUT
+            | mask::IBV_QP_RETRY_CNT
+            | mask::IBV_QP_RNR_RETRY
+            | mask::IBV_QP_SQ_PSN
+            | mask::IBV_QP_MAX_QP_RD_ATOMIC;
+        self.modify(&mut attr, bits.0)
+    }
+
+    /// Any state → ERR: outstanding WRs complete with `WR_FLUSH_ERR` (teardown, fatal errors).
+    pub fn to_error(&self) -> Result<()> {
+        let mut attr = Self::zeroed_attr(rdma_sys::ibv_qp_state::IBV_QPS_ERR);
+        self.modify(&mut attr, mask::IBV_QP_STATE.0)
+    }
+
+    /// The current state, from `ibv_query_qp`.
+    pub fn state(&self) -> Result<QpState> {
+        // SAFETY: plain data; zero is valid for every field.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: live QP, valid out-pointers.
+        let rc = unsafe {
+            (self.pd.ctx.table().query_qp)(
+                self.qp.as_ptr(),
+                &mut attr,
+                mask::IBV_QP_STATE.0 as c_int,
+                &mut init,
+            )
+        };
+        check(rc, "query_qp", || format!("QP {}", self.qpn))?;
+        Ok(QpState::from_raw(attr.qp_state))
+    }
+
+    /// Posts a chain of send WRs in order. On error, WRs before `index` were posted.
+    pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let mut guard = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let s = &mut *guard;
+        s.sges.clear();
+        s.sends.clear();
+        for (i, wr) in wrs.iter().enumerate() {
+            if wr.inline {
+                let total: u64 = wr.sges.iter().map(|g| u64::from(g.len)).sum();
+                if wr.sges.iter().any(|g| !g.inline_ok)
+                    || total > u64::from(self.caps.max_inline_data)
+                {
+                    return Err(VerbsError::Invalid(format!(
+                        "inline WR #{i} on QP {}: {total} bytes (max {}) or SGEs not built by Mr::sge",
+                        self.qpn, self.caps.max_inline_data
+                    )));
+                }
+            }
+            s.sges.extend(wr.sges.iter().map(|g| g.to_sys()));
+        }
+        let mut first_sge = 0;
+        for wr in wrs {
+            // SAFETY: plain data; zero is valid for every field.
+            let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
+            w.wr_id = wr.wr_id;
+            w.num_sge = wr.sges.len() as c_int;
+            w.sg_list = if wr.sges.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                // SAFETY: `s.sges` is complete and no longer grows, so the pointer stays valid.
+                unsafe { s.sges.as_mut_ptr().add(first_sge) }
+            };
+            first_sge += wr.sges.len();
+            w.send_flags = if wr.signaled { SEND_SIGNALED } else { 0 }
+                | if wr.inline { SEND_INLINE } else { 0 };
+            let remote = |w: &mut ibv_send_wr, r: Remote| {
+                w.wr.rdma.remote_addr = r.addr;
+                w.wr.rdma.rkey = r.rkey;
+            };
+            match wr.op {
+                SendOp::Write(r) => {
+                    w.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+                    remote(&mut w, r);
+                }
+                SendOp::WriteImm(r, imm) => {
+                    w.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+                    w.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                    remote(&mut w, r);
+                }
+                SendOp::Read(r) => {
+                    w.opcode = ibv_wr_opcode::IBV_WR_RDMA_READ;
+                    remote(&mut w, r);
+                }
+                SendOp::Send => w.opcode = ibv_wr_opcode::IBV_WR_SEND,
+            }
+            s.sends.push(w);
+        }
+        let base = s.sends.as_mut_ptr();
+        for i in 1..s.sends.len() {
+            // SAFETY: both indices are in bounds of the vector, which no longer grows.
+            unsafe { (*base.add(i - 1)).next = base.add(i) };
+        }
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: live QP whose context's ops.post_send is set (contract); the chain and its SGE
+        // lists live in `s` until the call returns (providers copy WRs at post time). This is
+        // verbs.h's inline ibv_post_send.
+        let rc =
+            unsafe {
+                let post = (*(*self.qp.as_ptr()).context).ops.post_send.ok_or(
+                    VerbsError::Unsupported {
+                        verb: "post_send",
+                        fabric: self.pd.ctx.fabric().name(),
+                    },
+                )?;
+                post(self.qp.as_ptr(), base, &mut bad)
+            };
+        self.post_result(rc, "send", base, bad)
+    }
+
+    /// Posts a chain of receive WRs in order. On error, WRs before `index` were posted.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let mut guard = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let s = &mut *guard;
+        s.sges.clear();
+        s.recvs.clear();
+        for wr in wrs {
+            s.sges.extend(wr.sges.iter().map(|g| g.to_sys()));
+        }
+        let mut first_sge = 0;
+        for wr in wrs {
+            let sg_list = if wr.sges.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                // SAFETY: `s.sges` is complete and no longer grows.
+                unsafe { s.sges.as_mut_ptr().add(first_sge) }
+            };
+            first_sge += wr.sges.len();
+            s.recvs.push(ibv_recv_wr {
+                wr_id: wr.wr_id,
+                next: std::ptr::null_mut(),
+                sg_list,
+                num_sge: wr.sges.len() as c_int,
+            });
+        }
+        let base = s.recvs.as_mut_ptr();
+        for i in 1..s.recvs.len() {
+            // SAFETY: in bounds; the vector no longer grows.
+            unsafe { (*base.add(i - 1)).next = base.add(i) };
+        }
+        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: as in post_send, with ops.post_recv.
+        let rc =
+            unsafe {
+                let post = (*(*self.qp.as_ptr()).context).ops.post_recv.ok_or(
+                    VerbsError::Unsupported {
+                        verb: "post_recv",
+                        fabric: self.pd.ctx.fabric().name(),
+                    },
+                )?;
+                post(self.qp.as_ptr(), base, &mut bad)
+            };
+        self.post_result(rc, "recv", base, bad)
+    }
+
+    fn post_result<T>(
+        &self,
+        rc: c_int,
+        verb: &'static str,
+        base: *mut T,
+        bad: *mut T,
+    ) -> Result<()> {
+        if rc == 0 {
+            return Ok(());
+        }
+        let index = if bad.is_null() {
+            0
+        } else {
+            // SAFETY: the provider points `bad` into the chain we passed (contract).
+            usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
+        };
+        let errno = if rc > 0 { rc } else { last_errno() };
+        Err(VerbsError::Post {
+            verb,
+            qpn: self.qpn,
+            index,
+            errno,
+        })
+    }
+
+    /// `ibv_query_ece` (IBVERBS_1.10).
+    pub fn query_ece(&self) -> Result<Ece> {
+        let f = self
+            .pd
+            .ctx
+            .table()
+            .query_ece
+            .ok_or(VerbsError::Unsupported {
+                verb: "query_ece",
+                fabric: self.pd.ctx.fabric().name(),
+            })?;
+        let mut e = ibv_ece {
+            vendor_id: 0,
+            options: 0,
+            comp_mask: 0,
+        };
+        // SAFETY: live QP, valid out-pointer.
+        let rc = unsafe { f(self.qp.as_ptr(), &mut e) };
+        check(rc, "query_ece", || format!("QP {}", self.qpn))?;
+        Ok(Ece {
+            vendor_id: e.vendor_id,
+            options: e.options,
+            comp_mask: e.comp_mask,
+        })
+    }
+
+    /// `ibv_set_ece` (IBVERBS_1.10), before RTR as NCCL does.
+    pub fn set_ece(&self, ece: Ece) -> Result<()> {
+        let f = self.pd.ctx.table().set_ece.ok_or(VerbsError::Unsupported {
+            verb: "set_ece",
+            fabric: self.pd.ctx.fabric().name(),
+        })?;
+        let mut e = ibv_ece {
+            vendor_id: ece.vendor_id,
+            options: ece.options,
+            comp_mask: ece.comp_mask,
+        };
+        // SAFETY: live QP, valid in-pointer.
+        let rc = unsafe { f(self.qp.as_ptr(), &mut e) };
+        check(rc, "set_ece", || format!("QP {}", self.qpn))
+    }
+}

@@ -1,0 +1,321 @@
+//! A device context: its MRs, async events, QPs, and the TCP listeners that admit peers.
+//!
+//! # QP numbers carry the listener
+//! A QPN is `tcp_port << 8 | slot`: each listener pool owns 256 QP slots and one TCP port
+//! (the same port on every distinct address of the device's ports). A requester therefore
+//! needs nothing beyond what RC addressing already exchanges — the peer's GID or LID (→ IP)
+//! and QPN (→ TCP port, slot) — and several processes, or two copies of this code loaded in one
+//! process, share an IP address without colliding, because each binds its own ephemeral ports.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rdma_sys::ibv_event_type;
+
+use super::event::{Cq, Element, EventQueue, Overrun, Wc};
+use super::fabric::{Fabric, SoftDevice};
+use super::mr::MrTable;
+use super::qp::Qp;
+use super::wire::{self, HELLO_LEN, HelloReply};
+
+/// QP slots per listener (the low 8 bits of a QPN).
+const SLOTS: usize = 256;
+/// How long a caller may take to send its hello before the listener gives up on it.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// One open `ibv_context`.
+#[derive(Debug)]
+pub(crate) struct Ctx {
+    pub dev: &'static SoftDevice,
+    pub fabric: &'static Fabric,
+    pub mrs: MrTable,
+    pub events: EventQueue,
+    pools: Mutex<Vec<Arc<Pool>>>,
+    qps: Mutex<Vec<Weak<Qp>>>,
+    /// Connections refused as strangers (unknown QP, wrong secret, wrong source).
+    pub refused: Arc<AtomicU64>,
+    /// Every thread started for this context (QPs and listeners).
+    pub threads: Threads,
+    next_pd: AtomicU32,
+}
+
+/// Starts threads and counts the live ones, so a test can prove that closing a context stops
+/// everything it started.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Threads(Arc<AtomicUsize>);
+
+impl Threads {
+    pub(crate) fn spawn(
+        &self,
+        name: String,
+        f: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<JoinHandle<()>> {
+        struct Live(Arc<AtomicUsize>);
+        impl Drop for Live {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.0.fetch_add(1, Ordering::AcqRel);
+        let live = Live(Arc::clone(&self.0));
+        std::thread::Builder::new().name(name).spawn(move || {
+            let _live = live;
+            f();
+        })
+    }
+
+    /// Threads started and not yet finished.
+    #[cfg(test)]
+    pub(crate) fn live(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+impl Ctx {
+    pub(crate) fn new(
+        fabric: &'static Fabric,
+        dev: &'static SoftDevice,
+    ) -> std::io::Result<Arc<Ctx>> {
+        let ctx = Arc::new(Ctx {
+            dev,
+            fabric,
+            mrs: MrTable::default(),
+            events: EventQueue::new()?,
+            pools: Mutex::new(Vec::new()),
+            qps: Mutex::new(Vec::new()),
+            refused: Arc::new(AtomicU64::new(0)),
+            threads: Threads::default(),
+            next_pd: AtomicU32::new(1),
+        });
+        let mut list = dev.contexts.lock().unwrap_or_else(|e| e.into_inner());
+        list.retain(|w| w.strong_count() > 0);
+        list.push(Arc::downgrade(&ctx));
+        Ok(ctx)
+    }
+
+    pub(crate) fn alloc_pd_id(&self) -> u32 {
+        self.next_pd.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Reserves a QP slot, opening a new listener pool when all are taken; returns the QPN.
+    pub(crate) fn reserve_qpn(&self) -> std::io::Result<(Arc<Pool>, u32)> {
+        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        for pool in pools.iter() {
+            if let Some(slot) = pool.reserve() {
+                return Ok((Arc::clone(pool), pool.qpn(slot)));
+            }
+        }
+        let pool = Pool::open(
+            &self.dev.addresses(),
+            Arc::clone(&self.refused),
+            &self.threads,
+        )?;
+        let slot = pool.reserve().expect("a new pool has free slots");
+        let qpn = pool.qpn(slot);
+        pools.push(Arc::clone(&pool));
+        Ok((pool, qpn))
+    }
+
+    pub(crate) fn add_qp(&self, qp: &Arc<Qp>) {
+        let mut qps = self.qps.lock().unwrap_or_else(|e| e.into_inner());
+        qps.retain(|w| w.strong_count() > 0);
+        qps.push(Arc::downgrade(qp));
+    }
+
+    /// The live QPs of this context.
+    pub(crate) fn qps(&self) -> Vec<Arc<Qp>> {
+        let qps = self.qps.lock().unwrap_or_else(|e| e.into_inner());
+        qps.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Stops everything this context started: QP threads, then listener threads.
+    pub(crate) fn close(&self) {
+        for qp in self.qps() {
+            qp.destroy();
+        }
+        let pools = std::mem::take(&mut *self.pools.lock().unwrap_or_else(|e| e.into_inner()));
+        for pool in pools {
+            pool.stop();
+        }
+        self.events.close();
+    }
+}
+
+/// A CQ with the context it reports overruns to.
+#[derive(Debug)]
+pub(crate) struct CqState {
+    pub cq: Cq,
+    /// Address of the `ibv_cq` (for `IBV_EVENT_CQ_ERR`).
+    pub ibv: AtomicUsize,
+    pub ctx: Arc<Ctx>,
+}
+
+impl CqState {
+    /// Adds a completion; an overrun raises `IBV_EVENT_CQ_ERR` once.
+    pub(crate) fn complete(&self, wc: Wc) {
+        if let Err(Overrun) = self.cq.push(wc) {
+            self.ctx.events.push(
+                ibv_event_type::IBV_EVENT_CQ_ERR,
+                Element::Cq(self.ibv.load(Ordering::Acquire)),
+            );
+        }
+    }
+}
+
+/// 256 QP slots behind one TCP port, listened on at each address of the device.
+#[derive(Debug)]
+pub(crate) struct Pool {
+    pub port: u16,
+    listeners: Vec<TcpListener>,
+    /// `None` free, `Some(Weak::new())` reserved, `Some(qp)` live.
+    slots: Mutex<Vec<Option<Weak<Qp>>>>,
+    stop: AtomicBool,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    refused: Arc<AtomicU64>,
+}
+
+impl Pool {
+    /// Binds the same TCP port on every address (retrying when another process holds it on one
+    /// of them) and starts one accept thread per address.
+    fn open(
+        addrs: &[IpAddr],
+        refused: Arc<AtomicU64>,
+        spawner: &Threads,
+    ) -> std::io::Result<Arc<Pool>> {
+        let mut last_err = None;
+        for _ in 0..16 {
+            let first = match TcpListener::bind(SocketAddr::new(addrs[0], 0)) {
+                Ok(l) => l,
+                Err(e) => {
+                    return Err(std::io::Error::new(
+                        e.kind(),
+                        format!("soft: cannot listen on {}: {e}", addrs[0]),
+                    ));
+                }
+            };
+            let port = first.local_addr()?.port();
+            let mut listeners = vec![first];
+            let mut ok = true;
+            for a in &addrs[1..] {
+                match TcpListener::bind(SocketAddr::new(*a, port)) {
+                    Ok(l) => listeners.push(l),
+                    Err(e) => {
+                        last_err = Some(e);
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            if !ok {
+                continue;
+            }
+            let pool = Arc::new(Pool {
+                port,
+                listeners,
+                slots: Mutex::new(vec![None; SLOTS]),
+                stop: AtomicBool::new(false),
+                threads: Mutex::new(Vec::new()),
+                refused,
+            });
+            for i in 0..pool.listeners.len() {
+                let p = Arc::clone(&pool);
+                match spawner.spawn(format!("soft-accept-{port}"), move || p.accept_loop(i)) {
+                    Ok(t) => pool
+                        .threads
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(t),
+                    Err(e) => {
+                        pool.stop();
+                        return Err(e);
+                    }
+                }
+            }
+            return Ok(pool);
+        }
+        Err(last_err.unwrap_or_else(|| std::io::ErrorKind::AddrInUse.into()))
+    }
+
+    fn qpn(&self, slot: usize) -> u32 {
+        u32::from(self.port) << 8 | slot as u32
+    }
+
+    fn reserve(&self) -> Option<usize> {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let i = slots.iter().position(Option::is_none)?;
+        slots[i] = Some(Weak::new());
+        Some(i)
+    }
+
+    /// Makes a reserved slot point at its QP.
+    pub(crate) fn install(&self, qpn: u32, qp: &Arc<Qp>) {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots[(qpn & 0xff) as usize] = Some(Arc::downgrade(qp));
+    }
+
+    pub(crate) fn release(&self, qpn: u32) {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots[(qpn & 0xff) as usize] = None;
+    }
+
+    fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        for l in &self.listeners {
+            // SAFETY: shutdown on a listening socket we own; it only wakes the blocked accept.
+            unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
+        }
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+
+    fn accept_loop(&self, index: usize) {
+        let listener = &self.listeners[index];
+        loop {
+            let accepted = listener.accept();
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            match accepted {
+                Ok((stream, peer)) => self.handshake(stream, peer),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+
+    /// Reads the caller's hello and lets the named QP decide; answers and counts strangers.
+    fn handshake(&self, mut stream: TcpStream, peer: SocketAddr) {
+        let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
+        let mut hello = [0u8; HELLO_LEN];
+        let verdict = match stream.read_exact(&mut hello) {
+            Ok(()) => match wire::decode_hello(&hello) {
+                Some((src, dst, proof)) if dst >> 8 == u32::from(self.port) => {
+                    let qp = {
+                        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+                        slots[(dst & 0xff) as usize]
+                            .as_ref()
+                            .and_then(Weak::upgrade)
+                    };
+                    match qp {
+                        Some(qp) => qp.admit(src, proof, peer.ip(), &stream),
+                        None => HelloReply::Refused,
+                    }
+                }
+                _ => HelloReply::Refused,
+            },
+            Err(_) => HelloReply::Refused,
+        };
+        if verdict == HelloReply::Refused {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%peer, "soft: refused a connection that no QP in RTR expects");
+        }
+        let _ = stream.write_all(&(verdict as u32).to_le_bytes());
+    }
+}

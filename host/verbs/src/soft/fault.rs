@@ -1,0 +1,120 @@
+//! Fault injection: the failures a NIC and its fabric produce, on demand, so error handling is
+//! testable without hardware. Each function takes the verbs object the test already holds.
+//!
+//! Port and device faults act on the device (every context of it in this loaded copy sees
+//! them), exactly like a cable pull or a firmware crash would.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use ncclwasm_model::PortState;
+use rdma_sys::{ibv_context, ibv_event_type, ibv_qp};
+
+use super::abi::{ctx_of, qp_of};
+use super::ctx::Ctx;
+use super::event::Element;
+use super::fabric::SoftDevice;
+
+fn each_context(dev: &SoftDevice, f: impl Fn(&Ctx)) {
+    let ctxs: Vec<_> = dev
+        .contexts
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter_map(std::sync::Weak::upgrade)
+        .collect();
+    for c in ctxs {
+        f(&c);
+    }
+}
+
+/// Takes port `port` of the context's device down: `IBV_EVENT_PORT_ERR` on every context,
+/// `query_port` reports DOWN, QPs on the port fail their outstanding work with
+/// `IBV_WC_RETRY_EXC_ERR` and go to ERR, and no connection uses the port until it is up again.
+/// Returns `false` if the port does not exist or already was down.
+///
+/// # Safety
+/// `context` must be a live soft context.
+pub unsafe fn port_down(context: *mut ibv_context, port: u8) -> bool {
+    // SAFETY: per the function contract.
+    let dev = unsafe { ctx_of(context) }.dev;
+    if !dev.set_port_state(port, PortState::Down) {
+        return false;
+    }
+    each_context(dev, |c| {
+        c.events
+            .push(ibv_event_type::IBV_EVENT_PORT_ERR, Element::Port(port));
+        for qp in c.qps() {
+            qp.link_lost(Some(port));
+        }
+    });
+    true
+}
+
+/// Brings port `port` back: `IBV_EVENT_PORT_ACTIVE` on every context. Returns `false` if the
+/// port does not exist or already was active.
+///
+/// # Safety
+/// `context` must be a live soft context.
+pub unsafe fn port_up(context: *mut ibv_context, port: u8) -> bool {
+    // SAFETY: per the function contract.
+    let dev = unsafe { ctx_of(context) }.dev;
+    if !dev.set_port_state(port, PortState::Active) {
+        return false;
+    }
+    each_context(dev, |c| {
+        c.events
+            .push(ibv_event_type::IBV_EVENT_PORT_ACTIVE, Element::Port(port));
+    });
+    true
+}
+
+/// Breaks both TCP connections of `qp` without the orderly goodbye: the requester side fails
+/// outstanding work with `IBV_WC_RETRY_EXC_ERR`, the responder sides raise
+/// `IBV_EVENT_QP_FATAL`, both QPs end in ERR.
+///
+/// # Safety
+/// `qp` must be a live soft QP.
+pub unsafe fn cut_connection(qp: *mut ibv_qp) {
+    // SAFETY: per the function contract.
+    unsafe { qp_of(qp) }.cut();
+}
+
+/// Makes `qp`'s responder silent for `duration`: requests wait unanswered, so a peer with a
+/// short `timeout`/`retry_cnt` sees `IBV_WC_RETRY_EXC_ERR`, and one with a long budget just
+/// sees the delay.
+///
+/// # Safety
+/// `qp` must be a live soft QP.
+pub unsafe fn stall(qp: *mut ibv_qp, duration: Duration) {
+    // SAFETY: per the function contract.
+    unsafe { qp_of(qp) }.stall(duration);
+}
+
+/// A catastrophic device error: `IBV_EVENT_DEVICE_FATAL` on every context of the device, every
+/// QP to ERR (work flushed), and every later resource verb fails with EIO.
+///
+/// # Safety
+/// `context` must be a live soft context.
+pub unsafe fn kill_device(context: *mut ibv_context) {
+    // SAFETY: per the function contract.
+    let dev = unsafe { ctx_of(context) }.dev;
+    dev.dead.store(true, Ordering::Release);
+    each_context(dev, |c| {
+        c.events
+            .push(ibv_event_type::IBV_EVENT_DEVICE_FATAL, Element::Device);
+        for qp in c.qps() {
+            qp.link_lost(None);
+        }
+    });
+}
+
+/// How many connections this context's listeners refused as strangers (unknown QP, wrong
+/// secret, wrong source address, or a second connection for one QP).
+///
+/// # Safety
+/// `context` must be a live soft context.
+pub unsafe fn refused_connections(context: *mut ibv_context) -> u64 {
+    // SAFETY: per the function contract.
+    unsafe { ctx_of(context) }.refused.load(Ordering::Relaxed)
+}

@@ -1,0 +1,209 @@
+//! Memory regions: the key table every local and remote access is checked against.
+//!
+//! A hardware NIC checks the key, the PD, the bounds and the access flags of every DMA; so does
+//! this table. An access holds an [`MrGuard`] for as long as it touches the memory, and
+//! [`MrTable::deregister`] removes the key first (new accesses fail like a stale rkey) and then
+//! waits for the guards to drop, so no emulated DMA ever touches memory the owner has freed.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use rdma_sys::ibv_access_flags;
+
+use super::rand_u32;
+
+/// `IBV_ACCESS_*` bits the checks look at.
+pub(crate) const LOCAL_WRITE: u32 = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+pub(crate) const REMOTE_WRITE: u32 = ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+pub(crate) const REMOTE_READ: u32 = ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+
+/// One registration. Keys are random (a stale or guessed key misses), lkey == rkey as on mlx5.
+#[derive(Debug)]
+pub(crate) struct MrEntry {
+    pub pd: u32,
+    /// The IOVA remote peers address (equal to `addr` unless registered with `reg_mr_iova2`).
+    pub iova: u64,
+    pub addr: usize,
+    pub len: usize,
+    pub access: u32,
+    inflight: AtomicUsize,
+}
+
+/// A checked access in progress: the memory stays registered until it drops.
+#[derive(Debug)]
+pub(crate) struct MrGuard {
+    entry: Arc<MrEntry>,
+    table: Arc<MrTableInner>,
+    /// Host address of the first byte of the access.
+    pub ptr: *mut u8,
+}
+
+// SAFETY: the guard only carries an address into registered memory; which thread uses it does
+// not matter (the engine moves accesses between its threads like a NIC's DMA engines).
+unsafe impl Send for MrGuard {}
+
+impl Drop for MrGuard {
+    fn drop(&mut self) {
+        if self.entry.inflight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // Take the lock so a deregistration between its check and its wait cannot miss us.
+            let _map = self.table.map.lock().unwrap_or_else(|e| e.into_inner());
+            self.table.idle.notify_all();
+        }
+    }
+}
+
+/// Why an access was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Violation {
+    /// No such key (never registered, or deregistered).
+    Key,
+    /// The key belongs to another protection domain.
+    Pd,
+    /// The range leaves the region.
+    Bounds,
+    /// The region was not registered with the needed access flag.
+    Access,
+}
+
+#[derive(Debug, Default)]
+struct MrTableInner {
+    map: Mutex<HashMap<u32, Arc<MrEntry>>>,
+    idle: Condvar,
+}
+
+/// The MRs of one context.
+#[derive(Debug, Default)]
+pub(crate) struct MrTable {
+    inner: Arc<MrTableInner>,
+}
+
+impl MrTable {
+    /// Registers `[addr, addr+len)` under a fresh random key; `iova` is what remote peers use.
+    pub(crate) fn register(&self, pd: u32, addr: usize, len: usize, iova: u64, access: u32) -> u32 {
+        let mut map = self.inner.map.lock().unwrap_or_else(|e| e.into_inner());
+        let key = loop {
+            let k = rand_u32();
+            if k != 0 && !map.contains_key(&k) {
+                break k;
+            }
+        };
+        map.insert(
+            key,
+            Arc::new(MrEntry {
+                pd,
+                iova,
+                addr,
+                len,
+                access,
+                inflight: AtomicUsize::new(0),
+            }),
+        );
+        key
+    }
+
+    /// Removes the key, then waits until no access holds it.
+    pub(crate) fn deregister(&self, key: u32) -> bool {
+        let mut map = self.inner.map.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(entry) = map.remove(&key) else {
+            return false;
+        };
+        while entry.inflight.load(Ordering::Acquire) != 0 {
+            map = self.inner.idle.wait(map).unwrap_or_else(|e| e.into_inner());
+        }
+        true
+    }
+
+    /// Checks an access of `len` bytes at `addr` (an IOVA for remote accesses, a virtual
+    /// address for local SGEs) and pins the region while the guard lives. `need` is the access
+    /// flag the operation requires (0 for a local read, which every MR allows).
+    pub(crate) fn acquire(
+        &self,
+        key: u32,
+        pd: u32,
+        addr: u64,
+        len: usize,
+        need: u32,
+    ) -> Result<MrGuard, Violation> {
+        let map = self.inner.map.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = map.get(&key).ok_or(Violation::Key)?;
+        if entry.pd != pd {
+            return Err(Violation::Pd);
+        }
+        let offset = addr.checked_sub(entry.iova).ok_or(Violation::Bounds)?;
+        let end = offset.checked_add(len as u64).ok_or(Violation::Bounds)?;
+        if end > entry.len as u64 {
+            return Err(Violation::Bounds);
+        }
+        if entry.access & need != need {
+            return Err(Violation::Access);
+        }
+        entry.inflight.fetch_add(1, Ordering::AcqRel);
+        Ok(MrGuard {
+            entry: Arc::clone(entry),
+            table: Arc::clone(&self.inner),
+            ptr: (entry.addr + offset as usize) as *mut u8,
+        })
+    }
+
+    /// Number of registrations (for `dealloc_pd`'s EBUSY and tests).
+    pub(crate) fn count_for_pd(&self, pd: u32) -> usize {
+        let map = self.inner.map.lock().unwrap_or_else(|e| e.into_inner());
+        map.values().filter(|e| e.pd == pd).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn checks_key_pd_bounds_and_access() {
+        let t = MrTable::default();
+        let buf = [0u8; 100];
+        let base = buf.as_ptr() as usize;
+        let k = t.register(1, base, 100, base as u64, LOCAL_WRITE | REMOTE_WRITE);
+        assert!(t.acquire(k, 1, base as u64 + 10, 90, REMOTE_WRITE).is_ok());
+        assert_eq!(
+            t.acquire(k, 1, base as u64 + 10, 91, REMOTE_WRITE).err(),
+            Some(Violation::Bounds)
+        );
+        assert_eq!(
+            t.acquire(k, 1, base as u64 - 1, 1, 0).err(),
+            Some(Violation::Bounds)
+        );
+        assert_eq!(
+            t.acquire(k, 2, base as u64, 1, 0).err(),
+            Some(Violation::Pd)
+        );
+        assert_eq!(
+            t.acquire(k, 1, base as u64, 1, REMOTE_READ).err(),
+            Some(Violation::Access)
+        );
+        assert_eq!(
+            t.acquire(k ^ 1, 1, base as u64, 1, 0).err(),
+            Some(Violation::Key)
+        );
+        let iova = t.register(1, base, 100, 0x1000, REMOTE_READ);
+        let g = t.acquire(iova, 1, 0x1010, 4, REMOTE_READ).expect("inside");
+        assert_eq!(g.ptr as usize, base + 0x10);
+        assert_eq!(t.count_for_pd(1), 2);
+    }
+
+    #[test]
+    fn deregister_waits_for_inflight_access() {
+        let t = Arc::new(MrTable::default());
+        let k = t.register(1, 0x1000, 10, 0x1000, REMOTE_WRITE);
+        let g = t.acquire(k, 1, 0x1000, 10, REMOTE_WRITE).expect("valid");
+        let t2 = Arc::clone(&t);
+        let h = std::thread::spawn(move || t2.deregister(k));
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!h.is_finished(), "dereg must wait for the access");
+        // New accesses already fail like a stale key.
+        assert_eq!(t.acquire(k, 1, 0x1000, 1, 0).err(), Some(Violation::Key));
+        drop(g);
+        assert!(h.join().expect("no panic"));
+        assert!(!t.deregister(k));
+    }
+}

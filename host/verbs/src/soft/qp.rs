@@ -1,0 +1,1642 @@
+//! The RC queue pair engine: state machine, send and receive queues, and the three threads
+//! that play the NIC for one QP.
+//!
+//! - **sender** (one per QP, from the first RTS): takes WRs in order, checks their local keys,
+//!   and sends header + payload in one `sendmsg` straight from the source buffers (a small
+//!   WR posted to an idle queue is sent the same way by the posting thread itself).
+//! - **ack reader** (one per outgoing connection): reads ACK / NAK / RNR NAK / READ responses,
+//!   scatters READ data straight into the local buffers, retires WRs, runs the retry timer.
+//! - **responder** (one per admitted connection): checks every request (rkey, PD, bounds, access,
+//!   a receive for the ones that consume one), reads the payload straight into the registered
+//!   memory, produces receive completions, answers.
+//!
+//! Completion semantics follow RC: a signaled WR completes when the responder acknowledged
+//! placement (a READ when its data is scattered); unsignaled WRs hold their send-queue slot
+//! until a later signaled WR completes; errors always complete; entering ERR flushes.
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rdma_sys::{
+    ibv_event_type, ibv_qp_attr_mask as mask, ibv_qp_state, ibv_wc_opcode, ibv_wc_status,
+};
+use socket2::{Domain, SockRef, Socket, Type};
+
+use super::ctx::{CqState, Ctx, Pool};
+use super::event::{Element, Wc};
+use super::mr::{LOCAL_WRITE, MrGuard, REMOTE_READ, REMOTE_WRITE};
+use super::wire::{
+    self, FLAG_ACK_REQ, HELLO_LEN, HelloReply, Nak, REQ_LEN, RESP_LEN, ReadEnd, ReqOp, Request,
+    RespOp, Response,
+};
+
+/// Largest message (`ibv_port_attr.max_msg_sz`).
+pub(crate) const MAX_MSG: u64 = 1 << 31;
+/// Send timeout on sockets: how often a writer blocked on a stalled peer checks for teardown.
+const WRITE_TICK: Duration = Duration::from_millis(100);
+/// Socket buffer size: large enough to keep a loopback stream busy while the peer places data.
+const SOCK_BUF: usize = 4 << 20;
+/// Messages up to this size are sent by the posting thread itself when the send queue is idle
+/// (no hand-off to the sender thread: one thread wake-up less per small message). Larger ones
+/// always go through the sender thread, so `post_send` never waits on the network.
+const DIRECT_SEND_MAX: u32 = 16 * 1024;
+/// IB RNR timer codes (`min_rnr_timer`) in microseconds; code 0 is the longest, 655.36 ms.
+const RNR_TIMER_US: [u32; 32] = [
+    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840,
+    5120, 7680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840, 245_760,
+    327_680, 491_520,
+];
+
+/// One scatter/gather element as posted.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sge {
+    pub addr: u64,
+    pub len: u32,
+    pub lkey: u32,
+}
+
+/// A posted send WR.
+#[derive(Debug)]
+pub(crate) struct SendWqe {
+    pub wr_id: u64,
+    pub op: ReqOp,
+    pub signaled: bool,
+    pub sges: Vec<Sge>,
+    /// Payload copied at post time (`IBV_SEND_INLINE`).
+    pub inline: Option<Vec<u8>>,
+    pub raddr: u64,
+    pub rkey: u32,
+    pub imm: u32,
+    seq: u64,
+    len: u32,
+    acked: bool,
+    sent_at: Option<Instant>,
+}
+
+impl SendWqe {
+    pub(crate) fn new(wr_id: u64, op: ReqOp, signaled: bool, sges: Vec<Sge>) -> SendWqe {
+        SendWqe {
+            wr_id,
+            op,
+            signaled,
+            sges,
+            inline: None,
+            raddr: 0,
+            rkey: 0,
+            imm: 0,
+            seq: 0,
+            len: 0,
+            acked: false,
+            sent_at: None,
+        }
+    }
+
+    /// Whether the requester waits for an answer to it (and so runs the retry timer).
+    fn ack_req(&self) -> bool {
+        self.signaled || self.op == ReqOp::Read
+    }
+
+    fn wc_opcode(&self) -> ibv_wc_opcode::Type {
+        match self.op {
+            ReqOp::Write | ReqOp::WriteImm => ibv_wc_opcode::IBV_WC_RDMA_WRITE,
+            ReqOp::Read => ibv_wc_opcode::IBV_WC_RDMA_READ,
+            _ => ibv_wc_opcode::IBV_WC_SEND,
+        }
+    }
+}
+
+/// A posted receive WR.
+#[derive(Debug)]
+pub(crate) struct RecvWqe {
+    pub wr_id: u64,
+    pub sges: Vec<Sge>,
+}
+
+/// Queue capacities granted at creation.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Caps {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline: u32,
+}
+
+/// The attributes `modify_qp` sets, kept for `query_qp` and the engine.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Attrs {
+    pub port: u8,
+    pub pkey_index: u16,
+    pub access: u32,
+    pub path_mtu: u32,
+    pub dest_qpn: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub max_dest_rd_atomic: u8,
+    pub max_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    /// `ah_attr` as given: `Some(dgid)` when global, plus the DLID.
+    pub dgid: Option<[u8; 16]>,
+    pub sgid_index: u8,
+    pub dlid: u16,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub sl: u8,
+}
+
+/// One TCP connection (one QP direction).
+#[derive(Debug)]
+struct Conn {
+    stream: TcpStream,
+    epoch: u64,
+}
+
+impl Conn {
+    fn fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+
+    fn kill(&self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+#[derive(Debug)]
+struct St {
+    state: ibv_qp_state::Type,
+    attrs: Attrs,
+    /// Resolved address of the peer's port (RTR).
+    remote: Option<IpAddr>,
+    /// The peer QP's secret, learnt through `set_ece` (the out-of-band handshake).
+    peer_secret: Option<u32>,
+    /// Incremented on RESET and ERR: threads of an older epoch stop touching the queues.
+    epoch: u64,
+    sq: VecDeque<SendWqe>,
+    next_seq: u64,
+    send_cursor: u64,
+    rnr_resume: Option<Instant>,
+    rnr_tries: u8,
+    /// When the ack reader last heard from the responder: like ACKs of earlier packets on
+    /// hardware, any answer restarts the retry timer.
+    last_heard: Instant,
+    rq: VecDeque<RecvWqe>,
+    expected_seq: u64,
+    req_conn: Option<Arc<Conn>>,
+    resp_conn: Option<Arc<Conn>>,
+    stall_until: Option<Instant>,
+    sender_started: bool,
+    /// Someone (the sender thread or a posting thread) is writing a request frame.
+    tx_busy: bool,
+    destroying: bool,
+}
+
+/// One RC queue pair.
+#[derive(Debug)]
+pub(crate) struct Qp {
+    pub qpn: u32,
+    pub ctx: Arc<Ctx>,
+    pub pd: u32,
+    pub caps: Caps,
+    pub sq_sig_all: bool,
+    /// This QP's secret: a requester must present it to be admitted (see the module docs).
+    pub secret: u32,
+    pub send_cq: Arc<CqState>,
+    pub recv_cq: Arc<CqState>,
+    /// Address of the `ibv_qp`, for async events.
+    pub ibv: AtomicUsize,
+    pool: Arc<Pool>,
+    st: Mutex<St>,
+    cv: Condvar,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// Why a connection attempt ended without a connection.
+enum ConnectFail {
+    /// The QP was reset, destroyed or failed meanwhile: nothing to report.
+    Stale,
+    /// Refused or no answer before the retry budget ran out.
+    Exhausted,
+}
+
+impl Qp {
+    /// `slot` is the listener pool and QPN [`Ctx::reserve_qpn`] handed out.
+    pub(crate) fn new(
+        ctx: Arc<Ctx>,
+        (pool, qpn): (Arc<Pool>, u32),
+        pd: u32,
+        caps: Caps,
+        sq_sig_all: bool,
+        send_cq: Arc<CqState>,
+        recv_cq: Arc<CqState>,
+    ) -> Arc<Qp> {
+        let qp = Arc::new(Qp {
+            qpn,
+            ctx: Arc::clone(&ctx),
+            pd,
+            caps,
+            sq_sig_all,
+            secret: loop {
+                let s = super::rand_u32();
+                if s != 0 {
+                    break s;
+                }
+            },
+            send_cq,
+            recv_cq,
+            ibv: AtomicUsize::new(0),
+            pool,
+            st: Mutex::new(St {
+                state: ibv_qp_state::IBV_QPS_RESET,
+                attrs: Attrs::default(),
+                remote: None,
+                peer_secret: None,
+                epoch: 0,
+                sq: VecDeque::new(),
+                next_seq: 0,
+                send_cursor: 0,
+                rnr_resume: None,
+                rnr_tries: 0,
+                last_heard: Instant::now(),
+                rq: VecDeque::new(),
+                expected_seq: 0,
+                req_conn: None,
+                resp_conn: None,
+                stall_until: None,
+                sender_started: false,
+                tx_busy: false,
+                destroying: false,
+            }),
+            cv: Condvar::new(),
+            threads: Mutex::new(Vec::new()),
+        });
+        qp.pool.install(qpn, &qp);
+        ctx.add_qp(&qp);
+        qp
+    }
+
+    fn lock(&self) -> MutexGuard<'_, St> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn state(&self) -> ibv_qp_state::Type {
+        self.lock().state
+    }
+
+    pub(crate) fn attrs(&self) -> Attrs {
+        self.lock().attrs
+    }
+
+    pub(crate) fn set_peer_secret(&self, secret: u32) {
+        self.lock().peer_secret = Some(secret);
+    }
+
+    fn spawn(self: &Arc<Self>, role: &str, f: impl FnOnce(Arc<Qp>) + Send + 'static) {
+        let qp = Arc::clone(self);
+        let handle = self
+            .ctx
+            .threads
+            .spawn(format!("soft-{role}-{:x}", self.qpn), move || f(qp));
+        match handle {
+            Ok(h) => self
+                .threads
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(h),
+            Err(e) => {
+                tracing::error!(qpn = self.qpn, "soft: cannot start a QP thread: {e}");
+                let mut st = self.lock();
+                self.fail(&mut st, None, Some(ibv_event_type::IBV_EVENT_QP_FATAL));
+            }
+        }
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // State machine
+
+    /// `ibv_modify_qp`: validates the transition and its attribute mask as the kernel's
+    /// `ib_modify_qp_is_ok` does, then applies it. Returns an errno.
+    pub(crate) fn modify(
+        self: &Arc<Self>,
+        a: &Attrs,
+        state: Option<ibv_qp_state::Type>,
+        m: u32,
+        cur: Option<ibv_qp_state::Type>,
+    ) -> Result<(), i32> {
+        let has = |bit: mask| m & bit.0 != 0;
+        let mut st = self.lock();
+        if st.destroying || !super::fabric::alive(self.ctx.dev) {
+            return Err(libc::EIO);
+        }
+        if cur.is_some_and(|c| c != st.state) {
+            return Err(libc::EINVAL);
+        }
+        let from = st.state;
+        let to = state.unwrap_or(from);
+        use ibv_qp_state::*;
+        let (required, optional) = match (from, to) {
+            (_, IBV_QPS_RESET) | (_, IBV_QPS_ERR) => (0, 0),
+            (IBV_QPS_RESET, IBV_QPS_INIT) => (
+                mask::IBV_QP_PKEY_INDEX.0 | mask::IBV_QP_PORT.0 | mask::IBV_QP_ACCESS_FLAGS.0,
+                0,
+            ),
+            (IBV_QPS_INIT, IBV_QPS_INIT) => (
+                0,
+                mask::IBV_QP_PKEY_INDEX.0 | mask::IBV_QP_PORT.0 | mask::IBV_QP_ACCESS_FLAGS.0,
+            ),
+            (IBV_QPS_INIT, IBV_QPS_RTR) => (
+                mask::IBV_QP_AV.0
+                    | mask::IBV_QP_PATH_MTU.0
+                    | mask::IBV_QP_DEST_QPN.0
+                    | mask::IBV_QP_RQ_PSN.0
+                    | mask::IBV_QP_MAX_DEST_RD_ATOMIC.0
+                    | mask::IBV_QP_MIN_RNR_TIMER.0,
+                mask::IBV_QP_PKEY_INDEX.0 | mask::IBV_QP_ACCESS_FLAGS.0 | mask::IBV_QP_ALT_PATH.0,
+            ),
+            (IBV_QPS_RTR, IBV_QPS_RTS) => (
+                mask::IBV_QP_SQ_PSN.0
+                    | mask::IBV_QP_TIMEOUT.0
+                    | mask::IBV_QP_RETRY_CNT.0
+                    | mask::IBV_QP_RNR_RETRY.0
+                    | mask::IBV_QP_MAX_QP_RD_ATOMIC.0,
+                mask::IBV_QP_CUR_STATE.0
+                    | mask::IBV_QP_ACCESS_FLAGS.0
+                    | mask::IBV_QP_MIN_RNR_TIMER.0
+                    | mask::IBV_QP_ALT_PATH.0
+                    | mask::IBV_QP_PATH_MIG_STATE.0,
+            ),
+            (IBV_QPS_RTS, IBV_QPS_RTS) => (
+                0,
+                mask::IBV_QP_CUR_STATE.0
+                    | mask::IBV_QP_ACCESS_FLAGS.0
+                    | mask::IBV_QP_MIN_RNR_TIMER.0
+                    | mask::IBV_QP_ALT_PATH.0
+                    | mask::IBV_QP_PATH_MIG_STATE.0,
+            ),
+            _ => return Err(libc::EINVAL),
+        };
+        let given = m & !(mask::IBV_QP_STATE.0 | mask::IBV_QP_CUR_STATE.0);
+        if given & required != required
+            || (to != IBV_QPS_RESET && to != IBV_QPS_ERR && given & !(required | optional) != 0)
+        {
+            return Err(libc::EINVAL);
+        }
+        let mut next = st.attrs;
+        if has(mask::IBV_QP_PORT) {
+            if self.ctx.dev.port(a.port).is_none() {
+                return Err(libc::EINVAL);
+            }
+            next.port = a.port;
+        }
+        if has(mask::IBV_QP_PKEY_INDEX) {
+            if a.pkey_index != 0 {
+                return Err(libc::EINVAL);
+            }
+            next.pkey_index = a.pkey_index;
+        }
+        if has(mask::IBV_QP_ACCESS_FLAGS) {
+            next.access = a.access;
+        }
+        if has(mask::IBV_QP_PATH_MTU) {
+            if !(1..=5).contains(&a.path_mtu) {
+                return Err(libc::EINVAL);
+            }
+            next.path_mtu = a.path_mtu;
+        }
+        if has(mask::IBV_QP_DEST_QPN) {
+            next.dest_qpn = a.dest_qpn & 0xff_ffff;
+        }
+        if has(mask::IBV_QP_RQ_PSN) {
+            next.rq_psn = a.rq_psn & 0xff_ffff;
+        }
+        if has(mask::IBV_QP_SQ_PSN) {
+            next.sq_psn = a.sq_psn & 0xff_ffff;
+        }
+        if has(mask::IBV_QP_MAX_DEST_RD_ATOMIC) {
+            next.max_dest_rd_atomic = a.max_dest_rd_atomic;
+        }
+        if has(mask::IBV_QP_MAX_QP_RD_ATOMIC) {
+            next.max_rd_atomic = a.max_rd_atomic;
+        }
+        if has(mask::IBV_QP_MIN_RNR_TIMER) {
+            next.min_rnr_timer = a.min_rnr_timer & 31;
+        }
+        if has(mask::IBV_QP_TIMEOUT) {
+            next.timeout = a.timeout & 31;
+        }
+        if has(mask::IBV_QP_RETRY_CNT) {
+            next.retry_cnt = a.retry_cnt.min(7);
+        }
+        if has(mask::IBV_QP_RNR_RETRY) {
+            next.rnr_retry = a.rnr_retry.min(7);
+        }
+        let mut remote = st.remote;
+        if has(mask::IBV_QP_AV) {
+            let port = self.ctx.dev.port(next.port).ok_or(libc::EINVAL)?;
+            if let Some(_gid) = a.dgid {
+                if usize::from(a.sgid_index) >= port.gids.len()
+                    || port.gids[usize::from(a.sgid_index)].is_unconfigured()
+                {
+                    return Err(libc::EINVAL);
+                }
+            } else if port.link_layer == ncclwasm_model::LinkLayer::Ethernet {
+                // RoCE has no LIDs: the GRH is mandatory.
+                return Err(libc::EINVAL);
+            }
+            remote = Some(
+                self.ctx
+                    .fabric
+                    .resolve(port, a.dgid, a.dlid)
+                    .ok_or(libc::EINVAL)?,
+            );
+            next.dgid = a.dgid;
+            next.sgid_index = a.sgid_index;
+            next.dlid = a.dlid;
+            next.hop_limit = a.hop_limit;
+            next.traffic_class = a.traffic_class;
+            next.sl = a.sl;
+        }
+        st.attrs = next;
+        st.remote = remote;
+        match to {
+            IBV_QPS_RESET => {
+                self.drop_conns(&mut st);
+                st.epoch += 1;
+                st.sq.clear();
+                st.rq.clear();
+                st.next_seq = 0;
+                st.send_cursor = 0;
+                st.expected_seq = 0;
+                st.rnr_resume = None;
+                st.rnr_tries = 0;
+                st.attrs = Attrs::default();
+                st.remote = None;
+                st.state = IBV_QPS_RESET;
+            }
+            IBV_QPS_ERR => self.fail(&mut st, None, None),
+            IBV_QPS_RTS => {
+                st.state = to;
+                if !st.sender_started {
+                    st.sender_started = true;
+                    drop(st);
+                    self.spawn("send", |qp| qp.sender_loop());
+                    return Ok(());
+                }
+                self.cv.notify_all();
+            }
+            _ => st.state = to,
+        }
+        Ok(())
+    }
+
+    /// Moves to ERR: `first` (if any) completes with its status, every other outstanding WR
+    /// with `IBV_WC_WR_FLUSH_ERR`, connections close, and `event` is raised.
+    fn fail(
+        &self,
+        st: &mut St,
+        first: Option<(u64, ibv_wc_status::Type)>,
+        event: Option<ibv_event_type>,
+    ) {
+        if st.state == ibv_qp_state::IBV_QPS_ERR {
+            return;
+        }
+        st.state = ibv_qp_state::IBV_QPS_ERR;
+        st.epoch += 1;
+        for w in st.sq.drain(..) {
+            if w.acked {
+                continue;
+            }
+            let status = match first {
+                Some((seq, s)) if seq == w.seq => s,
+                _ => ibv_wc_status::IBV_WC_WR_FLUSH_ERR,
+            };
+            self.send_cq
+                .complete(self.send_wc(&w, status, st.attrs.dest_qpn));
+        }
+        for r in st.rq.drain(..) {
+            self.recv_cq.complete(Wc {
+                wr_id: r.wr_id,
+                status: ibv_wc_status::IBV_WC_WR_FLUSH_ERR,
+                opcode: ibv_wc_opcode::IBV_WC_RECV,
+                byte_len: 0,
+                imm: None,
+                qp_num: self.qpn,
+                src_qp: st.attrs.dest_qpn,
+            });
+        }
+        st.send_cursor = st.next_seq;
+        self.drop_conns(st);
+        if let Some(ev) = event {
+            self.ctx
+                .events
+                .push(ev, Element::Qp(self.ibv.load(Ordering::Acquire)));
+        }
+        self.cv.notify_all();
+    }
+
+    fn drop_conns(&self, st: &mut St) {
+        for c in [st.req_conn.take(), st.resp_conn.take()]
+            .into_iter()
+            .flatten()
+        {
+            c.kill();
+        }
+    }
+
+    fn send_wc(&self, w: &SendWqe, status: ibv_wc_status::Type, src_qp: u32) -> Wc {
+        Wc {
+            wr_id: w.wr_id,
+            status,
+            opcode: w.wc_opcode(),
+            byte_len: if w.op == ReqOp::Read { w.len } else { 0 },
+            imm: None,
+            qp_num: self.qpn,
+            src_qp,
+        }
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Posting
+
+    /// `post_send` of one WR: EINVAL outside RTS (ERR flushes it instead, as hardware does),
+    /// ENOMEM when the send queue is full.
+    pub(crate) fn post_send(&self, mut w: SendWqe) -> Result<(), i32> {
+        if w.sges.len() > self.caps.max_send_sge as usize {
+            return Err(libc::EINVAL);
+        }
+        let len: u64 = match &w.inline {
+            Some(data) if data.len() > self.caps.max_inline as usize => return Err(libc::EINVAL),
+            Some(data) => data.len() as u64,
+            None => w.sges.iter().map(|s| u64::from(s.len)).sum(),
+        };
+        if len > MAX_MSG {
+            return Err(libc::EINVAL);
+        }
+        let mut st = self.lock();
+        match st.state {
+            ibv_qp_state::IBV_QPS_RTS => {}
+            ibv_qp_state::IBV_QPS_ERR => {
+                self.send_cq.complete(self.send_wc(
+                    &w,
+                    ibv_wc_status::IBV_WC_WR_FLUSH_ERR,
+                    st.attrs.dest_qpn,
+                ));
+                return Ok(());
+            }
+            _ => return Err(libc::EINVAL),
+        }
+        if st.sq.len() >= self.caps.max_send_wr as usize {
+            return Err(libc::ENOMEM);
+        }
+        w.len = len as u32;
+        w.seq = st.next_seq;
+        st.next_seq += 1;
+        let seq = w.seq;
+        st.sq.push_back(w);
+        // Idle queue and a small message: send it from this thread, without blocking.
+        let direct = match &st.req_conn {
+            Some(c)
+                if len <= u64::from(DIRECT_SEND_MAX)
+                    && !st.tx_busy
+                    && st.send_cursor == seq
+                    && st.rnr_resume.is_none_or(|t| t <= Instant::now())
+                    && self.may_send(&st) =>
+            {
+                Some((Arc::clone(c), st.epoch))
+            }
+            _ => None,
+        };
+        match direct {
+            Some((conn, epoch)) => {
+                st.tx_busy = true;
+                drop(st);
+                self.transmit(epoch, &conn, true);
+                self.lock().tx_busy = false;
+            }
+            None => drop(st),
+        }
+        self.cv.notify_all();
+        Ok(())
+    }
+
+    /// `post_recv` of one WR: EINVAL in RESET, ENOMEM when full; flushed in ERR.
+    pub(crate) fn post_recv(&self, r: RecvWqe) -> Result<(), i32> {
+        if r.sges.len() > self.caps.max_recv_sge as usize {
+            return Err(libc::EINVAL);
+        }
+        let mut st = self.lock();
+        match st.state {
+            ibv_qp_state::IBV_QPS_RESET => return Err(libc::EINVAL),
+            ibv_qp_state::IBV_QPS_ERR => {
+                self.recv_cq.complete(Wc {
+                    wr_id: r.wr_id,
+                    status: ibv_wc_status::IBV_WC_WR_FLUSH_ERR,
+                    opcode: ibv_wc_opcode::IBV_WC_RECV,
+                    byte_len: 0,
+                    imm: None,
+                    qp_num: self.qpn,
+                    src_qp: st.attrs.dest_qpn,
+                });
+                return Ok(());
+            }
+            _ => {}
+        }
+        if st.rq.len() >= self.caps.max_recv_wr as usize {
+            return Err(libc::ENOMEM);
+        }
+        st.rq.push_back(r);
+        Ok(())
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Requester
+
+    /// The retry budget: `4.096 µs × 2^timeout × (retry_cnt + 1)`; `timeout = 0` is infinite.
+    fn retry_budget(a: &Attrs) -> Option<Duration> {
+        (a.timeout != 0)
+            .then(|| Duration::from_nanos(4096u64 << a.timeout) * (u32::from(a.retry_cnt) + 1))
+    }
+
+    fn sender_loop(self: Arc<Self>) {
+        enum Job {
+            Connect(u64),
+            Send(u64, Arc<Conn>),
+        }
+        loop {
+            let job = {
+                let mut st = self.lock();
+                loop {
+                    if st.destroying {
+                        if let Some(c) = st.req_conn.clone() {
+                            let bye = Request {
+                                op: ReqOp::Bye,
+                                flags: 0,
+                                len: 0,
+                                seq: st.next_seq,
+                                raddr: 0,
+                                rkey: 0,
+                                imm: 0,
+                            }
+                            .encode();
+                            drop(st);
+                            let mut iov = [wire::iovec(bye.as_ptr(), bye.len())];
+                            // SAFETY: the iovec covers the local `bye` array.
+                            let _ = unsafe { wire::send_all(c.fd(), &mut iov, &|| true, false) };
+                        }
+                        return;
+                    }
+                    let now = Instant::now();
+                    let paused = st.rnr_resume.filter(|t| *t > now);
+                    if st.state == ibv_qp_state::IBV_QPS_RTS
+                        && paused.is_none()
+                        && st.send_cursor < st.next_seq
+                    {
+                        match &st.req_conn {
+                            None => break Job::Connect(st.epoch),
+                            Some(c) if !st.tx_busy && self.may_send(&st) => {
+                                let job = Job::Send(st.epoch, Arc::clone(c));
+                                st.tx_busy = true;
+                                break job;
+                            }
+                            Some(_) => {}
+                        }
+                    }
+                    st = match paused {
+                        Some(t) => {
+                            self.cv
+                                .wait_timeout(st, t - now)
+                                .unwrap_or_else(|e| e.into_inner())
+                                .0
+                        }
+                        None => self.cv.wait(st).unwrap_or_else(|e| e.into_inner()),
+                    };
+                }
+            };
+            match job {
+                Job::Connect(epoch) => match self.connect(epoch) {
+                    Ok(stream) => {
+                        let conn = Arc::new(Conn { stream, epoch });
+                        let mut st = self.lock();
+                        if st.epoch != epoch || st.destroying {
+                            conn.kill();
+                            continue;
+                        }
+                        st.req_conn = Some(Arc::clone(&conn));
+                        drop(st);
+                        self.spawn("ack", move |qp| qp.ack_loop(conn));
+                    }
+                    Err(ConnectFail::Stale) => {}
+                    Err(ConnectFail::Exhausted) => {
+                        let mut st = self.lock();
+                        if st.epoch == epoch {
+                            let first = st.sq.iter().find(|w| !w.acked).map(|w| w.seq);
+                            self.fail(
+                                &mut st,
+                                first.map(|s| (s, ibv_wc_status::IBV_WC_RETRY_EXC_ERR)),
+                                None,
+                            );
+                        }
+                    }
+                },
+                Job::Send(epoch, conn) => {
+                    self.transmit(epoch, &conn, false);
+                    self.lock().tx_busy = false;
+                }
+            }
+        }
+    }
+
+    /// READs in flight stay within `max_rd_atomic` (at least one).
+    fn may_send(&self, st: &St) -> bool {
+        let Some(w) = Self::wqe(st, st.send_cursor) else {
+            return false;
+        };
+        if w.op != ReqOp::Read {
+            return true;
+        }
+        let reads = st
+            .sq
+            .iter()
+            .filter(|w| w.op == ReqOp::Read && !w.acked && w.seq < st.send_cursor)
+            .count();
+        reads < usize::from(st.attrs.max_rd_atomic.max(1))
+    }
+
+    fn wqe(st: &St, seq: u64) -> Option<&SendWqe> {
+        let front = st.sq.front()?.seq;
+        st.sq.get(usize::try_from(seq.checked_sub(front)?).ok()?)
+    }
+
+    fn wqe_mut(st: &mut St, seq: u64) -> Option<&mut SendWqe> {
+        let front = st.sq.front()?.seq;
+        st.sq
+            .get_mut(usize::try_from(seq.checked_sub(front)?).ok()?)
+    }
+
+    /// Sends the WR at the cursor: local key checks, then header + payload in one `sendmsg`.
+    /// With `try_first` (a posting thread), a full socket buffer puts the WR back for the
+    /// sender thread instead of waiting. The caller holds `tx_busy`.
+    fn transmit(&self, epoch: u64, conn: &Conn, try_first: bool) {
+        let (req, sges, inline, local_access) = {
+            let mut st = self.lock();
+            if st.epoch != epoch {
+                return;
+            }
+            let seq = st.send_cursor;
+            st.send_cursor += 1;
+            let Some(w) = Self::wqe_mut(&mut st, seq) else {
+                return;
+            };
+            w.sent_at = Some(Instant::now());
+            let req = Request {
+                op: w.op,
+                flags: if w.ack_req() { FLAG_ACK_REQ } else { 0 },
+                len: w.len,
+                seq: w.seq,
+                raddr: w.raddr,
+                rkey: w.rkey,
+                imm: w.imm,
+            };
+            let need = if w.op == ReqOp::Read { LOCAL_WRITE } else { 0 };
+            (req, w.sges.clone(), w.inline.clone(), need)
+        };
+        // Local protection: every SGE inside an MR of our PD with the right access.
+        let mut guards: Vec<MrGuard> = Vec::with_capacity(sges.len());
+        if inline.is_none() {
+            for s in &sges {
+                if s.len == 0 {
+                    continue;
+                }
+                match self
+                    .ctx
+                    .mrs
+                    .acquire(s.lkey, self.pd, s.addr, s.len as usize, local_access)
+                {
+                    Ok(g) => guards.push(g),
+                    Err(_) => {
+                        let mut st = self.lock();
+                        if st.epoch == epoch {
+                            self.fail(
+                                &mut st,
+                                Some((req.seq, ibv_wc_status::IBV_WC_LOC_PROT_ERR)),
+                                None,
+                            );
+                        }
+                        return;
+                    }
+                }
+            }
+        }
+        let hdr = req.encode();
+        let mut iov = vec![wire::iovec(hdr.as_ptr(), hdr.len())];
+        if req.op != ReqOp::Read {
+            match &inline {
+                Some(data) => iov.push(wire::iovec(data.as_ptr(), data.len())),
+                None => {
+                    let mut gi = guards.iter();
+                    for s in sges.iter().filter(|s| s.len > 0) {
+                        let g = gi.next().expect("one guard per non-empty SGE");
+                        iov.push(wire::iovec(g.ptr, s.len as usize));
+                    }
+                }
+            }
+        }
+        let abort = || {
+            let st = self.lock();
+            st.destroying || st.epoch != epoch
+        };
+        // SAFETY: the iovecs cover `hdr`, the inline copy or MR memory pinned by `guards`, all
+        // alive until after the call.
+        let sent = unsafe { wire::send_all(conn.fd(), &mut iov, &abort, try_first) };
+        drop(guards);
+        if let Ok(false) = sent {
+            let mut st = self.lock();
+            st.send_cursor = st.send_cursor.min(req.seq);
+            return;
+        }
+        if sent.is_err() {
+            let mut st = self.lock();
+            if st.epoch == epoch && !st.destroying {
+                let first = st.sq.iter().find(|w| !w.acked).map(|w| w.seq);
+                self.fail(
+                    &mut st,
+                    first.map(|s| (s, ibv_wc_status::IBV_WC_RETRY_EXC_ERR)),
+                    None,
+                );
+            }
+        }
+    }
+
+    /// Opens the connection to the peer's responder and proves we are the expected peer.
+    fn connect(&self, epoch: u64) -> Result<TcpStream, ConnectFail> {
+        let (remote, local, budget, dest_qpn, proof, port) = {
+            let st = self.lock();
+            let local = self.ctx.dev.port(st.attrs.port).map(|p| p.address);
+            (
+                st.remote,
+                local,
+                Self::retry_budget(&st.attrs),
+                st.attrs.dest_qpn,
+                st.peer_secret,
+                st.attrs.port,
+            )
+        };
+        let (Some(remote), Some(local)) = (remote, local) else {
+            return Err(ConnectFail::Exhausted);
+        };
+        // Without the peer's secret we still knock, like a hardware QP whose packets the peer
+        // drops: the peer counts a stranger and our retries run out.
+        let proof = proof.unwrap_or_else(|| {
+            tracing::warn!(
+                qpn = self.qpn,
+                "soft: QP has no peer secret; the handshake must carry query_ece/set_ece"
+            );
+            0
+        });
+        let target = SocketAddr::new(remote, (dest_qpn >> 8) as u16);
+        let deadline = budget.map(|b| Instant::now() + b);
+        let mut backoff = Duration::from_millis(1);
+        loop {
+            {
+                let st = self.lock();
+                if st.epoch != epoch || st.destroying {
+                    return Err(ConnectFail::Stale);
+                }
+            }
+            if self.ctx.dev.port_active(port) {
+                match self.try_connect(target, local, dest_qpn, proof) {
+                    Ok(Some(s)) => return Ok(s),
+                    Ok(None) => {}
+                    Err(()) => return Err(ConnectFail::Exhausted),
+                }
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(ConnectFail::Exhausted);
+            }
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// One attempt: `Ok(None)` = try again later, `Err` = refused for good.
+    fn try_connect(
+        &self,
+        target: SocketAddr,
+        local: IpAddr,
+        dest_qpn: u32,
+        proof: u32,
+    ) -> Result<Option<TcpStream>, ()> {
+        let attempt = || -> std::io::Result<(TcpStream, Option<HelloReply>)> {
+            let sock = Socket::new(Domain::for_address(target), Type::STREAM, None)?;
+            if local.is_ipv4() == target.is_ipv4() {
+                sock.bind(&SocketAddr::new(local, 0).into())?;
+            }
+            sock.connect_timeout(&target.into(), Duration::from_secs(1))?;
+            let stream: TcpStream = sock.into();
+            tune(&stream);
+            let hello = wire::encode_hello(self.qpn, dest_qpn, proof);
+            let mut iov = [wire::iovec(hello.as_ptr(), HELLO_LEN)];
+            // SAFETY: the iovec covers the local `hello` array.
+            unsafe { wire::send_all(stream.as_raw_fd(), &mut iov, &|| true, false) }?;
+            stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+            // `idle_ok`: a listener that never answers is a failed attempt, not a hang.
+            let reply = wire::read_exact::<4>(stream.as_raw_fd(), true)
+                .map_err(|_| std::io::Error::from(std::io::ErrorKind::ConnectionAborted))?;
+            Ok((stream, HelloReply::from_u32(u32::from_le_bytes(reply))))
+        };
+        match attempt() {
+            Ok((s, Some(HelloReply::Accepted))) => Ok(Some(s)),
+            Ok((_, Some(HelloReply::NotReady))) | Err(_) => Ok(None),
+            Ok((_, _)) => Err(()),
+        }
+    }
+
+    /// Marks everything up to `seq` acknowledged and retires WRs up to the last signaled one
+    /// among them (unsignaled WRs keep their slot until then, as on hardware).
+    fn ack_upto(&self, st: &mut St, seq: u64) {
+        st.last_heard = Instant::now();
+        let cursor = st.send_cursor;
+        let mut last_signaled = None;
+        let mut progressed = false;
+        for (i, w) in st.sq.iter_mut().enumerate() {
+            if w.seq > seq || w.seq >= cursor {
+                break;
+            }
+            progressed |= !w.acked;
+            w.acked = true;
+            if w.signaled {
+                last_signaled = Some(i);
+            }
+        }
+        if progressed {
+            st.rnr_tries = 0;
+            // A READ leaving flight may unblock the sender (max_rd_atomic).
+            self.cv.notify_all();
+        }
+        if let Some(last) = last_signaled {
+            let dest = st.attrs.dest_qpn;
+            for w in st.sq.drain(..=last) {
+                if w.signaled {
+                    self.send_cq
+                        .complete(self.send_wc(&w, ibv_wc_status::IBV_WC_SUCCESS, dest));
+                }
+            }
+        }
+    }
+
+    fn ack_loop(self: Arc<Self>, conn: Arc<Conn>) {
+        let epoch = conn.epoch;
+        let tick = {
+            let st = self.lock();
+            Self::retry_budget(&st.attrs).map_or(Duration::from_millis(100), |b| {
+                (b / 4).clamp(Duration::from_millis(1), Duration::from_millis(100))
+            })
+        };
+        let _ = conn.stream.set_read_timeout(Some(tick));
+        let fd = conn.fd();
+        loop {
+            let hdr = match wire::read_exact::<RESP_LEN>(fd, true) {
+                Ok(h) => h,
+                Err(ReadEnd::Idle) => {
+                    let mut st = self.lock();
+                    if st.epoch != epoch || st.destroying {
+                        return;
+                    }
+                    // An RNR wait is not a transport timeout.
+                    let waiting_rnr = st.rnr_resume.is_some_and(|t| t > Instant::now());
+                    let budget = Self::retry_budget(&st.attrs).filter(|_| !waiting_rnr);
+                    let cursor = st.send_cursor;
+                    let heard = st.last_heard;
+                    let late = st
+                        .sq
+                        .iter()
+                        .find(|w| !w.acked && w.ack_req() && w.seq < cursor)
+                        .and_then(|w| Some((w.seq, w.sent_at?.max(heard))))
+                        .filter(|(_, t)| budget.is_some_and(|b| t.elapsed() > b));
+                    if let Some((seq, _)) = late {
+                        self.fail(
+                            &mut st,
+                            Some((seq, ibv_wc_status::IBV_WC_RETRY_EXC_ERR)),
+                            None,
+                        );
+                        return;
+                    }
+                    continue;
+                }
+                Err(ReadEnd::Closed) => {
+                    let mut st = self.lock();
+                    if st.epoch != epoch || st.destroying {
+                        return;
+                    }
+                    let cursor = st.send_cursor;
+                    match st
+                        .sq
+                        .iter()
+                        .find(|w| !w.acked && w.seq < cursor)
+                        .map(|w| w.seq)
+                    {
+                        // The peer vanished with work outstanding: the retries would exhaust.
+                        Some(seq) => self.fail(
+                            &mut st,
+                            Some((seq, ibv_wc_status::IBV_WC_RETRY_EXC_ERR)),
+                            None,
+                        ),
+                        // Nothing outstanding (the peer QP was destroyed): like hardware, notice
+                        // only when the next WR finds nobody there.
+                        None => {
+                            if st.req_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
+                                st.req_conn = None;
+                            }
+                        }
+                    }
+                    return;
+                }
+            };
+            let Some(resp) = Response::decode(&hdr) else {
+                let mut st = self.lock();
+                if st.epoch == epoch {
+                    let first = st.sq.iter().find(|w| !w.acked).map(|w| w.seq);
+                    self.fail(
+                        &mut st,
+                        first.map(|s| (s, ibv_wc_status::IBV_WC_BAD_RESP_ERR)),
+                        None,
+                    );
+                }
+                return;
+            };
+            match resp.op {
+                RespOp::Ack => {
+                    let mut st = self.lock();
+                    if st.epoch != epoch {
+                        return;
+                    }
+                    self.ack_upto(&mut st, resp.seq);
+                }
+                RespOp::ReadResp => {
+                    if !self.read_response(epoch, fd, resp) {
+                        return;
+                    }
+                }
+                RespOp::Nak => {
+                    let mut st = self.lock();
+                    if st.epoch != epoch {
+                        return;
+                    }
+                    if let Some(prev) = resp.seq.checked_sub(1) {
+                        self.ack_upto(&mut st, prev);
+                    }
+                    let status = match resp.syndrome {
+                        s if s == Nak::RemoteAccess as u8 => ibv_wc_status::IBV_WC_REM_ACCESS_ERR,
+                        s if s == Nak::RemoteOperation as u8 => ibv_wc_status::IBV_WC_REM_OP_ERR,
+                        _ => ibv_wc_status::IBV_WC_REM_INV_REQ_ERR,
+                    };
+                    self.fail(&mut st, Some((resp.seq, status)), None);
+                    return;
+                }
+                RespOp::RnrNak => {
+                    let mut st = self.lock();
+                    if st.epoch != epoch {
+                        return;
+                    }
+                    if let Some(prev) = resp.seq.checked_sub(1) {
+                        self.ack_upto(&mut st, prev);
+                    }
+                    let infinite = st.attrs.rnr_retry == 7;
+                    if !infinite && st.rnr_tries >= st.attrs.rnr_retry {
+                        self.fail(
+                            &mut st,
+                            Some((resp.seq, ibv_wc_status::IBV_WC_RNR_RETRY_EXC_ERR)),
+                            None,
+                        );
+                        return;
+                    }
+                    st.rnr_tries = st.rnr_tries.saturating_add(1);
+                    st.last_heard = Instant::now();
+                    // Go back N: resend from the refused WR once the timer expires.
+                    st.send_cursor = st.send_cursor.min(resp.seq);
+                    let wait = RNR_TIMER_US[usize::from(resp.syndrome & 31)];
+                    st.rnr_resume = Some(Instant::now() + Duration::from_micros(u64::from(wait)));
+                    self.cv.notify_all();
+                }
+            }
+        }
+    }
+
+    /// Scatters a READ response straight into the WR's local buffers. `false` = stop reading.
+    fn read_response(&self, epoch: u64, fd: RawFd, resp: Response) -> bool {
+        let sges = {
+            let st = self.lock();
+            if st.epoch != epoch {
+                return false;
+            }
+            match Self::wqe(&st, resp.seq) {
+                Some(w) if w.op == ReqOp::Read && w.len == resp.len => w.sges.clone(),
+                _ => {
+                    drop(st);
+                    let mut st = self.lock();
+                    let first = st.sq.iter().find(|w| !w.acked).map(|w| w.seq);
+                    self.fail(
+                        &mut st,
+                        first.map(|s| (s, ibv_wc_status::IBV_WC_BAD_RESP_ERR)),
+                        None,
+                    );
+                    return false;
+                }
+            }
+        };
+        let mut guards = Vec::with_capacity(sges.len());
+        for s in sges.iter().filter(|s| s.len > 0) {
+            match self
+                .ctx
+                .mrs
+                .acquire(s.lkey, self.pd, s.addr, s.len as usize, LOCAL_WRITE)
+            {
+                Ok(g) => guards.push((g, s.len as usize)),
+                Err(_) => {
+                    let _ = wire::drain(fd, resp.len as usize);
+                    let mut st = self.lock();
+                    if st.epoch == epoch {
+                        self.fail(
+                            &mut st,
+                            Some((resp.seq, ibv_wc_status::IBV_WC_LOC_PROT_ERR)),
+                            None,
+                        );
+                    }
+                    return false;
+                }
+            }
+        }
+        for (g, len) in &guards {
+            // SAFETY: the guard pins `len` writable bytes (LOCAL_WRITE checked) at `g.ptr`.
+            if unsafe { wire::read_into(fd, g.ptr, *len, false) }.is_err() {
+                return false;
+            }
+        }
+        drop(guards);
+        let mut st = self.lock();
+        if st.epoch != epoch {
+            return false;
+        }
+        self.ack_upto(&mut st, resp.seq);
+        true
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Responder
+
+    /// The listener asks whether to admit a caller claiming to be QP `src_qpn` with `proof`.
+    pub(crate) fn admit(
+        self: &Arc<Self>,
+        src_qpn: u32,
+        proof: u32,
+        peer: IpAddr,
+        stream: &TcpStream,
+    ) -> HelloReply {
+        let mut st = self.lock();
+        if st.destroying || proof != self.secret {
+            return HelloReply::Refused;
+        }
+        match st.state {
+            ibv_qp_state::IBV_QPS_RESET | ibv_qp_state::IBV_QPS_INIT => HelloReply::NotReady,
+            ibv_qp_state::IBV_QPS_RTR | ibv_qp_state::IBV_QPS_RTS => {
+                let expected = st.remote.map(|r| r.to_canonical());
+                if st.attrs.dest_qpn != src_qpn
+                    || expected != Some(peer.to_canonical())
+                    || st.resp_conn.is_some()
+                {
+                    return HelloReply::Refused;
+                }
+                if !self.ctx.dev.port_active(st.attrs.port) {
+                    return HelloReply::NotReady;
+                }
+                let Ok(mine) = stream.try_clone() else {
+                    return HelloReply::NotReady;
+                };
+                let _ = mine.set_read_timeout(None);
+                tune(&mine);
+                let conn = Arc::new(Conn {
+                    stream: mine,
+                    epoch: st.epoch,
+                });
+                st.resp_conn = Some(Arc::clone(&conn));
+                drop(st);
+                self.spawn("resp", move |qp| qp.responder_loop(conn));
+                HelloReply::Accepted
+            }
+            _ => HelloReply::Refused,
+        }
+    }
+
+    fn respond(&self, conn: &Conn, resp: Response, data: Option<&MrGuard>) -> bool {
+        let hdr = resp.encode();
+        let mut iov = vec![wire::iovec(hdr.as_ptr(), hdr.len())];
+        if let Some(g) = data {
+            iov.push(wire::iovec(g.ptr, resp.len as usize));
+        }
+        let abort = || {
+            let st = self.lock();
+            st.destroying || st.epoch != conn.epoch
+        };
+        // SAFETY: the iovecs cover `hdr` and `resp.len` bytes pinned by the guard.
+        unsafe { wire::send_all(conn.fd(), &mut iov, &abort, false) }.is_ok()
+    }
+
+    /// Refuses `req`: drains its payload, NAKs, and moves this QP to ERR with `event`.
+    fn refuse(&self, conn: &Conn, req: &Request, nak: Nak, event: Option<ibv_event_type>) {
+        if req.carries_payload() {
+            let _ = wire::drain(conn.fd(), req.len as usize);
+        }
+        self.respond(
+            conn,
+            Response {
+                op: RespOp::Nak,
+                syndrome: nak as u8,
+                len: 0,
+                seq: req.seq,
+            },
+            None,
+        );
+        let mut st = self.lock();
+        if st.epoch == conn.epoch {
+            self.fail(&mut st, None, event);
+        }
+    }
+
+    fn responder_loop(self: Arc<Self>, conn: Arc<Conn>) {
+        let fd = conn.fd();
+        loop {
+            let req = match wire::read_exact::<REQ_LEN>(fd, false) {
+                Ok(b) => Request::decode(&b),
+                Err(_) => {
+                    // EOF without BYE: the requester vanished (cut, crash): a fatal QP error.
+                    let mut st = self.lock();
+                    if st.epoch == conn.epoch && !st.destroying {
+                        self.fail(&mut st, None, Some(ibv_event_type::IBV_EVENT_QP_FATAL));
+                    }
+                    return;
+                }
+            };
+            let stall = self.lock().stall_until;
+            if let Some(until) = stall {
+                std::thread::sleep(until.saturating_duration_since(Instant::now()));
+            }
+            let req = match req {
+                Ok(r) => r,
+                Err(seq) => {
+                    self.respond(
+                        &conn,
+                        Response {
+                            op: RespOp::Nak,
+                            syndrome: Nak::InvalidRequest as u8,
+                            len: 0,
+                            seq,
+                        },
+                        None,
+                    );
+                    let mut st = self.lock();
+                    if st.epoch == conn.epoch {
+                        self.fail(&mut st, None, Some(ibv_event_type::IBV_EVENT_QP_REQ_ERR));
+                    }
+                    return;
+                }
+            };
+            if req.op == ReqOp::Bye {
+                let mut st = self.lock();
+                if st.resp_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
+                    st.resp_conn = None;
+                }
+                return;
+            }
+            let (access, recv) = {
+                let mut st = self.lock();
+                if st.epoch != conn.epoch || st.destroying {
+                    return;
+                }
+                if req.seq != st.expected_seq {
+                    // Go back N: after a NAK everything up to the retransmission is discarded.
+                    drop(st);
+                    if req.carries_payload() && wire::drain(fd, req.len as usize).is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                let consumes = matches!(req.op, ReqOp::WriteImm | ReqOp::Send | ReqOp::SendImm);
+                let recv = if consumes {
+                    match st.rq.pop_front() {
+                        Some(r) => Some(r),
+                        None => {
+                            let timer = st.attrs.min_rnr_timer;
+                            drop(st);
+                            if req.carries_payload() && wire::drain(fd, req.len as usize).is_err() {
+                                return;
+                            }
+                            if !self.respond(
+                                &conn,
+                                Response {
+                                    op: RespOp::RnrNak,
+                                    syndrome: timer,
+                                    len: 0,
+                                    seq: req.seq,
+                                },
+                                None,
+                            ) {
+                                return;
+                            }
+                            continue;
+                        }
+                    }
+                } else {
+                    None
+                };
+                (st.attrs.access, recv)
+            };
+            let ok = match req.op {
+                ReqOp::Write | ReqOp::WriteImm => self.place_write(&conn, &req, access, recv),
+                ReqOp::Send | ReqOp::SendImm => self.place_send(&conn, &req, recv),
+                ReqOp::Read => self.serve_read(&conn, &req, access),
+                ReqOp::Bye => unreachable!("handled above"),
+            };
+            if !ok {
+                return;
+            }
+            let mut st = self.lock();
+            if st.epoch != conn.epoch {
+                return;
+            }
+            st.expected_seq += 1;
+            drop(st);
+            if req.flags & FLAG_ACK_REQ != 0
+                && req.op != ReqOp::Read
+                && !self.respond(
+                    &conn,
+                    Response {
+                        op: RespOp::Ack,
+                        syndrome: 0,
+                        len: 0,
+                        seq: req.seq,
+                    },
+                    None,
+                )
+            {
+                return;
+            }
+        }
+    }
+
+    /// Gives a consumed receive back to the front of the queue (its request was refused).
+    fn unconsume(&self, epoch: u64, recv: Option<RecvWqe>) {
+        if let Some(r) = recv {
+            let mut st = self.lock();
+            if st.epoch == epoch {
+                st.rq.push_front(r);
+            }
+        }
+    }
+
+    fn place_write(&self, conn: &Conn, req: &Request, access: u32, recv: Option<RecvWqe>) -> bool {
+        let fd = conn.fd();
+        let len = req.len as usize;
+        if len > 0 {
+            let guard = if access & REMOTE_WRITE == 0 {
+                None
+            } else {
+                self.ctx
+                    .mrs
+                    .acquire(req.rkey, self.pd, req.raddr, len, REMOTE_WRITE)
+                    .ok()
+            };
+            let Some(guard) = guard else {
+                self.unconsume(conn.epoch, recv);
+                self.refuse(
+                    conn,
+                    req,
+                    Nak::RemoteAccess,
+                    Some(ibv_event_type::IBV_EVENT_QP_ACCESS_ERR),
+                );
+                return false;
+            };
+            // SAFETY: the guard pins `len` bytes of remotely writable registered memory.
+            if unsafe { wire::read_into(fd, guard.ptr, len, false) }.is_err() {
+                self.unconsume(conn.epoch, recv);
+                return self.closed(conn);
+            }
+        }
+        if let Some(r) = recv {
+            self.recv_cq.complete(Wc {
+                wr_id: r.wr_id,
+                status: ibv_wc_status::IBV_WC_SUCCESS,
+                opcode: ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM,
+                byte_len: req.len,
+                imm: Some(req.imm),
+                qp_num: self.qpn,
+                src_qp: self.attrs().dest_qpn,
+            });
+        }
+        true
+    }
+
+    fn place_send(&self, conn: &Conn, req: &Request, recv: Option<RecvWqe>) -> bool {
+        let fd = conn.fd();
+        let r = recv.expect("sends consume a receive");
+        let capacity: u64 = r.sges.iter().map(|s| u64::from(s.len)).sum();
+        let src_qp = self.attrs().dest_qpn;
+        let recv_error = |status| Wc {
+            wr_id: r.wr_id,
+            status,
+            opcode: ibv_wc_opcode::IBV_WC_RECV,
+            byte_len: 0,
+            imm: None,
+            qp_num: self.qpn,
+            src_qp,
+        };
+        if u64::from(req.len) > capacity {
+            self.recv_cq
+                .complete(recv_error(ibv_wc_status::IBV_WC_LOC_LEN_ERR));
+            self.refuse(conn, req, Nak::InvalidRequest, None);
+            return false;
+        }
+        let mut left = req.len as usize;
+        let mut guards = Vec::new();
+        for s in &r.sges {
+            if left == 0 {
+                break;
+            }
+            let take = left.min(s.len as usize);
+            match self
+                .ctx
+                .mrs
+                .acquire(s.lkey, self.pd, s.addr, take, LOCAL_WRITE)
+            {
+                Ok(g) => guards.push((g, take)),
+                Err(_) => {
+                    self.recv_cq
+                        .complete(recv_error(ibv_wc_status::IBV_WC_LOC_PROT_ERR));
+                    self.refuse(conn, req, Nak::RemoteOperation, None);
+                    return false;
+                }
+            }
+            left -= take;
+        }
+        for (g, take) in &guards {
+            // SAFETY: the guard pins `take` locally writable bytes of the receive buffer.
+            if unsafe { wire::read_into(fd, g.ptr, *take, false) }.is_err() {
+                return self.closed(conn);
+            }
+        }
+        self.recv_cq.complete(Wc {
+            wr_id: r.wr_id,
+            status: ibv_wc_status::IBV_WC_SUCCESS,
+            opcode: ibv_wc_opcode::IBV_WC_RECV,
+            byte_len: req.len,
+            imm: (req.op == ReqOp::SendImm).then_some(req.imm),
+            qp_num: self.qpn,
+            src_qp,
+        });
+        true
+    }
+
+    fn serve_read(&self, conn: &Conn, req: &Request, access: u32) -> bool {
+        let len = req.len as usize;
+        let guard = if len == 0 {
+            None
+        } else if access & REMOTE_READ == 0 {
+            self.refuse(
+                conn,
+                req,
+                Nak::RemoteAccess,
+                Some(ibv_event_type::IBV_EVENT_QP_ACCESS_ERR),
+            );
+            return false;
+        } else {
+            match self
+                .ctx
+                .mrs
+                .acquire(req.rkey, self.pd, req.raddr, len, REMOTE_READ)
+            {
+                Ok(g) => Some(g),
+                Err(_) => {
+                    self.refuse(
+                        conn,
+                        req,
+                        Nak::RemoteAccess,
+                        Some(ibv_event_type::IBV_EVENT_QP_ACCESS_ERR),
+                    );
+                    return false;
+                }
+            }
+        };
+        self.respond(
+            conn,
+            Response {
+                op: RespOp::ReadResp,
+                syndrome: 0,
+                len: req.len,
+                seq: req.seq,
+            },
+            guard.as_ref(),
+        ) || self.closed(conn)
+    }
+
+    /// The connection broke mid-request: a fatal error unless we are going away anyway.
+    fn closed(&self, conn: &Conn) -> bool {
+        let mut st = self.lock();
+        if st.epoch == conn.epoch && !st.destroying {
+            self.fail(&mut st, None, Some(ibv_event_type::IBV_EVENT_QP_FATAL));
+        }
+        false
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Teardown and faults
+
+    /// Stops every thread of this QP (the sender says BYE first) and frees its QPN.
+    pub(crate) fn destroy(&self) {
+        {
+            let mut st = self.lock();
+            if st.destroying {
+                return;
+            }
+            st.destroying = true;
+            self.cv.notify_all();
+        }
+        // The sender is the only writer of the outgoing connection: let it say BYE and stop
+        // before the sockets close.
+        let sender = {
+            let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+            let pos = threads.iter().position(|t| {
+                t.thread()
+                    .name()
+                    .is_some_and(|n| n.starts_with("soft-send"))
+            });
+            pos.map(|p| threads.remove(p))
+        };
+        if let Some(t) = sender {
+            let _ = t.join();
+        }
+        {
+            let mut st = self.lock();
+            st.epoch += 1;
+            self.drop_conns(&mut st);
+        }
+        let rest = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        let me = std::thread::current().id();
+        for t in rest {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+        self.pool.release(self.qpn);
+        self.ctx
+            .events
+            .forget(Element::Qp(self.ibv.load(Ordering::Acquire)));
+    }
+
+    /// Fault injection: breaks both connections of this QP without a BYE, like a cable pull.
+    pub(crate) fn cut(&self) {
+        let st = self.lock();
+        for c in [&st.req_conn, &st.resp_conn].into_iter().flatten() {
+            c.kill();
+        }
+    }
+
+    /// Fault injection: this QP's responder goes silent for `d` (requests wait, no answers).
+    pub(crate) fn stall(&self, d: Duration) {
+        self.lock().stall_until = Some(Instant::now() + d);
+    }
+
+    /// Port down or device fatal: outstanding work fails as if the retries ran out.
+    pub(crate) fn link_lost(&self, port: Option<u8>) {
+        let mut st = self.lock();
+        if port.is_some_and(|p| p != st.attrs.port) {
+            return;
+        }
+        let first = st
+            .sq
+            .iter()
+            .find(|w| !w.acked && w.seq < st.send_cursor)
+            .map(|w| w.seq);
+        self.fail(
+            &mut st,
+            first.map(|s| (s, ibv_wc_status::IBV_WC_RETRY_EXC_ERR)),
+            None,
+        );
+    }
+}
+
+/// Socket options for a data connection: no Nagle (headers and payloads go out in one
+/// `sendmsg`, small messages must not wait), large buffers, and a send timeout so a writer
+/// blocked on a stalled peer can notice teardown.
+fn tune(stream: &TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_write_timeout(Some(WRITE_TICK));
+    let s = SockRef::from(stream);
+    let _ = s.set_send_buffer_size(SOCK_BUF);
+    let _ = s.set_recv_buffer_size(SOCK_BUF);
+}

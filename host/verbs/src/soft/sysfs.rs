@@ -1,0 +1,263 @@
+//! A sysfs-shaped tree for the soft topology, so the wrapper's discovery (which reads
+//! `class/infiniband/...` through cap-std from a root directory) runs unchanged on soft.
+
+use std::ffi::CStr;
+use std::fs;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use ncclwasm_model::topology::Device;
+use ncclwasm_model::{GidType, LinkLayer, PortState};
+
+use super::fabric::Fabric;
+
+static ROOT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+
+/// Materialises (once per process and loaded copy) the tree for the current topology and
+/// returns its root. The tree is a pure function of the topology, so it lives at a path named by
+/// the topology's hash and is shared by every process using that topology: it is built under a
+/// private name and renamed into place, and whoever loses that race uses the winner's. Test runs
+/// that start hundreds of processes thus leave one small directory per topology, not one each.
+pub fn sysfs_root() -> io::Result<PathBuf> {
+    ROOT.get_or_init(|| {
+        let fabric = super::fabric::fabric().map_err(str::to_owned)?;
+        let mut hasher = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(&format!("{:?}", fabric.topology.devices), &mut hasher);
+        let tmp = std::env::temp_dir();
+        let dir = tmp.join(format!(
+            "ncclwasm-soft-sysfs-{:016x}",
+            std::hash::Hasher::finish(&hasher)
+        ));
+        if dir.is_dir() {
+            return Ok(dir);
+        }
+        let staging = tmp.join(format!(
+            "ncclwasm-soft-sysfs-{}-{:08x}",
+            std::process::id(),
+            super::rand_u32()
+        ));
+        let built = materialise(&staging, fabric).and_then(|()| {
+            match fs::rename(&staging, &dir) {
+                Ok(()) => Ok(()),
+                // Another process published the same tree first.
+                Err(_) if dir.is_dir() => fs::remove_dir_all(&staging),
+                Err(e) => Err(e),
+            }
+        });
+        built.map_err(|e| {
+            let _ = fs::remove_dir_all(&staging);
+            format!(
+                "soft: cannot build the sysfs tree in {}: {e}",
+                dir.display()
+            )
+        })?;
+        Ok(dir)
+    })
+    .clone()
+    .map_err(io::Error::other)
+}
+
+/// The PCI function directory of a device, relative to the root (without `/sys/`).
+fn pci_dir(dev: &Device, index: usize) -> PathBuf {
+    match dev.pci_path.strip_prefix("/sys/") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(format!(
+            "devices/pci0000:00/0000:00:01.0/0000:{:02x}:00.0",
+            0x10 + index
+        )),
+    }
+}
+
+fn materialise(root: &Path, fabric: &Fabric) -> io::Result<()> {
+    for (i, dev) in fabric.topology.devices.iter().enumerate() {
+        let pci_rel = pci_dir(dev, i);
+        let pci = root.join(&pci_rel);
+        fs::create_dir_all(&pci)?;
+        fs::write(pci.join("numa_node"), format!("{}\n", dev.numa_node))?;
+        // The driver link names the provider the file gives (`mlx5` → `mlx5_core`, as the kernel
+        // names it), so discovery reports the machine the file describes.
+        let driver = format!("bus/pci/drivers/{}_core", dev.provider);
+        fs::create_dir_all(root.join(&driver))?;
+        let depth = pci_rel.components().count();
+        let up = "../".repeat(depth);
+        symlink(&format!("{up}{driver}"), &pci.join("driver"))?;
+        let class = root.join("class/infiniband").join(&dev.name);
+        fs::create_dir_all(&class)?;
+        symlink(
+            &format!("../../../{}", pci_rel.display()),
+            &class.join("device"),
+        )?;
+        let guid = guid_text(dev.guid);
+        fs::write(class.join("node_guid"), format!("{guid}\n"))?;
+        fs::write(class.join("sys_image_guid"), format!("{guid}\n"))?;
+        fs::write(class.join("node_type"), "1: CA\n")?;
+        fs::write(class.join("fw_ver"), "soft-1.0\n")?;
+        fs::write(class.join("hca_type"), format!("{}\n", dev.provider))?;
+        for p in &dev.ports {
+            let port = class.join("ports").join(p.port.to_string());
+            fs::create_dir_all(port.join("gids"))?;
+            fs::create_dir_all(port.join("gid_attrs/types"))?;
+            fs::create_dir_all(port.join("gid_attrs/ndevs"))?;
+            let (state, phys) = match p.state {
+                PortState::Active => ("4: ACTIVE", "5: LinkUp"),
+                PortState::Armed => ("3: ARMED", "5: LinkUp"),
+                PortState::Initializing => ("2: INIT", "5: LinkUp"),
+                PortState::Down => ("1: DOWN", "3: Disabled"),
+            };
+            fs::write(port.join("state"), format!("{state}\n"))?;
+            fs::write(port.join("phys_state"), format!("{phys}\n"))?;
+            let link = match p.link_layer {
+                LinkLayer::Infiniband => "InfiniBand",
+                LinkLayer::Ethernet => "Ethernet",
+            };
+            fs::write(port.join("link_layer"), format!("{link}\n"))?;
+            fs::write(
+                port.join("rate"),
+                format!("{} Gb/sec ({}X)\n", p.speed_mbps / 1000, p.width),
+            )?;
+            fs::write(port.join("lid"), format!("0x{:x}\n", p.lid))?;
+            let netdev = netdev_for(p.address);
+            for g in &p.gids {
+                fs::write(
+                    port.join("gids").join(g.index.to_string()),
+                    format!("{}\n", gid_text(&g.raw)),
+                )?;
+                if g.is_unconfigured() {
+                    continue;
+                }
+                let kind = match g.gid_type {
+                    GidType::RoceV2 => "RoCE v2",
+                    GidType::Ib | GidType::RoceV1 => "IB/RoCE v1",
+                    GidType::Unknown => continue,
+                };
+                fs::write(
+                    port.join("gid_attrs/types").join(g.index.to_string()),
+                    format!("{kind}\n"),
+                )?;
+                if let (LinkLayer::Ethernet, Some(nd)) = (p.link_layer, &netdev) {
+                    fs::write(
+                        port.join("gid_attrs/ndevs").join(g.index.to_string()),
+                        format!("{nd}\n"),
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn symlink(target: &str, link: &Path) -> io::Result<()> {
+    match std::os::unix::fs::symlink(target, link) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        r => r,
+    }
+}
+
+/// `xxxx:xxxx:xxxx:xxxx`, as sysfs prints GUIDs.
+fn guid_text(guid: u64) -> String {
+    let b = guid.to_be_bytes();
+    format!(
+        "{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}",
+        b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]
+    )
+}
+
+/// A GID as sysfs prints it: eight groups of four hex digits.
+fn gid_text(raw: &[u8; 16]) -> String {
+    raw.chunks(2)
+        .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// The interface that owns `addr` on this host (its namespace), as a RoCE GID's netdev.
+fn netdev_for(addr: IpAddr) -> Option<String> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list we free below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr is non-NULL and its family says which sockaddr it is.
+        let this = unsafe {
+            match i32::from((*ifa.ifa_addr).sa_family) {
+                libc::AF_INET => {
+                    let sin = &*ifa.ifa_addr.cast::<libc::sockaddr_in>();
+                    Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                        sin.sin_addr.s_addr,
+                    ))))
+                }
+                libc::AF_INET6 => {
+                    let sin6 = &*ifa.ifa_addr.cast::<libc::sockaddr_in6>();
+                    Some(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)))
+                }
+                _ => None,
+            }
+        };
+        if this == Some(addr) {
+            // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+            found = Some(
+                unsafe { CStr::from_ptr(ifa.ifa_name) }
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+            break;
+        }
+    }
+    // SAFETY: `head` came from getifaddrs.
+    unsafe { libc::freeifaddrs(head) };
+    found.or_else(|| addr.is_loopback().then(|| "lo".to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tree_has_what_discovery_reads() {
+        let root = sysfs_root().expect("materialised");
+        let fabric = super::super::fabric::fabric().expect("topology");
+        let dev = &fabric.topology.devices[0];
+        let class = root.join("class/infiniband").join(&dev.name);
+        let pci = fs::canonicalize(class.join("device")).expect("device link resolves");
+        assert!(pci.starts_with(fs::canonicalize(&root).expect("root")));
+        assert!(pci.to_string_lossy().contains("/devices/pci0000:00/"));
+        assert_eq!(
+            fs::read_to_string(class.join("device/numa_node")).expect("numa"),
+            format!("{}\n", dev.numa_node)
+        );
+        let driver = fs::read_link(class.join("device/driver")).expect("driver link");
+        assert_eq!(
+            driver.file_name().and_then(|s| s.to_str()),
+            Some(format!("{}_core", dev.provider).as_str())
+        );
+        assert!(class.join("device/driver").is_dir(), "driver link resolves");
+        let types = class.join("ports/1/gid_attrs/types");
+        assert_eq!(
+            fs::read_to_string(types.join("1")).expect("gid 1 type"),
+            "RoCE v2\n"
+        );
+        assert_eq!(
+            fs::read_to_string(types.join("0")).expect("gid 0 type"),
+            "IB/RoCE v1\n"
+        );
+        assert_eq!(
+            fs::read_to_string(class.join("ports/1/gid_attrs/ndevs/1")).expect("netdev"),
+            "lo\n"
+        );
+        assert_eq!(
+            fs::read_to_string(class.join("ports/1/gids/1")).expect("gid"),
+            "0000:0000:0000:0000:0000:ffff:7f00:0001\n"
+        );
+    }
+}

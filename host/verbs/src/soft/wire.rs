@@ -1,0 +1,366 @@
+//! The soft RC wire protocol and the raw socket I/O that moves payloads without copies.
+//!
+//! One TCP connection carries one QP direction: the requester writes [`Request`] frames
+//! (header, then the payload straight from the source buffers in one `sendmsg`), the responder
+//! answers with [`Response`] frames (ACK/NAK/RNR NAK, or a READ response followed by its data).
+//! Payloads are read with `read(2)` straight into registered memory, never through a buffer, so
+//! the only copies are the kernel's. Headers are fixed-size little-endian records, modelled on
+//! libfabric's tcp provider (`xnet_proto.h`) and the RC opcodes.
+
+use std::io;
+use std::os::fd::RawFd;
+
+/// First bytes of a connection: who is calling, whom, and the proof that the caller learnt the
+/// callee's secret through the out-of-band handshake (see the `soft` module docs).
+pub(crate) const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"SFT1");
+pub(crate) const HELLO_LEN: usize = 16;
+
+/// The listener's answer to a hello.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HelloReply {
+    Accepted = 0,
+    /// The QP exists and the proof is right, but it is not in RTR yet (hardware would drop the
+    /// packets and the requester would retry): try again.
+    NotReady = 1,
+    /// Unknown QP, wrong proof, wrong source or a second connection: a stranger.
+    Refused = 2,
+}
+
+impl HelloReply {
+    pub(crate) fn from_u32(v: u32) -> Option<HelloReply> {
+        match v {
+            0 => Some(HelloReply::Accepted),
+            1 => Some(HelloReply::NotReady),
+            2 => Some(HelloReply::Refused),
+            _ => None,
+        }
+    }
+}
+
+/// `HELLO{magic, src_qpn, dst_qpn, proof}`.
+pub(crate) fn encode_hello(src_qpn: u32, dst_qpn: u32, proof: u32) -> [u8; HELLO_LEN] {
+    let mut b = [0u8; HELLO_LEN];
+    b[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+    b[4..8].copy_from_slice(&src_qpn.to_le_bytes());
+    b[8..12].copy_from_slice(&dst_qpn.to_le_bytes());
+    b[12..16].copy_from_slice(&proof.to_le_bytes());
+    b
+}
+
+/// Parses a hello into `(src_qpn, dst_qpn, proof)`; `None` for anything that is not one.
+pub(crate) fn decode_hello(b: &[u8; HELLO_LEN]) -> Option<(u32, u32, u32)> {
+    (le32(b, 0) == HELLO_MAGIC).then(|| (le32(b, 4), le32(b, 8), le32(b, 12)))
+}
+
+/// Requester → responder operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReqOp {
+    Write = 1,
+    WriteImm = 2,
+    Send = 3,
+    SendImm = 4,
+    Read = 5,
+    /// The requester's QP is being destroyed: close quietly (a hardware peer would not notice).
+    Bye = 6,
+}
+
+/// Set on requests whose completion the requester waits for (signaled WRs), like the BTH AckReq
+/// bit: the responder acknowledges only those, and NAKs always.
+pub(crate) const FLAG_ACK_REQ: u8 = 1;
+pub(crate) const REQ_LEN: usize = 32;
+
+/// A request header; `len` payload bytes follow for writes and sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Request {
+    pub op: ReqOp,
+    pub flags: u8,
+    pub len: u32,
+    pub seq: u64,
+    pub raddr: u64,
+    pub rkey: u32,
+    /// Immediate data exactly as posted (network byte order).
+    pub imm: u32,
+}
+
+impl Request {
+    pub(crate) fn encode(&self) -> [u8; REQ_LEN] {
+        let mut b = [0u8; REQ_LEN];
+        b[0] = self.op as u8;
+        b[1] = self.flags;
+        b[4..8].copy_from_slice(&self.len.to_le_bytes());
+        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        b[16..24].copy_from_slice(&self.raddr.to_le_bytes());
+        b[24..28].copy_from_slice(&self.rkey.to_le_bytes());
+        b[28..32].copy_from_slice(&self.imm.to_le_bytes());
+        b
+    }
+
+    /// `Err(seq)` for an unknown opcode: the responder answers REM_INV_REQ.
+    pub(crate) fn decode(b: &[u8; REQ_LEN]) -> Result<Request, u64> {
+        let op = match b[0] {
+            1 => ReqOp::Write,
+            2 => ReqOp::WriteImm,
+            3 => ReqOp::Send,
+            4 => ReqOp::SendImm,
+            5 => ReqOp::Read,
+            6 => ReqOp::Bye,
+            _ => return Err(le64(b, 8)),
+        };
+        Ok(Request {
+            op,
+            flags: b[1],
+            len: le32(b, 4),
+            seq: le64(b, 8),
+            raddr: le64(b, 16),
+            rkey: le32(b, 24),
+            imm: le32(b, 28),
+        })
+    }
+
+    /// Whether payload bytes follow the header on the wire.
+    pub(crate) fn carries_payload(&self) -> bool {
+        matches!(
+            self.op,
+            ReqOp::Write | ReqOp::WriteImm | ReqOp::Send | ReqOp::SendImm
+        )
+    }
+}
+
+/// Responder → requester answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RespOp {
+    /// Everything up to and including `seq` is placed.
+    Ack = 1,
+    /// `seq` failed (syndrome: a [`Nak`]); everything before it is placed.
+    Nak = 2,
+    /// `seq` found no receive posted; retry after the timer in `syndrome` (IB RNR timer code).
+    RnrNak = 3,
+    /// The data of READ `seq` follows (`len` bytes).
+    ReadResp = 4,
+}
+
+/// NAK syndromes, mapped to the requester's completion status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Nak {
+    /// rkey, PD, bounds or access flags: `IBV_WC_REM_ACCESS_ERR`.
+    RemoteAccess = 1,
+    /// Malformed request, or a SEND longer than the receive buffer: `IBV_WC_REM_INV_REQ_ERR`.
+    InvalidRequest = 2,
+    /// The responder failed to place the data (receive buffer not writable): `IBV_WC_REM_OP_ERR`.
+    RemoteOperation = 3,
+}
+
+pub(crate) const RESP_LEN: usize = 24;
+
+/// A response header; `len` bytes follow a READ response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Response {
+    pub op: RespOp,
+    pub syndrome: u8,
+    pub len: u32,
+    pub seq: u64,
+}
+
+impl Response {
+    pub(crate) fn encode(&self) -> [u8; RESP_LEN] {
+        let mut b = [0u8; RESP_LEN];
+        b[0] = self.op as u8;
+        b[1] = self.syndrome;
+        b[4..8].copy_from_slice(&self.len.to_le_bytes());
+        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        b
+    }
+
+    pub(crate) fn decode(b: &[u8; RESP_LEN]) -> Option<Response> {
+        let op = match b[0] {
+            1 => RespOp::Ack,
+            2 => RespOp::Nak,
+            3 => RespOp::RnrNak,
+            4 => RespOp::ReadResp,
+            _ => return None,
+        };
+        Some(Response {
+            op,
+            syndrome: b[1],
+            len: le32(b, 4),
+            seq: le64(b, 8),
+        })
+    }
+}
+
+fn le32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn le64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// How a blocking read ended when it did not fill the buffer.
+#[derive(Debug)]
+pub(crate) enum ReadEnd {
+    /// The socket's receive timeout fired before the first byte (only with `idle_ok`).
+    Idle,
+    /// Orderly EOF or a socket error: the connection is gone.
+    Closed,
+}
+
+/// Reads exactly `len` bytes from `fd` into `ptr`.
+///
+/// With `idle_ok`, a receive timeout before the first byte returns [`ReadEnd::Idle`] (the ack
+/// reader uses it to check its retry timer); a timeout in the middle of a frame keeps reading,
+/// because dropping half a frame would desynchronise the stream.
+///
+/// # Safety
+/// `ptr..ptr+len` must be writable memory that stays valid for the whole call (the caller holds
+/// an MR guard or owns the buffer).
+pub(crate) unsafe fn read_into(
+    fd: RawFd,
+    ptr: *mut u8,
+    len: usize,
+    idle_ok: bool,
+) -> Result<(), ReadEnd> {
+    let mut done = 0usize;
+    while done < len {
+        // SAFETY: `ptr + done .. ptr + len` is inside the writable range the caller vouched for.
+        let n = unsafe { libc::read(fd, ptr.add(done).cast(), len - done) };
+        if n > 0 {
+            done += n as usize;
+            continue;
+        }
+        if n == 0 {
+            return Err(ReadEnd::Closed);
+        }
+        let err = io::Error::last_os_error();
+        match err.kind() {
+            io::ErrorKind::Interrupted => {}
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                if idle_ok && done == 0 {
+                    return Err(ReadEnd::Idle);
+                }
+            }
+            _ => return Err(ReadEnd::Closed),
+        }
+    }
+    Ok(())
+}
+
+/// Reads a fixed-size header into a stack buffer.
+pub(crate) fn read_exact<const N: usize>(fd: RawFd, idle_ok: bool) -> Result<[u8; N], ReadEnd> {
+    let mut b = [0u8; N];
+    // SAFETY: `b` is a local array of exactly N writable bytes.
+    unsafe { read_into(fd, b.as_mut_ptr(), N, idle_ok) }?;
+    Ok(b)
+}
+
+/// Reads and throws away `len` bytes (a request the responder refused or discards after a NAK).
+pub(crate) fn drain(fd: RawFd, mut len: usize) -> Result<(), ReadEnd> {
+    let mut scratch = [0u8; 16 * 1024];
+    while len > 0 {
+        let n = len.min(scratch.len());
+        // SAFETY: `scratch` has at least `n` writable bytes.
+        unsafe { read_into(fd, scratch.as_mut_ptr(), n, false) }?;
+        len -= n;
+    }
+    Ok(())
+}
+
+/// Sends every byte described by `iov` with `sendmsg(2)`, resuming after partial writes.
+///
+/// `MSG_NOSIGNAL`: a vanished peer is an error here, never a SIGPIPE that kills the host
+/// process (NCCL does not ignore SIGPIPE). The socket has a send timeout; on each expiry
+/// `abort()` is asked whether to give up (QP destroyed or in error), so a writer blocked on a
+/// stalled peer can still be stopped. With `try_first`, the first attempt does not wait:
+/// `Ok(false)` means nothing could be sent (the caller hands the work to a thread that may
+/// block); once a byte went out, the rest is sent like any other frame.
+///
+/// # Safety
+/// Every `iov` entry must describe readable memory that stays valid for the whole call.
+pub(crate) unsafe fn send_all(
+    fd: RawFd,
+    iov: &mut [libc::iovec],
+    abort: &dyn Fn() -> bool,
+    try_first: bool,
+) -> io::Result<bool> {
+    let mut first = 0usize;
+    let mut dontwait = try_first;
+    while first < iov.len() {
+        if iov[first].iov_len == 0 {
+            first += 1;
+            continue;
+        }
+        let count = (iov.len() - first).min(libc::UIO_MAXIOV as usize);
+        // SAFETY: msghdr is plain C data; all-zero is valid.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov[first..].as_mut_ptr();
+        msg.msg_iovlen = count;
+        let flags = libc::MSG_NOSIGNAL | if dontwait { libc::MSG_DONTWAIT } else { 0 };
+        // SAFETY: `msg` points at valid iovecs over readable memory (caller's contract).
+        let n = unsafe { libc::sendmsg(fd, &msg, flags) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            match err.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock if dontwait => return Ok(false),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut if !abort() => continue,
+                _ => return Err(err),
+            }
+        }
+        dontwait = false;
+        let mut n = n as usize;
+        while n > 0 && first < iov.len() {
+            let take = n.min(iov[first].iov_len);
+            // SAFETY: advancing within the same iovec's range (`take <= iov_len`).
+            iov[first].iov_base = unsafe { iov[first].iov_base.cast::<u8>().add(take) }.cast();
+            iov[first].iov_len -= take;
+            n -= take;
+            if iov[first].iov_len == 0 {
+                first += 1;
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// An iovec over `len` bytes at `ptr`.
+pub(crate) fn iovec(ptr: *const u8, len: usize) -> libc::iovec {
+    libc::iovec {
+        iov_base: ptr.cast_mut().cast(),
+        iov_len: len,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip() {
+        let r = Request {
+            op: ReqOp::WriteImm,
+            flags: FLAG_ACK_REQ,
+            len: 4096,
+            seq: 7,
+            raddr: 0xdead_beef_0000,
+            rkey: 0x1234,
+            imm: 0xaabb_ccdd,
+        };
+        assert_eq!(Request::decode(&r.encode()), Ok(r));
+        let a = Response {
+            op: RespOp::RnrNak,
+            syndrome: 12,
+            len: 0,
+            seq: 99,
+        };
+        assert_eq!(Response::decode(&a.encode()), Some(a));
+        assert_eq!(
+            decode_hello(&encode_hello(0x10203, 0x40506, 77)),
+            Some((0x10203, 0x40506, 77))
+        );
+        let mut junk = [0u8; REQ_LEN];
+        junk[0] = 42;
+        junk[8] = 9;
+        assert_eq!(Request::decode(&junk), Err(9));
+        assert_eq!(decode_hello(&[0u8; HELLO_LEN]), None);
+    }
+}

@@ -1,0 +1,215 @@
+//! The symbol table: every libibverbs entry point the wrapper calls, as data.
+//!
+//! # Backend contract (read this before writing a provider)
+//!
+//! The safe wrapper (the rest of this crate) never names an exported libibverbs symbol. It calls
+//! through a [`VerbsTable`], a struct of `unsafe extern "C" fn` pointers with **exactly the C
+//! signatures libibverbs exports** (rdma-sys types), so one table can be filled from
+//! `dlvsym(libibverbs.so.1, …)` (the `ib` backend, [`crate::ib`]) and another from Rust
+//! functions (the `soft` provider, `crate::soft`). Like mio's selector contract, this is the
+//! whole list of what a backend owes the wrapper; nothing else is assumed.
+//!
+//! ## Slow path: the table
+//! Every non-optional field must be a working function. The `Option` fields are entry points
+//! newer than `IBVERBS_1.1` (`ibv_reg_mr_iova2` 1.8, `ibv_query_ece`/`ibv_set_ece` 1.10,
+//! `ibv_reg_dmabuf_mr` 1.12); `None` means "this library does not have it" and the wrapper
+//! reports [`crate::VerbsError::Unsupported`] instead of calling.
+//!
+//! ## Fast path: `ibv_context.ops`
+//! `post_send`, `post_recv` and `poll_cq` are **not** in the table: as in verbs.h (and NCCL's
+//! `wrap_ibv_post_send`), the wrapper calls `(*qp->context).ops.post_send` etc. A provider's
+//! `open_device` must return an `ibv_context` whose `ops.post_send`, `ops.post_recv` and
+//! `ops.poll_cq` are `Some`; every other `ops` slot may be `None` (the wrapper never calls them;
+//! `req_notify_cq` is unused because NCCL polls). Every object the provider returns
+//! (`ibv_pd`, `ibv_mr`, `ibv_cq`, `ibv_qp`) must have its `context` field pointing at that
+//! context, because that is how the fast path finds the ops.
+//!
+//! ## Objects: what the wrapper reads, ownership, lifetime
+//! - `get_device_list(&n)`: a NULL-terminated array of `*mut ibv_device`, `n` set. **NULL with any
+//!   errno means zero devices** (libibverbs without a kernel returns NULL + ENOSYS); the wrapper
+//!   never treats it as an error. The array is owned by the caller until `free_device_list`.
+//!   A device pointer must stay valid while a context opened from it is open (the wrapper also
+//!   keeps the list alive that long, so a provider may tie devices to the list).
+//! - `get_device_name(dev)`: a NUL-terminated name valid as long as the device; it names the sysfs
+//!   directory `class/infiniband/<name>` (see Discovery).
+//! - `open_device` → `ibv_context` (fields above, plus `async_fd`, see Async events), released by
+//!   `close_device`. `query_device` fills `ibv_device_attr` (the wrapper reads `max_qp`,
+//!   `max_qp_wr`, `max_cqe`, `max_sge`, `max_mr_size`, `node_guid`, `sys_image_guid` — network
+//!   order, as the kernel gives it; discovery reports it in host order as the port's `guid` —,
+//!   `phys_port_cnt`, `max_qp_rd_atom`, `vendor_id`, `vendor_part_id`, `fw_ver`).
+//!   `query_port` is the exported **compat** symbol `ibv_query_port@IBVERBS_1.1` that NCCL
+//!   loads: its third argument really points at a full 52-byte `ibv_port_attr` (cast to
+//!   `_compat_ibv_port_attr`), and a provider fills all of it. `query_gid` fills 16 bytes; an
+//!   empty slot is all zeroes (discovery reads indices `0..gid_tbl_len`, keeps empty slots as
+//!   unconfigured entries and drops the trailing ones).
+//! - `alloc_pd`/`dealloc_pd`, `reg_mr`/`dereg_mr` (`ibv_mr.addr,length,lkey,rkey` filled; `access`
+//!   is an `ibv_access_flags` bit set), `create_cq`/`destroy_cq` (`ibv_cq.cqe` = the real depth,
+//!   ≥ the request; `cq_context` and `channel` are passed as NULL, `comp_vector` 0),
+//!   `create_qp`/`destroy_qp` (only `IBV_QPT_RC`; `ibv_qp_init_attr.cap` is in/out: the provider
+//!   writes back what it granted, including `max_inline_data`; `ibv_qp.qp_num` and `state` set),
+//!   `modify_qp` with the attribute masks of NCCL's `ncclIbCreateQp/RtrQp/RtsQp`, `query_qp`.
+//! - Teardown order is the wrapper's job: QPs, then CQs and MRs, then PDs, then the context
+//!   (each wrapper object holds an `Arc` of its parent). A provider may answer EBUSY to a
+//!   destroy that would orphan a child, as the kernel does.
+//! - All entry points and ops may be called from any thread, concurrently on different objects;
+//!   the wrapper serialises posts on one QP (a CQ may be polled from several threads).
+//!
+//! ## Errors (errno conventions)
+//! - Pointer-returning verbs: NULL and `errno` set.
+//! - `int`-returning verbs (`modify_qp`, `query_*`, `destroy_*`, `dealloc_pd`, `dereg_mr`,
+//!   `close_device`, `get_async_event`, `set_ece`, `query_ece`): 0 on success. On failure
+//!   libibverbs is inconsistent (a positive errno *or* -1 with `errno`), so the wrapper takes a
+//!   positive return as the errno, else reads `errno`. Providers should return the positive errno
+//!   **and** set `errno`, so both readings agree.
+//! - `ops.post_send`/`ops.post_recv`: 0, or a positive errno with `*bad_wr` = the first WR not
+//!   posted (EINVAL wrong QP state or bad opcode, ENOMEM queue full, EINVAL too many SGEs or inline
+//!   too long). `ops.poll_cq`: number of completions (≥ 0), negative on a CQ error (overrun).
+//! - Data-path errors are completions, not return codes (`IBV_WC_*` statuses, QP to ERR, later WRs
+//!   `IBV_WC_WR_FLUSH_ERR`).
+//!
+//! ## Async events
+//! `ibv_context.async_fd` must be a pollable fd (pipe or eventfd) that is readable while an event
+//! is pending. The wrapper sets it `O_NONBLOCK`, `poll`s it with a timeout (so its event thread can
+//! stop without `pthread_cancel`, unlike NCCL) and then calls `get_async_event`, which must honour
+//! `O_NONBLOCK` (EAGAIN when nothing is pending). Each event is acknowledged with
+//! `ack_async_event`. Events carry the port number (`IBV_EVENT_PORT_ACTIVE/ERR`), the QP
+//! (`IBV_EVENT_QP_FATAL` …) or nothing (`IBV_EVENT_DEVICE_FATAL`). `event_type_str` returns a
+//! static string.
+//!
+//! ## Discovery extras: a sysfs-shaped tree
+//! What verbs do not say (PCI path, NUMA node, GID types, the netdev behind a RoCE GID, the
+//! driver) is read from sysfs **through cap-std, relative to a root directory** (`sysfs.rs`):
+//! `/sys` for `ib`, and a tree the `soft` provider materialises for its topology in a temp dir, so
+//! the very same discovery code runs in CI. Paths, relative to the root:
+//! - `class/infiniband/<dev>/device` → a symlink (relative) to a PCI function directory, e.g.
+//!   `../../../devices/pci0000:00/0000:00:02.0/0000:17:00.1`, resolved inside the root. The
+//!   reported path is `/sys/` joined with the resolved path relative to the root (for both
+//!   backends, so the soft tree reproduces a topology file's `pci-path`), with the port/VF merge
+//!   rule of `ncclIbGetPciPath` applied (`ncclwasm_model::topology::merged_pci_path`: last
+//!   character `0`, and with VF merging the device number zeroed too).
+//! - `class/infiniband/<dev>/device/numa_node`: a decimal integer, `-1` when unknown.
+//! - `class/infiniband/<dev>/device/driver` → symlink whose last component names the driver
+//!   (`mlx5_core` → provider `mlx5`). The soft tree names it after the topology file's
+//!   `provider` (`drivers/mlx5_core` for `provider = "mlx5"`, `drivers/soft` for `"soft"`), so a
+//!   soft run of `dgx-h100.toml` shows policies the same ports as the file does offline.
+//!   REQUEST(A4b): the tree currently links every device to `drivers/soft`; the conformance
+//!   test `discovery_matches_every_topology_file` finds `provider` is the only field that
+//!   differs from the files (everything else matches on all 8 of them).
+//!   Also: every process leaves its `ncclwasm-soft-sysfs-<pid>-*` tree in the temp dir (one
+//!   conformance run spawns ~20 children; 500 trees piled up in a day): please remove it at
+//!   exit (an atexit hook or a `Drop` on the last context), or reuse one per topology.
+//! - `class/infiniband/<dev>/ports/<p>/gid_attrs/types/<i>`: `IB/RoCE v1` or `RoCE v2`.
+//! - `class/infiniband/<dev>/ports/<p>/gid_attrs/ndevs/<i>`: the netdev name (RoCE only); the
+//!   prefix length comes from that interface's address list (`getifaddrs`). IB and link-local
+//!   GIDs have prefix 64.
+//!
+//! Every entry may be missing or unreadable (containers hide parts of sysfs): discovery then
+//! reports "unknown" (empty path, NUMA -1, [`ncclwasm_model::GidType::Unknown`], prefix 0)
+//! instead of failing.
+//!
+//! ## What the `soft` module provides (agreed with its author through this comment)
+//! - `pub fn table() -> &'static VerbsTable` — its entry points (`Option` ones may be `Some`).
+//! - `pub fn sysfs_root() -> std::io::Result<std::path::PathBuf>` — materialises (once per process)
+//!   the tree above for its current topology and returns the root.
+//! - Configuration before the first `get_device_list` through the environment
+//!   (`NCCL_WASM_TOPOLOGY`), so the same code works when it is loaded as `libibverbs.so.1` by the
+//!   `host/soft-ibverbs` cdylib, plus whatever Rust API it prefers for in-process tests.
+//! - Fault injection (port down/up, cut connection, …) as plain Rust functions;
+//!   [`crate::fault`] wraps the ones the conformance suite uses in a C-ABI `FaultTable` that the
+//!   cdylib exports under `ncclwasm_soft_*` names (with `ncclwasm_soft_sysfs_root`), so the `ib`
+//!   fabric finds the tree and the hooks when it has loaded the cdylib.
+//! - Its per-QP secret travels as the ECE value (`query_ece` / `set_ece` before RTR), the
+//!   exchange NCCL's handshake already carries.
+
+use std::os::raw::{c_char, c_int, c_uint, c_void};
+
+use rdma_sys::{
+    _compat_ibv_port_attr, ibv_async_event, ibv_comp_channel, ibv_context, ibv_cq, ibv_device,
+    ibv_device_attr, ibv_ece, ibv_event_type, ibv_gid, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr,
+    ibv_qp_init_attr,
+};
+
+/// The libibverbs entry points the wrapper uses, with libibverbs' exported C signatures.
+///
+/// Field names are the C names without the `ibv_` prefix. See the module documentation for
+/// what a backend must guarantee about each one.
+#[derive(Clone, Copy, Debug)]
+pub struct VerbsTable {
+    pub get_device_list: unsafe extern "C" fn(num_devices: *mut c_int) -> *mut *mut ibv_device,
+    pub free_device_list: unsafe extern "C" fn(list: *mut *mut ibv_device),
+    pub get_device_name: unsafe extern "C" fn(device: *mut ibv_device) -> *const c_char,
+    pub open_device: unsafe extern "C" fn(device: *mut ibv_device) -> *mut ibv_context,
+    pub close_device: unsafe extern "C" fn(context: *mut ibv_context) -> c_int,
+    pub query_device:
+        unsafe extern "C" fn(context: *mut ibv_context, device_attr: *mut ibv_device_attr) -> c_int,
+    /// The exported compat symbol (`ibv_query_port@IBVERBS_1.1`), as NCCL loads it; the pointer
+    /// is a full `ibv_port_attr`.
+    pub query_port: unsafe extern "C" fn(
+        context: *mut ibv_context,
+        port_num: u8,
+        port_attr: *mut _compat_ibv_port_attr,
+    ) -> c_int,
+    pub query_gid: unsafe extern "C" fn(
+        context: *mut ibv_context,
+        port_num: u8,
+        index: c_int,
+        gid: *mut ibv_gid,
+    ) -> c_int,
+    pub alloc_pd: unsafe extern "C" fn(context: *mut ibv_context) -> *mut ibv_pd,
+    pub dealloc_pd: unsafe extern "C" fn(pd: *mut ibv_pd) -> c_int,
+    pub reg_mr: unsafe extern "C" fn(
+        pd: *mut ibv_pd,
+        addr: *mut c_void,
+        length: usize,
+        access: c_int,
+    ) -> *mut ibv_mr,
+    pub dereg_mr: unsafe extern "C" fn(mr: *mut ibv_mr) -> c_int,
+    pub create_cq: unsafe extern "C" fn(
+        context: *mut ibv_context,
+        cqe: c_int,
+        cq_context: *mut c_void,
+        channel: *mut ibv_comp_channel,
+        comp_vector: c_int,
+    ) -> *mut ibv_cq,
+    pub destroy_cq: unsafe extern "C" fn(cq: *mut ibv_cq) -> c_int,
+    pub create_qp:
+        unsafe extern "C" fn(pd: *mut ibv_pd, qp_init_attr: *mut ibv_qp_init_attr) -> *mut ibv_qp,
+    pub modify_qp:
+        unsafe extern "C" fn(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, attr_mask: c_int) -> c_int,
+    pub query_qp: unsafe extern "C" fn(
+        qp: *mut ibv_qp,
+        attr: *mut ibv_qp_attr,
+        attr_mask: c_int,
+        init_attr: *mut ibv_qp_init_attr,
+    ) -> c_int,
+    pub destroy_qp: unsafe extern "C" fn(qp: *mut ibv_qp) -> c_int,
+    pub get_async_event:
+        unsafe extern "C" fn(context: *mut ibv_context, event: *mut ibv_async_event) -> c_int,
+    pub ack_async_event: unsafe extern "C" fn(event: *mut ibv_async_event),
+    pub event_type_str: unsafe extern "C" fn(event: ibv_event_type) -> *const c_char,
+    /// `IBVERBS_1.8`: registration with an explicit IOVA and `IBV_ACCESS_RELAXED_ORDERING`.
+    pub reg_mr_iova2: Option<
+        unsafe extern "C" fn(
+            pd: *mut ibv_pd,
+            addr: *mut c_void,
+            length: usize,
+            iova: u64,
+            access: c_uint,
+        ) -> *mut ibv_mr,
+    >,
+    /// `IBVERBS_1.12`: registration of a dma-buf (GPU memory).
+    pub reg_dmabuf_mr: Option<
+        unsafe extern "C" fn(
+            pd: *mut ibv_pd,
+            offset: u64,
+            length: usize,
+            iova: u64,
+            fd: c_int,
+            access: c_int,
+        ) -> *mut ibv_mr,
+    >,
+    /// `IBVERBS_1.10`: enhanced connection establishment.
+    pub query_ece: Option<unsafe extern "C" fn(qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_int>,
+    /// `IBVERBS_1.10`.
+    pub set_ece: Option<unsafe extern "C" fn(qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_int>,
+}

@@ -1,0 +1,369 @@
+//! Multi-process tests: two children of this very test binary (re-run with `--exact child`)
+//! connect through an out-of-band exchange that the parent relays line by line, as NCCL's
+//! bootstrap would; in [`two_network_namespaces`] each child runs in its own network namespace
+//! joined by a veth pair, so the soft fabric's traffic crosses a real (virtual) link.
+
+use std::io::{BufRead, BufReader, Lines, StdinLock, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::*;
+
+/// Set in a child: its role, `writer` or `reader`.
+const CHILD_ENV: &str = "NCCL_WASM_CONFORMANCE_CHILD";
+/// Odd, so neither the buffer nor the copy is a multiple of anything convenient.
+const LEN: usize = (4 << 20) + 3;
+const IMM: u32 = 0x00C0_FFEE;
+const SEED: u64 = 11;
+/// Protocol lines start with this; libtest's own output does not.
+const TAG: &str = "@@";
+
+fn say(msg: &str) {
+    println!("{TAG}{msg}");
+    flush_stdout();
+}
+
+fn expect(lines: &mut Lines<StdinLock<'_>>, word: &str) -> String {
+    for line in lines.by_ref() {
+        let line = line.expect("stdin");
+        if let Some(rest) = line.strip_prefix(TAG).and_then(|l| l.strip_prefix(word)) {
+            return rest.trim().to_owned();
+        }
+    }
+    panic!("stdin closed before {word}");
+}
+
+/// The child's side: does nothing unless this process was spawned as a child.
+pub fn child_main() {
+    let Ok(role) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let backend =
+        Backend::from_name(&std::env::var(BACKEND_ENV).expect("backend")).expect("known backend");
+    if role == "discover" {
+        super::discovery_matches_topology(backend);
+        say("DISCOVERED");
+        return;
+    }
+    let f = backend.fabric();
+    let dev = f.device_names().into_iter().next().expect("a device");
+    let me = End::new(&f, &dev, default_caps());
+    let buf = DmaBuf::new(LEN);
+    let mr = me.reg(&buf, ALL_ACCESS);
+    if role == "writer" {
+        buf.write(0, &pattern(SEED, LEN));
+    }
+    say(&format!(
+        "INFO {} {} {}",
+        me.info().encode(),
+        mr.addr(),
+        mr.rkey()
+    ));
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    let peer = expect(&mut lines, "INFO");
+    let fields: Vec<&str> = peer.split_whitespace().collect();
+    let info = Info::decode(&fields[..6].join(" "));
+    let remote = Remote {
+        addr: fields[6].parse().expect("addr"),
+        rkey: fields[7].parse().expect("rkey"),
+    };
+    me.rtr(&info);
+    me.rts();
+    match role.as_str() {
+        "reader" => {
+            me.qp
+                .post_recv(&[RecvWr {
+                    wr_id: 1,
+                    sges: &[],
+                }])
+                .unwrap();
+            say("READY");
+            let r = wait(&me.cq, 1, "reader")[0];
+            assert_eq!(
+                (r.status, r.imm, r.byte_len as usize),
+                (WcStatus::Success, Some(IMM), LEN),
+                "{r:?}"
+            );
+            assert_bytes(
+                &buf.to_vec(),
+                &pattern(SEED, LEN),
+                "written by the other process",
+            );
+            say("VERIFIED");
+            // Keep the QP and memory alive while the writer reads them back.
+            expect(&mut lines, "DONE");
+        }
+        "writer" => {
+            expect(&mut lines, "READY");
+            let sge = [mr.sge(0, LEN as u32).unwrap()];
+            me.qp
+                .post_send(&[sig(1, SendOp::WriteImm(remote, IMM), &sge)])
+                .unwrap();
+            let wc = wait(&me.cq, 1, "writer")[0];
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+            let back = DmaBuf::new(LEN);
+            let back_mr = me.reg(&back, ALL_ACCESS);
+            let sge = [back_mr.sge(0, LEN as u32).unwrap()];
+            me.qp
+                .post_send(&[sig(2, SendOp::Read(remote), &sge)])
+                .unwrap();
+            let wc = wait(&me.cq, 1, "read back")[0];
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+            assert_bytes(
+                &back.to_vec(),
+                &pattern(SEED, LEN),
+                "read back from the other process",
+            );
+            say("DONE");
+        }
+        other => panic!("unknown child role {other}"),
+    }
+}
+
+/// Spawns writer and reader (`command(role)` builds each), relays their `@@` lines to each
+/// other, and checks both finished their part.
+fn run_pair(b: Backend, command: impl Fn(&str) -> Command) {
+    let exe = std::env::current_exe().expect("test binary");
+    let mut children: Vec<(String, Child)> = ["writer", "reader"]
+        .into_iter()
+        .map(|role| {
+            let mut cmd = command(role);
+            cmd.arg(&exe)
+                .args(["--exact", "child", "--nocapture", "--test-threads=1"])
+                .env(CHILD_ENV, role)
+                .env(BACKEND_ENV, b.name())
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit());
+            if b == Backend::IbSoft {
+                cmd.env("NCCL_WASM_IBVERBS_PATH", soft_ibverbs_path());
+            }
+            (
+                role.to_owned(),
+                cmd.spawn().unwrap_or_else(|e| panic!("spawn {role}: {e}")),
+            )
+        })
+        .collect();
+    let stdins: Vec<Mutex<Option<ChildStdin>>> = children
+        .iter_mut()
+        .map(|(_, c)| Mutex::new(c.stdin.take()))
+        .collect();
+    let pids: Vec<i32> = children.iter().map(|(_, c)| c.id() as i32).collect();
+    let finished = AtomicBool::new(false);
+    let outputs = std::thread::scope(|s| {
+        // A stuck exchange must fail the test, not hang it: kill both children at the deadline.
+        s.spawn(|| {
+            let deadline = Instant::now() + TIMEOUT;
+            while !finished.load(Ordering::Acquire) {
+                if Instant::now() > deadline {
+                    for &pid in &pids {
+                        // SAFETY: kill(2) on the pids of our own (unreaped) children.
+                        unsafe { libc::kill(pid, libc::SIGKILL) };
+                    }
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let relays: Vec<_> = children
+            .iter_mut()
+            .enumerate()
+            .map(|(i, (_, c))| {
+                let out = c.stdout.take().expect("stdout");
+                let peer_in = &stdins[1 - i];
+                s.spawn(move || {
+                    let mut seen = Vec::new();
+                    for line in BufReader::new(out).lines() {
+                        let Ok(line) = line else { break };
+                        // libtest may print "test child ... " on the same line first.
+                        if let Some(at) = line.find(TAG) {
+                            let line = line[at..].to_owned();
+                            if let Some(w) = peer_in.lock().unwrap().as_mut() {
+                                // The peer may have exited already; its verdict is checked below.
+                                let _ = writeln!(w, "{line}").and_then(|()| w.flush());
+                            }
+                            seen.push(line);
+                        }
+                    }
+                    // Our child is done: close the peer's stdin so it cannot wait forever.
+                    peer_in.lock().unwrap().take();
+                    seen
+                })
+            })
+            .collect();
+        let outputs = relays
+            .into_iter()
+            .map(|r| r.join().expect("relay"))
+            .collect::<Vec<_>>();
+        finished.store(true, Ordering::Release);
+        outputs
+    });
+    for (role, child) in &mut children {
+        let status = child.wait().expect("wait");
+        assert!(
+            status.success(),
+            "{role} child failed: {status}; the lines it sent: {outputs:?}"
+        );
+    }
+    assert!(
+        outputs[0].iter().any(|l| l == "@@DONE"),
+        "writer: {:?}",
+        outputs[0]
+    );
+    assert!(
+        outputs[1].iter().any(|l| l == "@@VERIFIED"),
+        "reader: {:?}",
+        outputs[1]
+    );
+}
+
+/// WRITE_WITH_IMM of 4 MiB + 3 from one process into another, verified there byte by byte,
+/// then READ back and verified again.
+pub fn two_processes(b: Backend) {
+    let _g = shared();
+    // run_pair appends the binary and its arguments; `env` runs them as they are.
+    run_pair(b, |_| Command::new("env"));
+}
+
+/// Two network namespaces joined by a veth pair (192.0.2.1 ↔ 192.0.2.2, TEST-NET-1, only
+/// inside the namespaces), one child in each with its own topology file; created and removed
+/// by the test. Skipped, with the reason printed, when not root or `ip netns` is unavailable.
+pub fn two_network_namespaces(b: Backend) {
+    let _g = shared();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("skipped: two_network_namespaces needs root to create namespaces");
+        return;
+    }
+    if !Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        println!("skipped: `ip netns` is unavailable");
+        return;
+    }
+    let tag = format!("{}{}", std::process::id() % 100_000, b as u8);
+    let ns = [format!("nwA{tag}"), format!("nwB{tag}")];
+    let veth = [format!("vwa{tag}"), format!("vwb{tag}")];
+    let addr = ["192.0.2.1", "192.0.2.2"];
+    let _cleanup = Namespaces(ns.clone());
+    let ip = |args: &[&str]| {
+        let out = Command::new("ip").args(args).output().expect("run ip");
+        assert!(
+            out.status.success(),
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    ip(&["netns", "add", &ns[0]]);
+    ip(&["netns", "add", &ns[1]]);
+    ip(&[
+        "link", "add", &veth[0], "type", "veth", "peer", "name", &veth[1],
+    ]);
+    let dir = std::env::temp_dir().join(format!("ncclwasm-netns-{tag}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut topo = Vec::new();
+    for i in 0..2 {
+        ip(&["link", "set", &veth[i], "netns", &ns[i]]);
+        ip(&[
+            "-n",
+            &ns[i],
+            "addr",
+            "add",
+            &format!("{}/24", addr[i]),
+            "dev",
+            &veth[i],
+        ]);
+        ip(&["-n", &ns[i], "link", "set", &veth[i], "up"]);
+        ip(&["-n", &ns[i], "link", "set", "lo", "up"]);
+        let path = dir.join(format!("host{i}.toml"));
+        std::fs::write(&path, topology(i, addr[i])).unwrap();
+        topo.push(path);
+    }
+    println!(
+        "namespaces {ns:?} joined by {veth:?}: {} <-> {}",
+        addr[0], addr[1]
+    );
+    run_pair(b, |role| {
+        let i = usize::from(role == "reader");
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &ns[i]])
+            .env("NCCL_WASM_TOPOLOGY", &topo[i]);
+        c
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Discovery reproduces every topology file in `topologies/` (IB and RoCE, multi-port cards,
+/// PF/VF pairs, down ports): one child process per file, since the provider reads its topology
+/// once per process.
+pub fn discovery_matches_every_topology_file(b: Backend) {
+    let _g = shared();
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../topologies");
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no topology files in {dir}");
+    let exe = std::env::current_exe().expect("test binary");
+    let mut failed = Vec::new();
+    for file in &files {
+        let mut cmd = Command::new(&exe);
+        cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, "discover")
+            .env(BACKEND_ENV, b.name())
+            .env("NCCL_WASM_TOPOLOGY", file);
+        if b == Backend::IbSoft {
+            cmd.env("NCCL_WASM_IBVERBS_PATH", soft_ibverbs_path());
+        }
+        let out = cmd.output().expect("spawn discovery child");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if out.status.success() && stdout.contains("@@DISCOVERED") {
+            println!("ok: {}", file.display());
+        } else {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let why: Vec<&str> = stderr
+                .lines()
+                .chain(stdout.lines())
+                .filter(|l| {
+                    ["panicked", "left:", "right:", "assertion"]
+                        .iter()
+                        .any(|k| l.contains(k))
+                })
+                .collect();
+            failed.push(format!("{}:\n  {}", file.display(), why.join("\n  ")));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "discovery differs from the topology file:\n{}",
+        failed.join("\n")
+    );
+}
+
+/// One soft device whose port is bound to `addr`.
+fn topology(i: usize, addr: &str) -> String {
+    format!(
+        "name = \"netns-host{i}\"\ndescription = \"conformance netns host {i}\"\n\n[[devices]]\nname = \"soft_0\"\n\
+         provider = \"soft\"\nguid = \"0x02005e00000000a{i}\"\nnuma-node = 0\nmax-qps = 4096\n\n\
+         [[devices.ports]]\nport = 1\nlink-layer = \"ethernet\"\nspeed-mbps = 100000\nwidth = 4\n\
+         mtu = 4096\naddress = \"{addr}\"\n"
+    )
+}
+
+/// Removes the namespaces (and with them the veth pair) even when the test panics.
+struct Namespaces([String; 2]);
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for ns in &self.0 {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
