@@ -1,7 +1,8 @@
-//! The net_ib data path of nccl-net-wasm, as a pure protocol core.
+//! The net_ib data path of nccl-net-wasm: a pure protocol core ([`proto`]) and the I/O shell
+//! that runs it over sockets and verbs ([`Net`]).
 //!
-//! This crate is to the transport what `quinn-proto` is to `quinn`: deterministic state machines
-//! and arithmetic with explicit inputs and outputs, and no I/O. An outer I/O shell owns the
+//! [`proto`] is to the shell what `quinn-proto` is to `quinn`: deterministic state machines
+//! and arithmetic with explicit inputs and outputs, and no I/O. The I/O shell owns the
 //! sockets and the verbs objects; it feeds these machines what happened (bytes arrived, QPs
 //! created, completions polled) and carries out what they ask for (bytes to send, QPs to create
 //! and connect, work requests to post). Everything here is unit-tested without a NIC, including a
@@ -57,12 +58,48 @@
 //!   and feed each successful completion to [`complete`](proto::request::RequestPool::complete).
 //!   A failed completion is an error of the connection (`ncclRemoteError`), with the QP and
 //!   GIDs in the message.
+//!
+//! # The I/O shell
+//!
+//! [`Net`] is that shell: it opens the fabric (`NCCL_WASM_FABRIC`), asks the policy which
+//! devices NCCL sees, and makes [`Listener`]s, [`SendComm`]s and [`RecvComm`]s whose methods
+//! are NCCL's `listen`/`connect`/`accept`/`regMr`/`isend`/`irecv`/`iflush`/`test`, each
+//! non-blocking. Errors are [`NetError`]s, each with the [`ErrorClass`] the plugin maps to an
+//! `ncclResult_t`.
 #![forbid(unsafe_code)]
 
+mod comm;
+mod device;
 mod error;
+#[cfg(test)]
+mod fault_tests;
+mod mr_cache;
+mod net;
+mod net_error;
 pub mod proto;
+mod qp;
+mod recv;
+mod send;
+mod socket;
 
+pub use comm::{Done, MemHandle};
 pub use error::TransportError;
+pub use mr_cache::RegionSource;
+pub use net::{CommConfig, DeviceProps, ENV_FABRIC, FabricChoice, Net, NetConfig};
+pub use net_error::{ErrorClass, NetError};
 pub use proto::fifo::CtsEntry;
-pub use proto::handle::ListenHandle;
+pub use proto::handle::{HANDLE_SIZE, ListenHandle};
 pub use proto::handshake::{Acceptor, Connector};
+pub use proto::request::ReqId;
+pub use recv::{Listener, RecvBuf, RecvComm};
+pub use send::SendComm;
+
+/// NCCL calls a communicator from its proxy service and progress threads at once.
+const _: () = {
+    const fn shared_between_threads<T: Send + Sync>() {}
+    shared_between_threads::<SendComm>();
+    shared_between_threads::<RecvComm>();
+    shared_between_threads::<Listener>();
+    shared_between_threads::<MemHandle>();
+    shared_between_threads::<Net>();
+};

@@ -1,0 +1,215 @@
+//! What send and receive communicators share: their local endpoints with one completion queue
+//! each, the QPs of the plan, memory handles, completion polling and the answer of `test`.
+
+use std::sync::Arc;
+
+use ncclwasm_verbs::{Access, Completion, Cq, DmaBuf, Mr, WcOpcode, WcStatus};
+
+use crate::device::{DevCtx, PortCtx};
+use crate::mr_cache::RegionSource;
+use crate::net_error::NetError;
+use crate::proto::request::{self, RequestPool};
+use crate::proto::{MAX_ENDPOINTS, MAX_RECVS, MAX_REQUESTS};
+use crate::qp::ConnQp;
+
+/// Completions fetched per poll call.
+const POLL_BATCH: usize = 32;
+
+/// A request that finished: what `test` reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Done {
+    /// A send, with its size after truncation to the posted receive.
+    Send { size: u64 },
+    /// A (multi-)receive of `n` buffers and the size that arrived in each.
+    Recv { n: usize, sizes: [u64; MAX_RECVS] },
+    /// A flush.
+    Flush,
+}
+
+/// The local side of a connection: endpoints, their completion queues and the plan's QPs.
+#[derive(Debug)]
+pub(crate) struct Side {
+    pub(crate) ports: Vec<PortCtx>,
+    pub(crate) cqs: Vec<Arc<Cq>>,
+    /// In plan order.
+    pub(crate) qps: Vec<ConnQp>,
+    /// Every QP number of this side, for fatal-event checks.
+    pub(crate) qpns: Vec<u32>,
+    /// "local ports -> peer ports", for error messages.
+    pub(crate) desc: String,
+}
+
+impl Side {
+    /// One completion queue per local endpoint (`ncclIbInitCommDevBase`), sized for the QPs the
+    /// plan puts there (`endpoints` lists each QP's endpoint): every request of the pool may
+    /// await one completion per QP, plus a signalled CTS write and a flush read.
+    pub(crate) fn cqs(ports: &[PortCtx], endpoints: &[usize]) -> Result<Vec<Arc<Cq>>, NetError> {
+        ports
+            .iter()
+            .enumerate()
+            .map(|(e, p)| {
+                let qps = endpoints.iter().filter(|&&q| q == e).count() as u32;
+                let depth = (MAX_REQUESTS as u32 * (qps + 2)).min(p.dev.attr.max_cqe.max(1));
+                p.dev.ctx.create_cq(depth).map_err(NetError::verbs(format!(
+                    "creating a completion queue on {}",
+                    p.dev.name()
+                )))
+            })
+            .collect()
+    }
+
+    /// Fatal async events on any device or QP of this side.
+    pub(crate) fn check(&self) -> Result<(), NetError> {
+        self.ports.iter().try_for_each(|p| p.dev.check(&self.qpns))
+    }
+
+    /// Polls the completion queues of `devices` into `pool`; a failed completion is an error of
+    /// the connection (`ncclIbTest` returns `ncclRemoteError`).
+    pub(crate) fn poll(
+        &self,
+        pool: &mut RequestPool,
+        devices: impl Iterator<Item = usize>,
+    ) -> Result<(), NetError> {
+        let mut wcs = [Completion::default(); POLL_BATCH];
+        for d in devices {
+            let Some(cq) = self.cqs.get(d) else { continue };
+            loop {
+                let n = cq.poll(&mut wcs).map_err(NetError::verbs(format!(
+                    "polling the completion queue of {}",
+                    self.ports[d].dev.name()
+                )))?;
+                for wc in &wcs[..n] {
+                    if wc.status != WcStatus::Success {
+                        return Err(NetError::Completion {
+                            qpn: wc.qp_num,
+                            local: self.ports[d].endpoint.device.clone(),
+                            peer: self.desc.clone(),
+                            status: format!("{:?}", wc.status),
+                            opcode: format!("{:?}", wc.opcode),
+                            vendor_err: wc.vendor_err,
+                            wr_id: wc.wr_id,
+                        });
+                    }
+                    let c = match wc.opcode {
+                        WcOpcode::RecvRdmaWithImm => request::Completion::RecvWithImm {
+                            wr_id: wc.wr_id,
+                            imm: wc.imm.unwrap_or(0),
+                        },
+                        _ => request::Completion::Send { wr_id: wc.wr_id },
+                    };
+                    pool.complete(d, c)
+                        .map_err(NetError::protocol("accounting a completion"))?;
+                }
+                if n < POLL_BATCH {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every endpoint, to poll them all.
+    pub(crate) fn all(&self) -> std::ops::Range<usize> {
+        0..self.ports.len()
+    }
+
+    /// Registers `len` bytes at `addr` on every local endpoint's device (through its cache).
+    pub(crate) fn reg_mr(
+        &self,
+        addr: u64,
+        len: u64,
+        source: &dyn RegionSource,
+    ) -> Result<MemHandle, NetError> {
+        let mut handle = MemHandle {
+            addr,
+            len,
+            mrs: Vec::with_capacity(self.ports.len()),
+        };
+        for p in &self.ports {
+            let mr = p.dev.mrs.acquire(&p.dev.pd, addr, len, source)?;
+            handle.mrs.push((Arc::clone(&p.dev), mr));
+        }
+        Ok(handle)
+    }
+}
+
+/// A registered buffer of a communicator: one region per local endpoint (`ncclIbMrHandle`).
+/// Dropping it releases the regions in their device caches.
+#[derive(Debug)]
+pub struct MemHandle {
+    addr: u64,
+    len: u64,
+    mrs: Vec<(Arc<DevCtx>, Arc<Mr>)>,
+}
+
+impl MemHandle {
+    /// First registered address of the buffer (as NCCL passed it).
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Length NCCL registered.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// lkeys per local endpoint, zero beyond.
+    pub(crate) fn lkeys(&self) -> [u32; MAX_ENDPOINTS] {
+        std::array::from_fn(|e| self.mrs.get(e).map_or(0, |(_, m)| m.lkey()))
+    }
+
+    /// rkeys per local endpoint, zero beyond.
+    pub(crate) fn rkeys(&self) -> [u32; MAX_ENDPOINTS] {
+        std::array::from_fn(|e| self.mrs.get(e).map_or(0, |(_, m)| m.rkey()))
+    }
+
+    /// Whether `[addr, addr + len)` lies inside the registration.
+    pub(crate) fn covers(&self, addr: u64, len: u64) -> bool {
+        self.mrs.iter().all(|(_, m)| {
+            m.addr() <= addr && addr.saturating_add(len) <= m.addr().saturating_add(m.len())
+        })
+    }
+}
+
+impl Drop for MemHandle {
+    fn drop(&mut self) {
+        for (dev, mr) in &self.mrs {
+            dev.mrs.release(mr);
+        }
+    }
+}
+
+/// A buffer the transport owns and registers on every local endpoint (FIFOs, staging, flush
+/// target): the memory and one region per endpoint.
+#[derive(Debug)]
+pub(crate) struct OwnedRegion {
+    pub(crate) buf: Arc<DmaBuf>,
+    pub(crate) mrs: Vec<Mr>,
+}
+
+impl OwnedRegion {
+    pub(crate) fn new(ports: &[PortCtx], len: usize, access: Access) -> Result<Self, NetError> {
+        let buf = DmaBuf::new(len);
+        let mrs = ports
+            .iter()
+            .map(|p| {
+                p.dev
+                    .pd
+                    .reg_mr(Arc::clone(&buf), access)
+                    .map_err(NetError::verbs(format!(
+                        "registering {len} bytes of FIFO memory on {}",
+                        p.dev.name()
+                    )))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(OwnedRegion { buf, mrs })
+    }
+
+    pub(crate) fn rkeys(&self) -> Vec<u32> {
+        self.mrs.iter().map(Mr::rkey).collect()
+    }
+}

@@ -1,0 +1,170 @@
+//! Per-device state shared by every communicator: the open context, the PD, the MR cache, and
+//! the async-event thread that turns fatal events into errors of the next call (as net_ib's
+//! `ncclIbAsyncThreadMain` and `devFatalError`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ncclwasm_model::{Endpoint, Port};
+use ncclwasm_verbs::{AsyncEventKind, Context, DeviceAttr, Fabric, Pd};
+
+use crate::mr_cache::MrCache;
+use crate::net_error::NetError;
+
+/// How long the event thread waits per poll, i.e. how quickly it notices it should stop.
+const EVENT_POLL: Duration = Duration::from_millis(50);
+
+/// What the async-event thread recorded.
+#[derive(Debug, Default)]
+struct Faults {
+    /// The whole device is gone.
+    device: Option<String>,
+    /// Fatal events about single QPs, by QP number.
+    qps: HashMap<u32, String>,
+}
+
+/// One open verbs device (all its ports share it).
+#[derive(Debug)]
+pub(crate) struct DevCtx {
+    pub(crate) ctx: Arc<Context>,
+    pub(crate) pd: Arc<Pd>,
+    pub(crate) attr: DeviceAttr,
+    pub(crate) mrs: MrCache,
+    /// Fast check before taking the lock: has any fatal event been seen?
+    any_fault: AtomicBool,
+    faults: Mutex<Faults>,
+}
+
+impl DevCtx {
+    pub(crate) fn open(fabric: &Arc<Fabric>, name: &str) -> Result<Arc<DevCtx>, NetError> {
+        let ctx = fabric
+            .open(name)
+            .map_err(NetError::verbs(format!("opening {name}")))?;
+        let attr = ctx
+            .query_device()
+            .map_err(NetError::verbs(format!("querying {name}")))?;
+        let pd = ctx
+            .alloc_pd()
+            .map_err(NetError::verbs(format!("allocating the PD of {name}")))?;
+        Ok(Arc::new(DevCtx {
+            ctx,
+            pd,
+            attr,
+            mrs: MrCache::default(),
+            any_fault: AtomicBool::new(false),
+            faults: Mutex::new(Faults::default()),
+        }))
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        self.ctx.name()
+    }
+
+    /// The error a call must return because of a fatal event on this device or on one of `qps`.
+    pub(crate) fn check(&self, qps: &[u32]) -> Result<(), NetError> {
+        if !self.any_fault.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(event) = &f.device {
+            return Err(NetError::Fatal {
+                object: format!("device {}", self.name()),
+                event: event.clone(),
+            });
+        }
+        match qps.iter().find_map(|q| f.qps.get(q).map(|e| (q, e))) {
+            Some((q, event)) => Err(NetError::Fatal {
+                object: format!("QP {q} on {}", self.name()),
+                event: event.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn record(&self, kind: AsyncEventKind, qp: Option<u32>, description: String) {
+        use AsyncEventKind as K;
+        let mut f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        match (kind, qp) {
+            (K::DeviceFatal, _) => f.device = Some(description),
+            (K::QpFatal | K::QpReqErr | K::QpAccessErr | K::PathMigErr, Some(q)) => {
+                f.qps.insert(q, description);
+            }
+            _ => return,
+        }
+        self.any_fault.store(true, Ordering::Release);
+    }
+}
+
+/// The async-event thread of one device; stopped and joined on drop.
+#[derive(Debug)]
+pub(crate) struct EventThread {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl EventThread {
+    pub(crate) fn start(dev: Arc<DevCtx>) -> Result<EventThread, NetError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let name = format!("ncclwasm-ev-{}", dev.name());
+        let handle = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || {
+                while !flag.load(Ordering::Acquire) {
+                    match dev.ctx.next_async_event(EVENT_POLL) {
+                        Ok(Some(ev)) => {
+                            let fatal = matches!(
+                                ev.kind,
+                                AsyncEventKind::DeviceFatal
+                                    | AsyncEventKind::QpFatal
+                                    | AsyncEventKind::QpReqErr
+                                    | AsyncEventKind::QpAccessErr
+                                    | AsyncEventKind::PathMigErr
+                            );
+                            let what = match (ev.port, ev.qp_num) {
+                                (Some(p), _) => format!("{} port {p}", dev.name()),
+                                (_, Some(q)) => format!("{} QP {q}", dev.name()),
+                                _ => dev.name().to_owned(),
+                            };
+                            if fatal {
+                                tracing::warn!("NET/WASM: {what}: async event {}", ev.description);
+                            } else {
+                                tracing::info!("NET/WASM: {what}: async event {}", ev.description);
+                            }
+                            dev.record(ev.kind, ev.qp_num, ev.description);
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            tracing::warn!("NET/WASM: async events of {}: {e}", dev.name());
+                            std::thread::sleep(EVENT_POLL);
+                        }
+                    }
+                }
+            })
+            .map_err(NetError::io("starting the async event thread"))?;
+        Ok(EventThread {
+            stop,
+            handle: Some(handle),
+        })
+    }
+}
+
+impl Drop for EventThread {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// One selected port: what discovery said, the GID the policy chose, and its device.
+#[derive(Debug, Clone)]
+pub(crate) struct PortCtx {
+    pub(crate) port: Port,
+    pub(crate) endpoint: Endpoint,
+    pub(crate) dev: Arc<DevCtx>,
+}

@@ -1,0 +1,93 @@
+//! Fatal asynchronous events surface as errors of the next call on the affected connection,
+//! driven by the soft fabric's fault injection (a cut connection raises `IBV_EVENT_QP_FATAL`).
+
+use std::time::{Duration, Instant};
+
+use ncclwasm_verbs::DmaBuf;
+
+use crate::{CommConfig, ErrorClass, FabricChoice, Net, NetConfig, NetError, RecvBuf};
+
+#[test]
+fn a_cut_qp_fails_the_next_call_with_a_system_error() {
+    let net = Net::new(NetConfig {
+        fabric: FabricChoice::Soft,
+        max_devs_per_nic: 4,
+    })
+    .unwrap();
+    let (mut listener, mut handle) = net.listen(1).unwrap();
+    let (mut s, mut r) = (None, None);
+    let end = Instant::now() + Duration::from_secs(30);
+    while s.is_none() || r.is_none() {
+        assert!(Instant::now() < end, "handshake stuck");
+        if s.is_none() {
+            s = net.connect(0, &mut handle, CommConfig::default()).unwrap();
+        }
+        if r.is_none() {
+            r = listener.accept().unwrap();
+        }
+    }
+    let (s, r) = (s.unwrap(), r.unwrap());
+    // One message first, so both directions of the QP have their connections.
+    let buf = DmaBuf::new(8192);
+    let (smr, rmr) = (
+        s.reg_mr(buf.addr(), 4096, &buf).unwrap(),
+        r.reg_mr(buf.addr() + 4096, 4096, &buf).unwrap(),
+    );
+    let rreq = r
+        .irecv(&[RecvBuf {
+            addr: buf.addr() + 4096,
+            size: 4096,
+            tag: 1,
+            mr: Some(&rmr),
+        }])
+        .unwrap();
+    let sreq = loop {
+        if let Some(q) = s.isend(buf.addr(), 100, 1, Some(&smr)).unwrap() {
+            break q;
+        }
+    };
+    while s.test(sreq).unwrap().is_none() {}
+    while r.test(rreq).unwrap().is_none() {}
+
+    r.side.qps[0].qp.inject_cut().unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    let err = loop {
+        match s.isend(0, 0, 1, None) {
+            Err(e) => break e,
+            Ok(None) => assert!(Instant::now() < end, "the fatal event never surfaced"),
+            Ok(Some(_)) => panic!("a send matched on a cut connection"),
+        }
+    };
+    assert!(matches!(err, NetError::Fatal { .. }), "{err}");
+    assert_eq!(err.class(), ErrorClass::System);
+    assert!(
+        err.to_string().contains("fatal asynchronous event"),
+        "{err}"
+    );
+    // The receiver learns of it on its next calls: from the event, or from the flushed receive.
+    let end = Instant::now() + Duration::from_secs(10);
+    let err = 'outer: loop {
+        assert!(Instant::now() < end, "the receiver never saw its QP fail");
+        let buf = RecvBuf {
+            addr: buf.addr() + 4096,
+            size: 4096,
+            tag: 1,
+            mr: Some(&rmr),
+        };
+        let req = match r.irecv(&[buf]) {
+            Err(e) => break e,
+            Ok(req) => req,
+        };
+        while Instant::now() < end {
+            match r.test(req) {
+                Err(e) => break 'outer e,
+                Ok(Some(done)) => panic!("a receive completed on a cut connection: {done:?}"),
+                Ok(None) => {}
+            }
+        }
+    };
+    assert!(
+        matches!(err, NetError::Fatal { .. } | NetError::Completion { .. }),
+        "{err}"
+    );
+}

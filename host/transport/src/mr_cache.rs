@@ -1,0 +1,128 @@
+//! Memory registration: page-rounded, cached per device, reference-counted.
+//!
+//! As `ncclIbRegMrDmaBufInternal`, a registration covers whole pages, and registering a range
+//! already covered on that device reuses the region and counts one more user; the region is
+//! deregistered when its last user is gone. NCCL registers the same buffers from several
+//! communicators (and channels share buffers), so the cache lives with the device's PD, shared by
+//! every communicator on it.
+
+use std::sync::{Arc, Mutex};
+
+use ncclwasm_verbs::{Access, DmaBuf, Memory, Mr, Pd};
+
+use crate::net_error::NetError;
+
+/// Pages registrations are rounded to.
+const PAGE: u64 = 4096;
+
+/// The pages holding `[addr, addr + len)`: `(first page address, bytes)`; at least one page.
+fn page_span(addr: u64, len: u64) -> (u64, u64) {
+    let start = addr & !(PAGE - 1);
+    let end = addr.saturating_add(len.max(1)).div_ceil(PAGE) * PAGE;
+    (start, end - start)
+}
+
+/// Where the bytes of a registration come from: the caller vouches for them.
+///
+/// The plugin implements it over NCCL's buffers (a `ForeignMemory` over the page span, which is
+/// mapped because a byte of each page is); tests implement it over a [`DmaBuf`].
+pub trait RegionSource: Send + Sync {
+    /// The verbs memory covering `[start, start + len)`, the page span of a registration.
+    fn memory(&self, start: u64, len: u64) -> Memory;
+}
+
+/// An owned buffer registers as itself; it must contain the requested span.
+impl RegionSource for Arc<DmaBuf> {
+    fn memory(&self, _start: u64, _len: u64) -> Memory {
+        Memory::Owned(Arc::clone(self))
+    }
+}
+
+/// The access every data registration gets: written by the peer (RDMA WRITE), read by our own
+/// flush QP (RDMA READ), written locally (READ responses land in the flush buffer).
+pub(crate) const DATA_ACCESS: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ);
+
+#[derive(Debug)]
+struct Entry {
+    mr: Arc<Mr>,
+    users: usize,
+}
+
+/// The registrations of one device.
+#[derive(Debug, Default)]
+pub(crate) struct MrCache {
+    entries: Mutex<Vec<Entry>>,
+}
+
+impl MrCache {
+    /// A region covering `[addr, addr + len)`: a cached one when one covers it, else a new
+    /// page-rounded registration.
+    pub(crate) fn acquire(
+        &self,
+        pd: &Arc<Pd>,
+        addr: u64,
+        len: u64,
+        source: &dyn RegionSource,
+    ) -> Result<Arc<Mr>, NetError> {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let end = addr.saturating_add(len);
+        if let Some(e) = entries
+            .iter_mut()
+            .find(|e| e.mr.addr() <= addr && end <= e.mr.addr() + e.mr.len())
+        {
+            e.users += 1;
+            return Ok(Arc::clone(&e.mr));
+        }
+        let (start, span) = page_span(addr, len);
+        let mr = pd
+            .reg_mr(source.memory(start, span), DATA_ACCESS)
+            .map_err(NetError::verbs(format!(
+                "registering {span} bytes at {start:#x} on {}",
+                pd.context().name()
+            )))?;
+        if !(mr.addr() <= addr && end <= mr.addr() + mr.len()) {
+            return Err(NetError::Usage(format!(
+                "the memory given for [{addr:#x}, {end:#x}) registered as [{:#x}, +{})",
+                mr.addr(),
+                mr.len()
+            )));
+        }
+        let mr = Arc::new(mr);
+        entries.push(Entry {
+            mr: Arc::clone(&mr),
+            users: 1,
+        });
+        Ok(mr)
+    }
+
+    /// One user of `mr` is gone; the last one deregisters it (when no request still holds it).
+    pub(crate) fn release(&self, mr: &Arc<Mr>) {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = entries.iter().position(|e| Arc::ptr_eq(&e.mr, mr)) {
+            entries[i].users -= 1;
+            if entries[i].users == 0 {
+                entries.swap_remove(i);
+            }
+        }
+    }
+
+    /// Registrations alive (for tests and logs).
+    pub(crate) fn len(&self) -> usize {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_cover_whole_pages() {
+        assert_eq!(page_span(0x1000, 1), (0x1000, 0x1000));
+        assert_eq!(page_span(0x1fff, 2), (0x1000, 0x2000));
+        assert_eq!(page_span(0x1000, 0), (0x1000, 0x1000));
+        assert_eq!(page_span(0x1234, 0x1000), (0x1000, 0x2000));
+    }
+}

@@ -1,0 +1,589 @@
+//! [`Net`]: the process-wide network context — the fabric, the policy engine, the device table
+//! NCCL sees (physical devices, then vNICs), and `listen`/`connect`.
+//!
+//! Devices are decided once, when the context is made (NCCL caches them): discovery gives the
+//! ports, the policy selects and orders them (`select-devices`), picks each one's GID
+//! (`select-gid`) and may fuse some into one device (`group-devices`); NCCL core's own fusion
+//! requests go through `make-vnic`. Every decision is logged at INFO with its reason and source.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use ncclwasm_model::{Endpoint, LinkLayer, Port, PortState, VnicAnswer};
+use ncclwasm_policy::{PolicyHost, Settings};
+use ncclwasm_verbs::{Fabric, IbOptions};
+
+use crate::device::{DevCtx, EventThread, PortCtx};
+use crate::net_error::NetError;
+use crate::proto::MAX_QPS;
+use crate::proto::handle::{HANDLE_SCRATCH, HANDLE_SIZE};
+use crate::proto::handshake::{AcceptorConfig, ConnectorConfig};
+use crate::qp::random_u64;
+use crate::recv::Listener;
+use crate::send::{Connecting, SendComm};
+use crate::socket::Stream;
+use crate::{Connector, ListenHandle};
+
+/// `NCCL_WASM_FABRIC`: which verbs library to use.
+pub const ENV_FABRIC: &str = "NCCL_WASM_FABRIC";
+
+/// Which verbs library carries the data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FabricChoice {
+    /// The real libibverbs when it has an active port; otherwise init fails so NCCL falls back
+    /// to its own transports.
+    Auto,
+    /// The real libibverbs, whatever its ports' state.
+    Ib,
+    /// The soft fabric (RC over TCP) from `NCCL_WASM_TOPOLOGY`.
+    Soft,
+}
+
+impl FabricChoice {
+    /// From `NCCL_WASM_FABRIC` (unset = `auto`); anything else is refused loudly.
+    pub fn from_env() -> Result<FabricChoice, NetError> {
+        match std::env::var(ENV_FABRIC) {
+            Err(_) => Ok(FabricChoice::Auto),
+            Ok(v) => match v.to_ascii_lowercase().as_str() {
+                "" | "auto" => Ok(FabricChoice::Auto),
+                "ib" => Ok(FabricChoice::Ib),
+                "soft" => Ok(FabricChoice::Soft),
+                _ => Err(NetError::Usage(format!(
+                    "{ENV_FABRIC}={v:?} is invalid: use auto, ib or soft"
+                ))),
+            },
+        }
+    }
+}
+
+/// How to make a [`Net`].
+#[derive(Clone, Debug)]
+pub struct NetConfig {
+    pub fabric: FabricChoice,
+    /// How many devices a vNIC may fuse (4 for NCCL's v9–v11 ABI, 8 for v12).
+    pub max_devs_per_nic: usize,
+}
+
+impl NetConfig {
+    /// `NCCL_WASM_FABRIC` and the given vNIC limit.
+    pub fn from_env(max_devs_per_nic: usize) -> Result<NetConfig, NetError> {
+        Ok(NetConfig {
+            fabric: FabricChoice::from_env()?,
+            max_devs_per_nic,
+        })
+    }
+}
+
+/// Per-communicator values NCCL hands the plugin (v10 `connect` config, v11+ `init`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommConfig {
+    pub comm_id: u64,
+    /// -1 when undefined.
+    pub traffic_class: i32,
+}
+
+impl Default for CommConfig {
+    fn default() -> Self {
+        CommConfig {
+            comm_id: 0,
+            traffic_class: -1,
+        }
+    }
+}
+
+/// One device as NCCL sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceProps {
+    /// Unique across the table (vNICs: children joined by `+`).
+    pub name: String,
+    /// Empty when unknown (virtual devices).
+    pub pci_path: String,
+    pub guid: u64,
+    pub speed_mbps: u32,
+    /// Port number of the first port.
+    pub port: u8,
+    /// Connections the device can carry (its QP limit).
+    pub max_comms: u32,
+    pub link_layer: LinkLayer,
+    /// The physical NCCL devices it is made of (`vProps`): itself for a physical device.
+    pub children: Vec<u32>,
+}
+
+#[derive(Debug)]
+struct NetDevice {
+    props: DeviceProps,
+    /// Indices into `NetInner::ports`.
+    ports: Vec<usize>,
+}
+
+#[derive(Debug)]
+struct NetInner {
+    /// First, so the event threads stop before anything else goes.
+    _events: Vec<EventThread>,
+    policy: Arc<PolicyHost>,
+    fabric: Arc<Fabric>,
+    ports: Vec<PortCtx>,
+    devices: RwLock<Vec<NetDevice>>,
+    nphys: usize,
+    max_devs_per_nic: usize,
+    /// Connections in progress, by the id written into the handle's scratch bytes.
+    connecting: Mutex<HashMap<u64, Connecting>>,
+    next_connect: AtomicU64,
+}
+
+/// The network context. Cheap to clone; the last clone (and every communicator) gone stops the
+/// threads and closes the devices.
+#[derive(Clone, Debug)]
+pub struct Net {
+    inner: Arc<NetInner>,
+}
+
+/// Marks a handle's scratch bytes as holding a connection in progress.
+const SCRATCH_MAGIC: [u8; 8] = *b"NWCONN01";
+
+impl Net {
+    /// Opens the fabric, discovers the ports and asks the policy which NCCL sees.
+    pub fn new(config: NetConfig) -> Result<Net, NetError> {
+        let fabric = match config.fabric {
+            FabricChoice::Soft => Fabric::soft(),
+            FabricChoice::Ib | FabricChoice::Auto => Fabric::ib(IbOptions::default()),
+        }
+        .map_err(|e| NetError::NoDevice(format!("cannot open the verbs library: {e}")))?;
+        let merge_vfs = std::env::var("NCCL_IB_MERGE_VFS").map_or(true, |v| v.trim() != "0");
+        let ports = fabric.discover(merge_vfs);
+        tracing::info!(
+            "NET/WASM: fabric {} has {} port(s)",
+            fabric.name(),
+            ports.len()
+        );
+        let mut settings = Settings::from_env()?;
+        settings.max_devs_per_nic = config.max_devs_per_nic;
+        let policy = Arc::new(PolicyHost::new(settings)?);
+        policy.set_topology(ports.clone());
+        if let Some(id) = policy.policy() {
+            tracing::info!("NET/WASM: policy {id} from {}", id.origin);
+        }
+
+        // The policy engine logs each decision with its reason and source; the lines here add
+        // what the plugin made of it.
+        let sel = policy.select_devices(&ports)?;
+        let selected: Vec<Port> = sel
+            .value
+            .ports
+            .iter()
+            .filter_map(|&i| ports.iter().find(|p| p.index == i).cloned())
+            .collect();
+        if selected.is_empty() {
+            return Err(NetError::NoDevice(format!(
+                "{} of {} port(s) selected ({})",
+                selected.len(),
+                ports.len(),
+                sel.reason
+            )));
+        }
+        if config.fabric == FabricChoice::Auto
+            && !selected.iter().any(|p| p.state == PortState::Active)
+        {
+            return Err(NetError::NoDevice(
+                "no selected port is active (set NCCL_WASM_FABRIC=soft to use the soft fabric)"
+                    .into(),
+            ));
+        }
+
+        let mut devs: HashMap<String, Arc<DevCtx>> = HashMap::new();
+        let mut events = Vec::new();
+        let mut port_ctxs = Vec::with_capacity(selected.len());
+        for port in selected {
+            let dev = match devs.get(&port.device) {
+                Some(d) => Arc::clone(d),
+                None => {
+                    let d = DevCtx::open(&fabric, &port.device)?;
+                    events.push(EventThread::start(Arc::clone(&d))?);
+                    devs.insert(port.device.clone(), Arc::clone(&d));
+                    d
+                }
+            };
+            let choice = policy.select_gid(&port)?;
+            let gid = port
+                .gids
+                .iter()
+                .find(|g| g.index == choice.value.index)
+                .cloned()
+                .ok_or_else(|| {
+                    NetError::NoDevice(format!(
+                        "{}:{}: GID index {} is not in its table",
+                        port.device, port.port, choice.value.index
+                    ))
+                })?;
+            tracing::info!(
+                "NET/WASM: {}:{} uses GID index {} ({})",
+                port.device,
+                port.port,
+                choice.value.index,
+                choice.source
+            );
+            let endpoint = Endpoint {
+                device: port.device.clone(),
+                port: port.port,
+                link_layer: port.link_layer,
+                speed_mbps: port.speed_mbps,
+                mtu: port.mtu,
+                lid: port.lid,
+                gid,
+            };
+            port_ctxs.push(PortCtx {
+                port,
+                endpoint,
+                dev,
+            });
+        }
+
+        let selected: Vec<Port> = port_ctxs.iter().map(|p| p.port.clone()).collect();
+        let groups = policy.group_devices(&selected)?;
+        let mut table: Vec<NetDevice> = Vec::new();
+        let mut grouped = vec![false; port_ctxs.len()];
+        for (i, p) in port_ctxs.iter().enumerate() {
+            if grouped[i] {
+                continue;
+            }
+            let group = groups
+                .value
+                .iter()
+                .find(|g| g.ports.len() > 1 && g.ports.contains(&p.port.index));
+            let (members, name) = match group {
+                Some(g) => {
+                    let members: Vec<usize> = g
+                        .ports
+                        .iter()
+                        .filter_map(|&ix| port_ctxs.iter().position(|c| c.port.index == ix))
+                        .collect();
+                    (members, g.name.clone())
+                }
+                None => (vec![i], None),
+            };
+            for &m in &members {
+                grouped[m] = true;
+            }
+            let index = table.len() as u32;
+            let props = props_of(&port_ctxs, &members, name, vec![index]);
+            table.push(NetDevice {
+                props,
+                ports: members,
+            });
+        }
+        uniquify(&mut table);
+        for (i, d) in table.iter().enumerate() {
+            tracing::info!(
+                "NET/WASM: device {i}: {} ({} Mb/s, {} port(s), guid {:#x})",
+                d.props.name,
+                d.props.speed_mbps,
+                d.ports.len(),
+                d.props.guid
+            );
+        }
+        let nphys = table.len();
+        Ok(Net {
+            inner: Arc::new(NetInner {
+                _events: events,
+                policy,
+                fabric,
+                ports: port_ctxs,
+                devices: RwLock::new(table),
+                nphys,
+                max_devs_per_nic: config.max_devs_per_nic,
+                connecting: Mutex::new(HashMap::new()),
+                next_connect: AtomicU64::new(1),
+            }),
+        })
+    }
+
+    /// The policy engine (for hot swaps and the CLI).
+    pub fn policy(&self) -> &Arc<PolicyHost> {
+        &self.inner.policy
+    }
+
+    /// `"ib"` or `"soft"`.
+    pub fn fabric_name(&self) -> &'static str {
+        self.inner.fabric.name()
+    }
+
+    /// Devices NCCL sees: physical ones first, then vNICs.
+    pub fn device_count(&self) -> usize {
+        self.devices().len()
+    }
+
+    /// How many of them are physical (not made by `make_vdevice`).
+    pub fn physical_count(&self) -> usize {
+        self.inner.nphys
+    }
+
+    fn devices(&self) -> std::sync::RwLockReadGuard<'_, Vec<NetDevice>> {
+        self.inner.devices.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn device(&self, dev: i64) -> Result<(DeviceProps, Vec<PortCtx>), NetError> {
+        let devices = self.devices();
+        let d = usize::try_from(dev)
+            .ok()
+            .and_then(|i| devices.get(i))
+            .ok_or(NetError::BadDevice {
+                dev,
+                count: devices.len(),
+            })?;
+        let ports = d
+            .ports
+            .iter()
+            .map(|&p| self.inner.ports[p].clone())
+            .collect();
+        Ok((d.props.clone(), ports))
+    }
+
+    /// `getProperties`.
+    pub fn properties(&self, dev: i64) -> Result<DeviceProps, NetError> {
+        self.device(dev).map(|(p, _)| p)
+    }
+
+    /// `makeVDevice`: NCCL core asks to fuse physical devices; the policy's `make-vnic` accepts,
+    /// reshapes or refuses. The new device is appended, with a unique name.
+    pub fn make_vdevice(&self, request: &[u32]) -> Result<u32, NetError> {
+        let inner = &*self.inner;
+        let mut devices = inner.devices.write().unwrap_or_else(|p| p.into_inner());
+        let refuse = |reason: String| NetError::Vnic {
+            devices: request.to_vec(),
+            reason,
+        };
+        let ports_of = |req: &[u32]| -> Result<Vec<usize>, NetError> {
+            let mut out = Vec::new();
+            for &d in req {
+                let dev = devices
+                    .get(d as usize)
+                    .filter(|_| (d as usize) < inner.nphys)
+                    .ok_or_else(|| {
+                        refuse(format!(
+                            "device {d} is not one of the {} physical devices",
+                            inner.nphys
+                        ))
+                    })?;
+                out.extend(dev.ports.iter().copied());
+            }
+            Ok(out)
+        };
+        ports_of(request)?;
+        // The policy sees one port per requested device (its first).
+        let firsts: Vec<Port> = request
+            .iter()
+            .map(|&d| inner.ports[devices[d as usize].ports[0]].port.clone())
+            .collect();
+        let answer = inner.policy.make_vnic(request, &firsts)?;
+        tracing::info!(
+            "NET/WASM: make-vnic {request:?}: {:?} [{}]",
+            answer.value,
+            answer.source
+        );
+        let children = match &answer.value {
+            VnicAnswer::Accept { .. } => request.to_vec(),
+            VnicAnswer::Reshape { devices, .. } => devices.clone(),
+            VnicAnswer::Refuse { reason } => return Err(refuse(reason.clone())),
+        };
+        if children.is_empty() || children.len() > inner.max_devs_per_nic {
+            return Err(refuse(format!(
+                "{} devices; a virtual NIC holds 1..={}",
+                children.len(),
+                inner.max_devs_per_nic
+            )));
+        }
+        let members = ports_of(&children)?;
+        let name = children
+            .iter()
+            .map(|&c| devices[c as usize].props.name.clone())
+            .collect::<Vec<_>>()
+            .join("+");
+        let mut props = props_of(&inner.ports, &members, Some(name), children);
+        let taken = |n: &str| devices.iter().any(|d| d.props.name == n);
+        if taken(&props.name) {
+            let base = props.name.clone();
+            let k = (2..).find(|k| !taken(&format!("{base}#{k}"))).unwrap_or(2);
+            props.name = format!("{base}#{k}");
+        }
+        let index = devices.len() as u32;
+        tracing::info!("NET/WASM: device {index}: virtual NIC {}", props.name);
+        devices.push(NetDevice {
+            props,
+            ports: members,
+        });
+        Ok(index)
+    }
+
+    /// `listen` on device `dev`: a TCP listener on an address the peer can reach, and the
+    /// 128-byte handle to give it.
+    pub fn listen(&self, dev: i64) -> Result<(Listener, [u8; HANDLE_SIZE]), NetError> {
+        let (_, ports) = self.device(dev)?;
+        let listener = bind_listener(&ports[0].endpoint)?;
+        listener
+            .set_nonblocking(true)
+            .map_err(NetError::io("making the listener non-blocking"))?;
+        let addr = listener
+            .local_addr()
+            .map_err(NetError::io("reading the listener's address"))?;
+        let nonce = random_u64();
+        let handle = ListenHandle { addr, nonce }
+            .encode()
+            .map_err(NetError::protocol("listen"))?;
+        let config = AcceptorConfig {
+            endpoints: ports.iter().map(|p| p.endpoint.clone()).collect(),
+            nonce,
+            max_qps: max_qps(&ports),
+        };
+        Ok((Listener::new(listener, config, ports), handle))
+    }
+
+    /// `connect` to the listener behind `handle`: `Ok(None)` means "call again with the same
+    /// handle" (the connection in progress is kept, keyed by the handle's scratch bytes).
+    pub fn connect(
+        &self,
+        dev: i64,
+        handle: &mut [u8; HANDLE_SIZE],
+        comm: CommConfig,
+    ) -> Result<Option<SendComm>, NetError> {
+        let inner = &*self.inner;
+        let scratch = HANDLE_SCRATCH.start;
+        let resumed = (handle[scratch..scratch + 8] == SCRATCH_MAGIC)
+            .then(|| {
+                let id = u64::from_le_bytes(handle[scratch + 8..scratch + 16].try_into().ok()?);
+                let c = inner.connecting.lock().unwrap_or_else(|p| p.into_inner());
+                let mut c = c;
+                c.remove(&id)
+            })
+            .flatten();
+        let mut connecting = match resumed {
+            Some(c) => c,
+            None => {
+                let target = ListenHandle::decode(handle).map_err(NetError::protocol("connect"))?;
+                let (props, ports) = self.device(dev)?;
+                let machine = Connector::new(ConnectorConfig {
+                    comm_id: comm.comm_id,
+                    traffic_class: comm.traffic_class,
+                    device: dev as u32,
+                    device_name: props.name.clone(),
+                    endpoints: ports.iter().map(|p| p.endpoint.clone()).collect(),
+                    nonce: target.nonce,
+                    max_qps: max_qps(&ports),
+                })
+                .map_err(NetError::protocol("connect"))?;
+                let stream = Stream::connect(target.addr)?;
+                Connecting::new(machine, stream, ports, Arc::clone(&inner.policy))
+            }
+        };
+        handle[HANDLE_SCRATCH].fill(0);
+        match connecting.progress()? {
+            Some(comm) => Ok(Some(comm)),
+            None => {
+                let id = inner.next_connect.fetch_add(1, Ordering::Relaxed);
+                handle[scratch..scratch + 8].copy_from_slice(&SCRATCH_MAGIC);
+                handle[scratch + 8..scratch + 16].copy_from_slice(&id.to_le_bytes());
+                inner
+                    .connecting
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id, connecting);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Registrations alive on the device of port `port` (tests and diagnostics).
+    pub fn registrations(&self, port: usize) -> usize {
+        self.inner.ports.get(port).map_or(0, |p| p.dev.mrs.len())
+    }
+}
+
+/// How many QPs one connection may use on these ports: the smallest port limit, capped by
+/// NCCL's 128.
+fn max_qps(ports: &[PortCtx]) -> u32 {
+    ports
+        .iter()
+        .map(|p| p.port.max_qps)
+        .min()
+        .unwrap_or(0)
+        .min(MAX_QPS as u32)
+}
+
+/// The properties of a device made of `members` (`ncclIbGetProperties`; for fused devices the
+/// speeds add up, the rest is the first port's, as `ncclIbMakeVDeviceInternal`).
+fn props_of(
+    ports: &[PortCtx],
+    members: &[usize],
+    name: Option<String>,
+    children: Vec<u32>,
+) -> DeviceProps {
+    let first = &ports[members[0]].port;
+    let name = name.unwrap_or_else(|| {
+        members
+            .iter()
+            .map(|&m| ports[m].port.device.clone())
+            .collect::<Vec<_>>()
+            .join("+")
+    });
+    DeviceProps {
+        name,
+        pci_path: first.pci_path.clone(),
+        guid: first.guid,
+        speed_mbps: members.iter().map(|&m| ports[m].port.speed_mbps).sum(),
+        port: first.port,
+        max_comms: members
+            .iter()
+            .map(|&m| ports[m].dev.attr.max_qp)
+            .min()
+            .unwrap_or(0),
+        link_layer: first.link_layer,
+        children,
+    }
+}
+
+/// Device names must be unique (they key NCCL's topology): a second port of one device is
+/// called `dev:port`.
+fn uniquify(table: &mut [NetDevice]) {
+    for i in 0..table.len() {
+        let dup = table
+            .iter()
+            .enumerate()
+            .any(|(j, d)| j != i && d.props.name == table[i].props.name);
+        if dup {
+            let p = &mut table[i].props;
+            p.name = format!("{}:{}", p.name, p.port);
+        }
+    }
+}
+
+/// The handshake listener, on the first address of these that can be bound: the IPv4 address of
+/// the port's RoCE GID (reachable over that port's network), the address of the default route,
+/// loopback. (A soft-fabric topology may carry GIDs of another machine, hence the fallbacks.)
+fn bind_listener(ep: &Endpoint) -> Result<TcpListener, NetError> {
+    let g = &ep.gid.raw;
+    let gid_v4 = (g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff)
+        .then(|| Ipv4Addr::new(g[12], g[13], g[14], g[15]))
+        .filter(|v4| !v4.is_unspecified())
+        .map(IpAddr::V4);
+    // Connecting a UDP socket sends nothing; it only asks the kernel for the route.
+    let route = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
+        .and_then(|s| s.connect((Ipv4Addr::new(192, 0, 2, 1), 9)).map(|()| s))
+        .and_then(|s| s.local_addr())
+        .map(|a| a.ip())
+        .ok();
+    let mut last = None;
+    for ip in [gid_v4, route, Some(IpAddr::V4(Ipv4Addr::LOCALHOST))]
+        .into_iter()
+        .flatten()
+    {
+        match TcpListener::bind(SocketAddr::new(ip, 0)) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some((ip, e)),
+        }
+    }
+    let (ip, e) = last.expect("loopback is always a candidate");
+    Err(NetError::io(format!(
+        "binding a handshake listener on {ip}"
+    ))(e))
+}

@@ -1,0 +1,393 @@
+//! The receiving side: the listener, the accept shell around [`Acceptor`] and the receive
+//! communicator (`ncclIbListen`, `ncclIbAccept`, `ncclIbIrecv`, `ncclIbPostFifo`, `ncclIbIflush`).
+
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+
+use ncclwasm_verbs::{Access, Cq, RecvWr, Remote, SendOp, SendWr};
+
+use crate::Acceptor;
+use crate::comm::{Done, MemHandle, OwnedRegion, Side};
+use crate::device::PortCtx;
+use crate::mr_cache::RegionSource;
+use crate::net_error::NetError;
+use crate::proto::datapath::{PostedRecv, Receiver};
+use crate::proto::fifo::{CTS_FIFO_BYTES, CtsEntry, SIZES_FIFO_BYTES, SIZES_SLOT_BYTES};
+use crate::proto::handshake::{AcceptorAction, AcceptorConfig, RecvSetup};
+use crate::proto::message::{Ece, RemoteWindow};
+use crate::proto::request::{Finished, RecvSizes, ReqId};
+use crate::proto::{MAX_ENDPOINTS, MAX_RECVS};
+use crate::qp::{self, ConnQp};
+use crate::send::describe;
+use crate::socket::Stream;
+
+/// Bytes of the flush target: one byte is read per flush.
+const FLUSH_BYTES: usize = 64;
+/// The flush QP's ACK timeout and retries: NCCL's defaults (`NCCL_IB_TIMEOUT` 20,
+/// `NCCL_IB_RETRY_CNT` 7); its reads never leave the host, so the plan's values do not apply.
+const FLUSH_TIMEOUT: u8 = 20;
+const FLUSH_RETRY: u8 = 7;
+
+/// A listening endpoint (`listenComm`). It owns only the TCP listener and the accept in
+/// progress; the receive communicator it returns owns everything else, so NCCL may close the
+/// listener right after `accept` succeeds.
+#[derive(Debug)]
+pub struct Listener {
+    listener: TcpListener,
+    config: AcceptorConfig,
+    ports: Vec<PortCtx>,
+    accepting: Option<Accepting>,
+}
+
+impl Listener {
+    pub(crate) fn new(listener: TcpListener, config: AcceptorConfig, ports: Vec<PortCtx>) -> Self {
+        Listener {
+            listener,
+            config,
+            ports,
+            accepting: None,
+        }
+    }
+
+    /// `accept`: `Ok(None)` until a connector has completed the handshake (NCCL calls again).
+    pub fn accept(&mut self) -> Result<Option<RecvComm>, NetError> {
+        if self.accepting.is_none() {
+            let Some(stream) = Stream::accept(&self.listener)? else {
+                return Ok(None);
+            };
+            let machine = Acceptor::new(self.config.clone())
+                .map_err(NetError::protocol("accepting a connection"))?;
+            self.accepting = Some(Accepting::new(machine, stream, self.ports.clone()));
+        }
+        let Some(a) = self.accepting.as_mut() else {
+            return Ok(None);
+        };
+        match a.progress() {
+            Ok(Some(comm)) => {
+                self.accepting = None;
+                Ok(Some(comm))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => {
+                self.accepting = None;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// An accept in progress.
+#[derive(Debug)]
+struct Accepting {
+    machine: Acceptor,
+    stream: Stream,
+    ports: Vec<PortCtx>,
+    cqs: Vec<Arc<Cq>>,
+    qps: Vec<ConnQp>,
+    regions: Option<RecvRegions>,
+}
+
+/// What a receive communicator registers besides NCCL's buffers.
+#[derive(Debug)]
+struct RecvRegions {
+    /// Where CTS entries are staged before the RDMA WRITE (when not sent inline).
+    cts_stage: OwnedRegion,
+    /// Written by the sender for multi-receives.
+    sizes: OwnedRegion,
+    /// The flush QP of each endpoint and the buffer its READs land in.
+    flush_qps: Vec<ConnQp>,
+    flush_buf: OwnedRegion,
+}
+
+impl Accepting {
+    fn new(machine: Acceptor, stream: Stream, ports: Vec<PortCtx>) -> Self {
+        Accepting {
+            machine,
+            stream,
+            ports,
+            cqs: Vec::new(),
+            qps: Vec::new(),
+            regions: None,
+        }
+    }
+
+    fn progress(&mut self) -> Result<Option<RecvComm>, NetError> {
+        const DURING: &str = "accept handshake";
+        loop {
+            self.stream.pump(&mut self.machine, DURING)?;
+            let mut acted = false;
+            while let Some(action) = self.machine.poll_action() {
+                acted = true;
+                match action {
+                    AcceptorAction::CreateQps { endpoints } => self.create_qps(&endpoints)?,
+                    AcceptorAction::BringUp(list) => {
+                        let mut reduced: Vec<Option<Ece>> = Vec::with_capacity(list.len());
+                        for b in &list {
+                            reduced.push(self.qps[b.qp].bring_up(&self.ports[b.route.local], b)?);
+                        }
+                        self.machine
+                            .qps_ready(&reduced)
+                            .map_err(NetError::protocol(DURING))?;
+                    }
+                    AcceptorAction::Established(setup) => return self.establish(*setup).map(Some),
+                }
+            }
+            if !acted {
+                return Ok(None);
+            }
+        }
+    }
+
+    fn create_qps(&mut self, endpoints: &[usize]) -> Result<(), NetError> {
+        self.cqs = Side::cqs(&self.ports, endpoints)?;
+        let mut locals = Vec::with_capacity(endpoints.len());
+        for &ep in endpoints {
+            let (q, l) = qp::create(&self.ports[ep], &self.cqs[ep], true, false)?;
+            self.qps.push(q);
+            locals.push(l);
+        }
+        let sizes = OwnedRegion::new(
+            &self.ports,
+            SIZES_FIFO_BYTES,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )?;
+        let window = RemoteWindow {
+            addr: sizes.buf.addr(),
+            rkeys: sizes.rkeys(),
+        };
+        let cts_stage = OwnedRegion::new(&self.ports, CTS_FIFO_BYTES, Access::LOCAL_WRITE)?;
+        let flush_buf = OwnedRegion::new(&self.ports, FLUSH_BYTES, Access::LOCAL_WRITE)?;
+        let flush_qps = self
+            .ports
+            .iter()
+            .enumerate()
+            .map(|(ep, p)| qp::loopback(p, ep, &self.cqs[ep], FLUSH_TIMEOUT, FLUSH_RETRY))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.regions = Some(RecvRegions {
+            cts_stage,
+            sizes,
+            flush_qps,
+            flush_buf,
+        });
+        self.machine
+            .qps_created(&locals, window, true)
+            .map_err(NetError::protocol("accept handshake"))
+    }
+
+    fn establish(&mut self, setup: RecvSetup) -> Result<RecvComm, NetError> {
+        let regions = self
+            .regions
+            .take()
+            .ok_or_else(|| NetError::Usage("established without FIFOs".into()))?;
+        let desc = describe(&setup.peer, &setup.local);
+        tracing::info!("NET/WASM: accepted {desc}: {} QP(s)", setup.plan.qps.len());
+        let qps = std::mem::take(&mut self.qps);
+        let mut qpns: Vec<u32> = qps.iter().map(|q| q.qp.qpn()).collect();
+        qpns.extend(regions.flush_qps.iter().map(|q| q.qp.qpn()));
+        let side = Side {
+            qpns,
+            ports: self.ports.clone(),
+            cqs: std::mem::take(&mut self.cqs),
+            qps,
+            desc,
+        };
+        Ok(RecvComm {
+            state: Mutex::new(Receiver::new(&setup)),
+            side,
+            regions,
+            setup,
+        })
+    }
+}
+
+/// One buffer of an `irecv` or `iflush`.
+#[derive(Clone, Copy, Debug)]
+pub struct RecvBuf<'a> {
+    pub addr: u64,
+    pub size: u64,
+    pub tag: u32,
+    /// `None` only for an empty buffer.
+    pub mr: Option<&'a MemHandle>,
+}
+
+/// A connected receive communicator; every method takes `&self` (see [`crate::SendComm`]).
+#[derive(Debug)]
+pub struct RecvComm {
+    state: Mutex<Receiver>,
+    pub(crate) side: Side,
+    regions: RecvRegions,
+    setup: RecvSetup,
+}
+
+impl RecvComm {
+    /// The plan this connection follows (the connecting side's).
+    pub fn plan(&self) -> &ncclwasm_model::ConnPlan {
+        &self.setup.plan
+    }
+
+    /// Registers a buffer on every device of the connection (`regMr`).
+    pub fn reg_mr(
+        &self,
+        addr: u64,
+        len: u64,
+        source: &dyn RegionSource,
+    ) -> Result<MemHandle, NetError> {
+        self.side.reg_mr(addr, len, source)
+    }
+
+    fn rkeys(b: &RecvBuf<'_>) -> Result<[u32; MAX_ENDPOINTS], NetError> {
+        match b.mr {
+            Some(m) if b.size == 0 || m.covers(b.addr, b.size) => Ok(m.rkeys()),
+            None if b.size == 0 => Ok([0; MAX_ENDPOINTS]),
+            _ => Err(NetError::Usage(format!(
+                "receive buffer of {} bytes at {:#x} outside its memory registration",
+                b.size, b.addr
+            ))),
+        }
+    }
+
+    /// `irecv` of 1..=8 grouped buffers: posts the receives, then writes the CTS entries into
+    /// the sender's FIFO.
+    pub fn irecv(&self, bufs: &[RecvBuf<'_>]) -> Result<ReqId, NetError> {
+        self.side.check()?;
+        if bufs.is_empty() || bufs.len() > MAX_RECVS {
+            return Err(NetError::Usage(format!(
+                "irecv of {} buffers; 1..={MAX_RECVS} are supported",
+                bufs.len()
+            )));
+        }
+        let mut recvs = [PostedRecv {
+            addr: 0,
+            size: 0,
+            tag: 0,
+            rkeys: [0; MAX_ENDPOINTS],
+        }; MAX_RECVS];
+        for (r, b) in recvs.iter_mut().zip(bufs) {
+            *r = PostedRecv {
+                // A zero-length receive still needs an address the sender accepts.
+                addr: if b.addr == 0 { 1 } else { b.addr },
+                size: b.size,
+                tag: b.tag,
+                rkeys: Self::rkeys(b)?,
+            };
+        }
+        let mut receiver = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.side.poll(receiver.requests(), self.side.all())?;
+        let post = receiver
+            .irecv(&recvs[..bufs.len()])
+            .map_err(NetError::protocol("irecv"))?;
+        let wr_id = post.wr_id();
+        for (q, _) in post.receives() {
+            let qp = &self.side.qps[q].qp;
+            qp.post_recv(&[RecvWr { wr_id, sges: &[] }])
+                .map_err(NetError::verbs(format!(
+                    "posting a receive on QP {}",
+                    qp.qpn()
+                )))?;
+        }
+        let cts = post.cts;
+        let off = cts.slot.cts_offset();
+        let entries = cts.entries();
+        let bytes: Vec<u8> = entries.iter().flat_map(|e| e.to_bytes()).collect();
+        let stage = &self.regions.cts_stage;
+        stage.buf.write(off as usize, &bytes);
+        let len = (entries.len() * CtsEntry::SIZE) as u32;
+        let sge = stage.mrs[cts.route.local]
+            .sge(off, len)
+            .map_err(NetError::verbs("staging a CTS slot"))?;
+        let qp = &self.side.qps[cts.qp].qp;
+        qp.post_send(&[SendWr {
+            wr_id: cts.wr_id,
+            op: SendOp::Write(Remote {
+                addr: cts.remote_addr,
+                rkey: cts.rkey,
+            }),
+            sges: &[sge],
+            signaled: cts.signaled,
+            inline: len <= qp.caps().max_inline_data,
+        }])
+        .map_err(NetError::verbs(format!(
+            "posting a CTS write on QP {}",
+            qp.qpn()
+        )))?;
+        Ok(post.req)
+    }
+
+    /// `iflush`: an RDMA READ of one byte of the last non-empty buffer over each endpoint's
+    /// loopback QP, so that data written by the NIC is visible before NCCL reads it.
+    /// `Ok(None)`: nothing to flush.
+    pub fn iflush(&self, bufs: &[RecvBuf<'_>]) -> Result<Option<ReqId>, NetError> {
+        self.side.check()?;
+        let sizes: Vec<u64> = bufs.iter().map(|b| b.size).collect();
+        let mut receiver = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(f) = receiver
+            .iflush(&sizes)
+            .map_err(NetError::protocol("iflush"))?
+        else {
+            return Ok(None);
+        };
+        let b = &bufs[f.recv];
+        let rkeys = Self::rkeys(b)?;
+        let targets = self
+            .regions
+            .flush_buf
+            .mrs
+            .iter()
+            .zip(&self.regions.flush_qps);
+        for (d, (mr, flush)) in targets.enumerate().take(f.endpoints) {
+            let sge = mr.sge(0, 1).map_err(NetError::verbs("flush target"))?;
+            let qp = &flush.qp;
+            qp.post_send(&[SendWr {
+                wr_id: f.wr_id,
+                op: SendOp::Read(Remote {
+                    addr: b.addr,
+                    rkey: rkeys[d],
+                }),
+                sges: &[sge],
+                signaled: true,
+                inline: false,
+            }])
+            .map_err(NetError::verbs(format!(
+                "posting a flush on QP {}",
+                qp.qpn()
+            )))?;
+        }
+        Ok(Some(f.req))
+    }
+
+    /// `test`: polls the completion queues the request waits on; `Some` once done (and freed).
+    pub fn test(&self, req: ReqId) -> Result<Option<Done>, NetError> {
+        self.side.check()?;
+        let mut receiver = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let pool = receiver.requests();
+        let waiting = pool.awaiting(req).map_err(NetError::protocol("test"))?;
+        self.side.poll(pool, waiting.iter())?;
+        Ok(match pool.test(req).map_err(NetError::protocol("test"))? {
+            None => None,
+            Some(Finished::Flush) => Some(Done::Flush),
+            Some(Finished::Recv { n, sizes }) => {
+                let mut out = [0u64; MAX_RECVS];
+                match sizes {
+                    RecvSizes::Immediate(s) => out[0] = u64::from(s),
+                    RecvSizes::SizesFifo { slot } => {
+                        let mut row = [0u8; SIZES_SLOT_BYTES];
+                        self.regions
+                            .sizes
+                            .buf
+                            .read(slot * SIZES_SLOT_BYTES, &mut row);
+                        for (o, c) in out.iter_mut().zip(row.chunks_exact(4)).take(n) {
+                            *o = u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+                        }
+                    }
+                }
+                Some(Done::Recv { n, sizes: out })
+            }
+            Some(Finished::Send { .. }) => {
+                return Err(NetError::Usage(format!(
+                    "request {} of a receive communicator finished as a send",
+                    req.index()
+                )));
+            }
+        })
+    }
+}

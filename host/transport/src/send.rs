@@ -1,0 +1,376 @@
+//! The sending side: the connect shell around [`Connector`] and the send communicator
+//! (`ncclIbConnect`, `ncclIbIsend`, `ncclIbMultiSend`).
+
+use std::sync::atomic::{Ordering, fence};
+use std::sync::{Arc, Mutex};
+
+use ncclwasm_model::Connection;
+use ncclwasm_policy::{FailureMode, PolicyHost};
+use ncclwasm_verbs::{Access, Remote, SendOp, SendWr, Sge};
+
+use crate::Connector;
+use crate::comm::{Done, MemHandle, OwnedRegion, Side};
+use crate::device::PortCtx;
+use crate::error::TransportError;
+use crate::mr_cache::RegionSource;
+use crate::net_error::NetError;
+use crate::proto::datapath::{LocalData, Opcode, Sender};
+use crate::proto::fifo::{
+    CTS_FIFO_BYTES, CTS_SLOT_BYTES, CtsEntry, SIZES_FIFO_BYTES, SIZES_SLOT_BYTES,
+};
+use crate::proto::handshake::{ConnectorAction, SendSetup};
+use crate::proto::message::RemoteWindow;
+use crate::proto::request::{Finished, ReqId};
+use crate::proto::{MAX_ENDPOINTS, MAX_RECVS, MAX_REQUESTS};
+use crate::qp::{self, ConnQp};
+use crate::socket::Stream;
+
+/// A connection being made: the handshake, its socket and the verbs objects made so far. NCCL
+/// calls `connect` again and again; each call resumes it.
+#[derive(Debug)]
+pub(crate) struct Connecting {
+    machine: Connector,
+    stream: Stream,
+    ports: Vec<PortCtx>,
+    cqs: Vec<Arc<ncclwasm_verbs::Cq>>,
+    qps: Vec<ConnQp>,
+    ece: bool,
+    cts: Option<OwnedRegion>,
+    policy: Arc<PolicyHost>,
+    /// Who made the plan (the policy version, or why the built-in default did).
+    source: String,
+}
+
+impl Connecting {
+    pub(crate) fn new(
+        machine: Connector,
+        stream: Stream,
+        ports: Vec<PortCtx>,
+        policy: Arc<PolicyHost>,
+    ) -> Self {
+        Connecting {
+            machine,
+            stream,
+            ports,
+            cqs: Vec::new(),
+            qps: Vec::new(),
+            ece: false,
+            cts: None,
+            policy,
+            source: String::new(),
+        }
+    }
+
+    /// Makes what progress the socket and the verbs allow; the communicator once established.
+    pub(crate) fn progress(&mut self) -> Result<Option<SendComm>, NetError> {
+        const DURING: &str = "connect handshake";
+        loop {
+            self.stream.pump(&mut self.machine, DURING)?;
+            let mut acted = false;
+            while let Some(action) = self.machine.poll_action() {
+                acted = true;
+                match action {
+                    ConnectorAction::Plan(conn) => self.plan(&conn)?,
+                    ConnectorAction::CreateQps { endpoints } => self.create_qps(&endpoints)?,
+                    ConnectorAction::BringUp(list) => {
+                        for b in &list {
+                            self.qps[b.qp].bring_up(&self.ports[b.route.local], b)?;
+                        }
+                        self.machine
+                            .qps_ready()
+                            .map_err(NetError::protocol(DURING))?;
+                    }
+                    ConnectorAction::Established(setup) => return self.establish(*setup).map(Some),
+                }
+            }
+            if !acted {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Asks the policy for the plan; a plan the handshake refuses falls back to the built-in
+    /// default under `failure = open`, and fails the connection under `closed`.
+    fn plan(&mut self, conn: &Connection) -> Result<(), NetError> {
+        let d = self.policy.plan_connection(conn)?;
+        tracing::info!(
+            "NET/WASM: plan for comm {:#x} dev {} ({}) -> {} peer port(s): {} QP(s), stripe {}, \
+             AR {} above {} B, TC {} SL {}: {} [{}]",
+            conn.comm_id,
+            conn.device,
+            conn.device_name,
+            conn.peer.len(),
+            d.value.qps.len(),
+            d.value.stripe_width,
+            d.value.adaptive_routing,
+            d.value.ar_threshold,
+            d.value.tc,
+            d.value.sl,
+            d.reason,
+            d.source
+        );
+        self.ece = d.value.ece;
+        self.source = d.source.to_string();
+        match self.machine.plan_decided(d.value) {
+            Ok(()) => Ok(()),
+            Err(TransportError::InvalidPlan { detail })
+                if self.policy.settings().failure == FailureMode::Open =>
+            {
+                tracing::warn!(
+                    "NET/WASM: the policy's plan cannot be followed ({detail}); using the built-in default"
+                );
+                let plan = ncclwasm_default::plan_connection(self.policy.ib_config(), conn);
+                self.ece = plan.ece;
+                self.source = format!("built-in default (the plan of {} was refused)", self.source);
+                self.machine
+                    .plan_decided(plan)
+                    .map_err(NetError::protocol("planning the connection"))
+            }
+            Err(e) => Err(NetError::protocol("planning the connection")(e)),
+        }
+    }
+
+    fn create_qps(&mut self, endpoints: &[usize]) -> Result<(), NetError> {
+        self.cqs = Side::cqs(&self.ports, endpoints)?;
+        let mut locals = Vec::with_capacity(endpoints.len());
+        for &ep in endpoints {
+            let (q, l) = qp::create(&self.ports[ep], &self.cqs[ep], false, self.ece)?;
+            self.qps.push(q);
+            locals.push(l);
+        }
+        let cts = OwnedRegion::new(
+            &self.ports,
+            CTS_FIFO_BYTES,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )?;
+        let window = RemoteWindow {
+            addr: cts.buf.addr(),
+            rkeys: cts.rkeys(),
+        };
+        self.cts = Some(cts);
+        self.machine
+            .qps_created(&locals, window)
+            .map_err(NetError::protocol("connect handshake"))
+    }
+
+    fn establish(&mut self, setup: SendSetup) -> Result<SendComm, NetError> {
+        let cts = self
+            .cts
+            .take()
+            .ok_or_else(|| NetError::Usage("established without a CTS FIFO".into()))?;
+        let sizes = OwnedRegion::new(&self.ports, SIZES_FIFO_BYTES, Access::LOCAL_WRITE)?;
+        let desc = describe(&setup.local, &setup.peer);
+        tracing::info!("NET/WASM: connected {desc}: {} QP(s)", setup.plan.qps.len());
+        let qps = std::mem::take(&mut self.qps);
+        let side = Side {
+            qpns: qps.iter().map(|q| q.qp.qpn()).collect(),
+            ports: self.ports.clone(),
+            cqs: std::mem::take(&mut self.cqs),
+            qps,
+            desc,
+        };
+        Ok(SendComm {
+            state: Mutex::new(SendState {
+                sender: Sender::new(&setup),
+                bufs: [SendBuf::default(); MAX_REQUESTS],
+            }),
+            side,
+            cts,
+            sizes,
+            setup,
+            source: std::mem::take(&mut self.source),
+        })
+    }
+}
+
+/// "a:1+b:1 -> c:1+d:1", for logs and errors.
+pub(crate) fn describe(
+    local: &[ncclwasm_model::Endpoint],
+    peer: &[ncclwasm_model::Endpoint],
+) -> String {
+    let names = |eps: &[ncclwasm_model::Endpoint]| {
+        eps.iter()
+            .map(|e| format!("{}:{}", e.device, e.port))
+            .collect::<Vec<_>>()
+            .join("+")
+    };
+    format!("{} -> {}", names(local), names(peer))
+}
+
+/// The buffer behind one send request, for the work requests of its slot.
+#[derive(Clone, Copy, Debug, Default)]
+struct SendBuf {
+    addr: u64,
+    lkeys: [u32; MAX_ENDPOINTS],
+}
+
+#[derive(Debug)]
+struct SendState {
+    sender: Sender,
+    bufs: [SendBuf; MAX_REQUESTS],
+}
+
+/// A connected send communicator. NCCL's progress thread sends and tests while its service
+/// thread may register memory, so every method takes `&self`.
+#[derive(Debug)]
+pub struct SendComm {
+    state: Mutex<SendState>,
+    pub(crate) side: Side,
+    /// The CTS FIFO the receiver writes.
+    cts: OwnedRegion,
+    /// Staging rows of multi-receive sizes, written to the receiver's sizes FIFO.
+    sizes: OwnedRegion,
+    setup: SendSetup,
+    source: String,
+}
+
+impl SendComm {
+    /// The plan this connection runs (it never changes: hot swaps affect new connections).
+    pub fn plan(&self) -> &ncclwasm_model::ConnPlan {
+        &self.setup.plan
+    }
+
+    /// Who made the plan: the policy version, or why the built-in default did.
+    pub fn plan_source(&self) -> &str {
+        &self.source
+    }
+
+    /// Registers a buffer on every device of the connection (`regMr`).
+    pub fn reg_mr(
+        &self,
+        addr: u64,
+        len: u64,
+        source: &dyn RegionSource,
+    ) -> Result<MemHandle, NetError> {
+        self.side.reg_mr(addr, len, source)
+    }
+
+    /// `isend`: `Ok(None)` when the receiver has not posted a matching receive yet (NCCL calls
+    /// again). `mr` may be `None` only for an empty send.
+    pub fn isend(
+        &self,
+        addr: u64,
+        size: u64,
+        tag: u32,
+        mr: Option<&MemHandle>,
+    ) -> Result<Option<ReqId>, NetError> {
+        self.side.check()?;
+        let lkeys = match mr {
+            Some(m) if size == 0 || m.covers(addr, size) => m.lkeys(),
+            None if size == 0 => [0; MAX_ENDPOINTS],
+            _ => {
+                return Err(NetError::Usage(format!(
+                    "isend of {size} bytes at {addr:#x} outside its memory registration"
+                )));
+            }
+        };
+        let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let SendState { sender, bufs } = &mut *guard;
+        self.side.poll(sender.requests(), self.side.all())?;
+        let head = sender.head();
+        let off = head.cts_offset() as usize;
+        let mut marker = [0u8; 8];
+        self.cts.buf.read(off + CtsEntry::IDX_OFFSET, &mut marker);
+        if u64::from_le_bytes(marker) != head.marker() {
+            return Ok(None);
+        }
+        // The marker is read first; the rest of the slot only after it (`ncclIbIsend`).
+        fence(Ordering::Acquire);
+        let mut raw = [0u8; CTS_SLOT_BYTES];
+        self.cts.buf.read(off, &mut raw);
+        let entries: [CtsEntry; MAX_RECVS] = std::array::from_fn(|i| {
+            let mut e = [0u8; CtsEntry::SIZE];
+            e.copy_from_slice(&raw[i * CtsEntry::SIZE..(i + 1) * CtsEntry::SIZE]);
+            CtsEntry::from_bytes(&e)
+        });
+        let Some(m) = sender
+            .isend(&entries, tag, size)
+            .map_err(NetError::protocol("isend"))?
+        else {
+            return Ok(None);
+        };
+        let req = m.req;
+        bufs[req.index()] = SendBuf { addr, lkeys };
+        let Some(work) = m.work else {
+            return Ok(Some(req));
+        };
+        let reqs: Vec<ReqId> = work.requests().collect();
+        if let Some((slot, row)) = work.sizes_row() {
+            let bytes: Vec<u8> = row.iter().flat_map(|s| s.to_le_bytes()).collect();
+            self.sizes.buf.write(slot * SIZES_SLOT_BYTES, &bytes);
+        }
+        for post in work.posts() {
+            let local = post.route.local;
+            let chain = post.wrs();
+            let mut sges: Vec<Option<Sge>> = Vec::with_capacity(chain.len());
+            for wr in chain {
+                sges.push(match wr.local {
+                    LocalData::None => None,
+                    LocalData::Send { r, offset, len } => {
+                        let b = &bufs[reqs[r].index()];
+                        Some(Sge::raw(b.addr + offset, len as u32, b.lkeys[local]))
+                    }
+                    LocalData::SizesRow { slot, len } => Some(
+                        self.sizes.mrs[local]
+                            .sge((slot * SIZES_SLOT_BYTES) as u64, len as u32)
+                            .map_err(NetError::verbs("staging the sizes row"))?,
+                    ),
+                });
+            }
+            let wrs: Vec<SendWr<'_>> = chain
+                .iter()
+                .zip(&sges)
+                .map(|(wr, sge)| {
+                    let remote = Remote {
+                        addr: wr.remote_addr,
+                        rkey: wr.rkey,
+                    };
+                    SendWr {
+                        wr_id: wr.wr_id,
+                        op: match wr.opcode {
+                            Opcode::Write => SendOp::Write(remote),
+                            Opcode::WriteWithImm { imm } => SendOp::WriteImm(remote, imm),
+                        },
+                        sges: sge.as_slice(),
+                        signaled: wr.signaled,
+                        inline: false,
+                    }
+                })
+                .collect();
+            let q = &self.side.qps[post.qp];
+            q.qp.post_send(&wrs).map_err(NetError::verbs(format!(
+                "posting a send on QP {}",
+                q.qp.qpn()
+            )))?;
+        }
+        Ok(Some(req))
+    }
+
+    /// `test`: polls the completion queues the request waits on; `Some` once it is done (and
+    /// freed).
+    pub fn test(&self, req: ReqId) -> Result<Option<Done>, NetError> {
+        self.side.check()?;
+        let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let pool = guard.sender.requests();
+        let waiting = pool.awaiting(req).map_err(NetError::protocol("test"))?;
+        self.side.poll(pool, waiting.iter())?;
+        match pool.test(req).map_err(NetError::protocol("test"))? {
+            None => Ok(None),
+            Some(Finished::Send { size }) => Ok(Some(Done::Send { size })),
+            Some(other) => Err(NetError::Usage(format!(
+                "request {} of a send communicator finished as {other:?}",
+                req.index()
+            ))),
+        }
+    }
+
+    /// Requests in flight.
+    pub fn in_flight(&mut self) -> usize {
+        self.state
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .sender
+            .requests()
+            .in_flight()
+    }
+}

@@ -1,0 +1,181 @@
+//! Helpers shared by the transport's integration tests: a soft-fabric context, connecting two
+//! endpoints as NCCL's proxy threads do, registered buffers, and spinning on requests.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ncclwasm_transport::{
+    CommConfig, Done, FabricChoice, MemHandle, Net, NetConfig, RecvBuf, RecvComm, ReqId, SendComm,
+};
+use ncclwasm_verbs::DmaBuf;
+
+pub const MIB: usize = 1 << 20;
+pub const BUF: usize = 64 * MIB + 8192;
+
+pub fn net() -> Net {
+    // The soft fabric in process; the policy comes from the environment (built-in when unset).
+    Net::new(NetConfig {
+        fabric: FabricChoice::Soft,
+        max_devs_per_nic: 4,
+    })
+    .expect("soft fabric")
+}
+
+pub fn deadline() -> Instant {
+    Instant::now() + Duration::from_secs(60)
+}
+
+/// Listen on `rdev`, connect from `sdev`, spinning both as NCCL's proxy threads do.
+pub fn connect(net: &Net, sdev: i64, rdev: i64) -> (SendComm, RecvComm) {
+    let (mut listener, mut handle) = net.listen(rdev).unwrap();
+    let cfg = CommConfig {
+        comm_id: 0xc0ffee,
+        traffic_class: -1,
+    };
+    let (mut s, mut r) = (None, None);
+    let end = deadline();
+    while s.is_none() || r.is_none() {
+        assert!(Instant::now() < end, "handshake stuck");
+        if s.is_none() {
+            s = net.connect(sdev, &mut handle, cfg).unwrap();
+        }
+        if r.is_none() {
+            r = listener.accept().unwrap();
+        }
+    }
+    drop(listener); // NCCL closes the listener right after accept.
+    (s.unwrap(), r.unwrap())
+}
+
+pub fn pattern(buf: &DmaBuf, seed: u8) {
+    let v: Vec<u8> = (0..buf.len())
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 12) as u8)
+        .collect();
+    buf.write(0, &v);
+}
+
+pub struct Bufs {
+    pub send: Arc<DmaBuf>,
+    pub recv: Arc<DmaBuf>,
+    pub smr: MemHandle,
+    pub rmr: MemHandle,
+}
+
+pub fn bufs(s: &SendComm, r: &RecvComm) -> Bufs {
+    let send = DmaBuf::new(BUF);
+    let recv = DmaBuf::new(BUF);
+    pattern(&send, 7);
+    let smr = s.reg_mr(send.addr(), BUF as u64, &send).unwrap();
+    let rmr = r.reg_mr(recv.addr(), BUF as u64, &recv).unwrap();
+    Bufs {
+        send,
+        recv,
+        smr,
+        rmr,
+    }
+}
+
+pub fn wait_send(s: &SendComm, req: ReqId) -> u64 {
+    let end = deadline();
+    loop {
+        if let Some(Done::Send { size }) = s.test(req).unwrap() {
+            return size;
+        }
+        assert!(Instant::now() < end, "send never completed");
+    }
+}
+
+pub fn wait_recv(r: &RecvComm, req: ReqId) -> (usize, [u64; 8]) {
+    let end = deadline();
+    loop {
+        match r.test(req).unwrap() {
+            Some(Done::Recv { n, sizes }) => return (n, sizes),
+            Some(other) => panic!("receive finished as {other:?}"),
+            None => {}
+        }
+        assert!(Instant::now() < end, "receive never completed");
+    }
+}
+
+pub fn isend(s: &SendComm, addr: u64, size: u64, tag: u32, mr: &MemHandle) -> ReqId {
+    let end = deadline();
+    loop {
+        if let Some(req) = s.isend(addr, size, tag, Some(mr)).unwrap() {
+            return req;
+        }
+        assert!(Instant::now() < end, "isend never matched");
+    }
+}
+
+/// One message of `size` bytes at send offset `soff` into a receive of `rsize` at `roff`.
+pub fn one(s: &SendComm, r: &RecvComm, b: &Bufs, size: usize, rsize: usize, soff: usize) {
+    let roff = 4096 - (size % 7); // an unaligned destination
+    b.recv.fill(0xee);
+    let rreq = r
+        .irecv(&[RecvBuf {
+            addr: b.recv.addr() + roff as u64,
+            size: rsize as u64,
+            tag: 5,
+            mr: Some(&b.rmr),
+        }])
+        .unwrap();
+    let sreq = isend(s, b.send.addr() + soff as u64, size as u64, 5, &b.smr);
+    let got = size.min(rsize);
+    assert_eq!(wait_send(s, sreq), got as u64, "send size for {size}");
+    let (n, sizes) = wait_recv(r, rreq);
+    assert_eq!((n, sizes[0]), (1, got as u64), "receive size for {size}");
+    let mut out = vec![0u8; got + 64];
+    b.recv.read(roff, &mut out);
+    let mut want = vec![0u8; got];
+    b.send.read(soff, &mut want);
+    assert!(out[..got] == want[..], "payload of {size} bytes differs");
+    assert!(
+        out[got..].iter().all(|&x| x == 0xee),
+        "bytes written past the received size ({size} into {rsize})"
+    );
+}
+
+/// Every size from 0 to 64 MiB (unaligned offsets), then sends larger than their receive.
+pub fn sizes_suite(s: &SendComm, r: &RecvComm, b: &Bufs) {
+    let mut sizes = vec![
+        0usize, 1, 2, 7, 127, 128, 129, 4095, 4096, 8192, 8193, 65537,
+    ];
+    let mut k = 1 << 17;
+    while k <= 64 * MIB {
+        sizes.push(k);
+        k <<= 2;
+    }
+    sizes.push(64 * MIB);
+    for (i, &size) in sizes.iter().enumerate() {
+        one(s, r, b, size, size + 1024, i * 3 % 4096);
+    }
+    // Truncation: the send is larger than the posted receive.
+    one(s, r, b, 10_000, 5_000, 1);
+    one(s, r, b, 3 * MIB, MIB + 3, 0);
+}
+
+const CHILD: &str = "NCCLWASM_TEST_CHILD";
+
+/// Whether this process is the child of [`rerun_with_env`].
+pub fn in_child() -> bool {
+    std::env::var_os(CHILD).is_some()
+}
+
+/// Runs the test `test` again in a child process with `vars` set — how one test gets its own
+/// environment without touching the parent's. Returns `true` in the parent (the child passed),
+/// `false` in the child, which then runs the test body.
+pub fn rerun_with_env(test: &str, vars: &[(&str, &str)]) -> bool {
+    if in_child() {
+        return false;
+    }
+    let status = Command::new(std::env::current_exe().expect("test executable"))
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .envs(vars.iter().copied())
+        .env(CHILD, "1")
+        .status()
+        .expect("re-run the test in a child process");
+    assert!(status.success(), "{test} failed in its child process");
+    true
+}

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Guard: nothing built on the verbs crate may depend on libibverbs/librdmacm at link time.
+# The `ib` table dlopen()s libibverbs.so.1 at run time, so the plugin must load on hosts without
+# rdma-core (rdma-notes §1.5/§2.3). Any reference to an exported rdma-sys verb would bring back
+# `NEEDED libibverbs.so.1`; this script catches that.
+#
+# Checks (each printed): the ib_probe cdylib (verbs crate + ib table + discovery, built like the
+# plugin), the conformance test binaries, and any extra libraries given as arguments (pass the
+# plugin's .so, or let the script pick up target/debug/libnccl_net_wasm.so when it has been
+# built): no NEEDED libibverbs/librdmacm, no undefined ibv_*/rdma_* dynamic symbols.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+cargo build -q -p ncclwasm-verbs --example ib_probe --tests
+targets=(target/debug/examples/libib_probe.so)
+for t in soft ib_soft; do
+    bin=$(ls -t target/debug/deps/"$t"-* 2>/dev/null | grep -v '\.d$' | head -n1 || true)
+    [ -n "$bin" ] && targets+=("$bin")
+done
+plugin=target/debug/libnccl_net_wasm.so
+if [ -f "$plugin" ]; then
+    targets+=("$plugin")
+else
+    echo "note: $plugin not built (cargo build -p ncclwasm-plugin); checking the probe in its place"
+fi
+targets+=("$@")
+
+fail=0
+for f in "${targets[@]}"; do
+    if [ ! -f "$f" ]; then
+        echo "FAIL: $f does not exist"
+        fail=1
+        continue
+    fi
+    needed=$(readelf -d "$f" | grep NEEDED | grep -oE '\[[^]]*\]' | tr -d '[]' | tr '\n' ' ')
+    bad_needed=$(readelf -d "$f" | grep NEEDED | grep -E 'libibverbs|librdmacm' || true)
+    bad_undef=$(nm -D --undefined-only "$f" | grep -E ' (ibv_|rdma_)' || true)
+    if [ -n "$bad_needed" ] || [ -n "$bad_undef" ]; then
+        echo "FAIL: $f"
+        [ -n "$bad_needed" ] && echo "  link-time dependency: $bad_needed"
+        [ -n "$bad_undef" ] && echo "  undefined verbs symbols:" && echo "$bad_undef" | sed 's/^/    /'
+        fail=1
+    else
+        echo "ok: $f — NEEDED: $needed; no undefined ibv_*/rdma_* symbols"
+    fi
+done
+exit $fail
