@@ -1,7 +1,6 @@
 //! The sending side: the connect shell around [`Connector`] and the send communicator
 //! (`ncclIbConnect`, `ncclIbIsend`, `ncclIbMultiSend`).
 
-use std::sync::atomic::{Ordering, fence};
 use std::sync::{Arc, Mutex};
 
 use ncclwasm_model::Connection;
@@ -269,13 +268,11 @@ impl SendComm {
         self.side.poll(sender.requests(), self.side.all())?;
         let head = sender.head();
         let off = head.cts_offset() as usize;
-        let mut marker = [0u8; 8];
-        self.cts.buf.read(off + CtsEntry::IDX_OFFSET, &mut marker);
-        if u64::from_le_bytes(marker) != head.marker() {
+        // The marker is read first, with acquire ordering; the rest of the slot only after it
+        // (`ncclIbIsend`).
+        if self.cts.buf.load_u64_acquire(off + CtsEntry::IDX_OFFSET) != head.marker() {
             return Ok(None);
         }
-        // The marker is read first; the rest of the slot only after it (`ncclIbIsend`).
-        fence(Ordering::Acquire);
         let mut raw = [0u8; CTS_SLOT_BYTES];
         self.cts.buf.read(off, &mut raw);
         let entries: [CtsEntry; MAX_RECVS] = std::array::from_fn(|i| {

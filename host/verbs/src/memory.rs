@@ -7,6 +7,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::raw::c_int;
 use std::ptr::NonNull;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rdma_sys::{ibv_mr, ibv_pd};
 
@@ -164,6 +165,20 @@ impl DmaBuf {
                 out.len(),
             )
         };
+    }
+
+    /// Reads the little-endian 8-byte word at `offset` with acquire ordering: how to poll a flag
+    /// that a peer's RDMA WRITE sets. A plain copy could tear against the device's write, and
+    /// the reads that follow it (the rest of the slot the flag guards) could be done before it.
+    /// Panics when the range is out of bounds or `offset` is not 8-byte aligned in memory.
+    pub fn load_u64_acquire(&self, offset: usize) -> u64 {
+        self.check(offset, 8);
+        let word = self.ptr.as_ptr().wrapping_add(offset).cast::<u64>();
+        assert!(word.is_aligned(), "DmaBuf word at {offset} is not 8-byte aligned");
+        // SAFETY: the word is inside the allocation (checked), aligned (checked), and the
+        // allocation outlives this call; the host only ever reads it atomically.
+        let value = unsafe { AtomicU64::from_ptr(word) }.load(Ordering::Acquire);
+        u64::from_le(value)
     }
 
     pub fn to_vec(&self) -> Vec<u8> {
