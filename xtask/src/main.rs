@@ -1,6 +1,6 @@
 //! Developer tasks that need more than one `cargo` invocation: `cargo xtask <command>`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result};
@@ -11,7 +11,7 @@ mod setup;
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
-  demo      the main job: what the shipped nccl-default policy decides on an 8xH100 node
+  demo      the main job: `ncclwasm bench`, the plugin between two processes next to raw TCP
   test      every test: guests first, then the whole workspace, then the CI guards
   guests    build every policy and guest example for wasm32-wasip2 into target/guests/";
 
@@ -56,7 +56,9 @@ fn test() -> Result<()> {
     Ok(())
 }
 
-/// `cargo xtask demo`: README's main job.
+/// `cargo xtask demo`: README's main job. The bench runs the release builds (a debug plugin
+/// would measure the compiler, not the protocol) and finds `libnccl_net_wasm.so` next to
+/// `target/release/ncclwasm`, and the shipped nccl-default policy in `target/guests/`.
 fn demo() -> Result<()> {
     setup::ensure_system_packages()?;
     let built = guests::build()?;
@@ -64,20 +66,20 @@ fn demo() -> Result<()> {
         .iter()
         .find(|p| p.file_name().is_some_and(|n| n == "nccl-default.wasm"))
         .context("the nccl-default policy was not built")?;
-    setup::run(
-        guests::cargo()
-            .args([
-                "run",
-                "--quiet",
-                "-p",
-                "ncclwasm-cli",
-                "--",
-                "policy",
-                "explain",
-            ])
-            .arg(policy)
-            .args(["--topology", "topologies/dgx-h100.toml"]),
-    )
+    // `<target>/guests/nccl-default.wasm`: the target directory cargo metadata reported.
+    let target = policy
+        .parent()
+        .and_then(Path::parent)
+        .context("the guests' target directory")?;
+    setup::run(guests::cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "ncclwasm-plugin",
+        "-p",
+        "ncclwasm-cli",
+    ]))?;
+    setup::run(Command::new(target.join("release/ncclwasm")).arg("bench"))
 }
 
 /// The CI guard scripts (`tests/guards/*.sh`), in name order.

@@ -59,21 +59,7 @@ pub fn render(r: &Report) -> String {
     out += &fused_section(r);
     if let Some(v) = &r.vnic {
         out.push('\n');
-        let answer = match &v.answer.value {
-            VnicValue::Accept => "accept".to_owned(),
-            VnicValue::Reshape { devices } => format!("reshape to devices {}", list(devices)),
-            VnicValue::Refuse => "refuse".to_owned(),
-        };
-        out += &field(
-            "vnic",
-            &format!(
-                "fuse devices {} ({})? {answer}",
-                list(&v.request),
-                v.members.join(", ")
-            ),
-        );
-        out += &source_lines(&v.answer.source, &v.answer.reason);
-        out += &field("  asked", &v.why_asked);
+        out += &vnic_section(v);
     }
     if let Some(p) = &r.peer {
         out.push('\n');
@@ -90,6 +76,41 @@ pub fn render(r: &Report) -> String {
         out += &striping_section(r);
     }
     out
+}
+
+/// What a connection's plan rests on, for `bench`: the devices, fusion (the plugin's and the
+/// sample vNIC) and the plan of the sample connection, as `explain` shows them.
+pub fn plan_sections(r: &Report) -> String {
+    let mut out = devices_section("devices", &r.devices);
+    out.push('\n');
+    out += &fused_section(r);
+    if let Some(v) = &r.vnic {
+        out.push('\n');
+        out += &vnic_section(v);
+    }
+    if let Some(c) = &r.connection {
+        out.push('\n');
+        out += &connection_section(c);
+    }
+    out
+}
+
+fn vnic_section(v: &report::VnicView) -> String {
+    let answer = match &v.answer.value {
+        VnicValue::Accept => "accept".to_owned(),
+        VnicValue::Reshape { devices } => format!("reshape to devices {}", list(devices)),
+        VnicValue::Refuse => "refuse".to_owned(),
+    };
+    let mut out = field(
+        "vnic",
+        &format!(
+            "fuse devices {} ({})? {answer}",
+            list(&v.request),
+            v.members.join(", ")
+        ),
+    );
+    out += &source_lines(&v.answer.source, &v.answer.reason);
+    out + &field("  asked", &v.why_asked)
 }
 
 fn header(r: &Report) -> String {

@@ -2,10 +2,13 @@
 //!
 //! Operators write policies and test them offline against topology files (DESIGN §1): `check`
 //! says whether the plugin would load a file, `explain` shows every decision with its reason and
-//! source, `diff` shows only the decisions two policies make differently. Each subcommand is a
+//! source, `diff` shows only the decisions two policies make differently; `bench` runs the built
+//! plugin between two processes next to raw TCP. Each subcommand is a
 //! module: argument struct, `run` (the policy calls, through [`report`]) and a pure `render`.
 #![forbid(unsafe_code)]
 
+mod bench;
+mod bench_rank;
 mod check;
 mod diff;
 mod explain;
@@ -26,8 +29,8 @@ const EXIT_STATUS: &str = "\
 Exit status:
   0  done; for `diff`, the decisions are equal
   1  `diff`: the decisions differ; `check`: the file is not a usable policy
-  2  invalid arguments or settings (e.g. an NCCL_IB_* value), unreadable topology, or a
-     policy `explain`/`diff` cannot load
+  2  invalid arguments or settings (e.g. an NCCL_IB_* value), unreadable topology, a
+     policy `explain`/`diff` cannot load, or a `bench` rank that failed
 
 NCCL_IB_* settings come from the environment, with --env pairs on top; the built-in default
 and the policy's init both get them. Engine limits come from NCCL_WASM_POLICY_TIMEOUT_MS and
@@ -37,7 +40,7 @@ NCCL_WASM_POLICY_MEMORY_MB, as in the plugin.";
 #[command(
     name = "ncclwasm",
     version,
-    about = "Check, explain and compare nccl-net-wasm policies offline, against topology files",
+    about = "Check, explain and compare nccl-net-wasm policies offline, against topology files; bench the plugin",
     after_help = EXIT_STATUS
 )]
 struct Cli {
@@ -54,6 +57,12 @@ enum Command {
     /// Work with policy components
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Two ranks send through the built plugin as NCCL drives it, next to a raw TCP baseline
+    #[command(after_help = EXIT_STATUS)]
+    Bench(bench::Args),
+    /// One rank of `bench` (started by it)
+    #[command(hide = true)]
+    BenchRank(bench_rank::Args),
 }
 
 #[derive(Debug, Subcommand)]
@@ -83,11 +92,12 @@ fn main() -> ExitCode {
         Err(e) => return usage(&e),
     };
     logging(cli.verbose);
-    let Command::Policy(command) = &cli.command;
-    let result = match command {
-        PolicyCommand::Check(args) => check::run(args),
-        PolicyCommand::Explain(args) => explain::run(args),
-        PolicyCommand::Diff(args) => diff::run(args),
+    let result = match &cli.command {
+        Command::Policy(PolicyCommand::Check(args)) => check::run(args),
+        Command::Policy(PolicyCommand::Explain(args)) => explain::run(args),
+        Command::Policy(PolicyCommand::Diff(args)) => diff::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::BenchRank(args) => bench_rank::run(args),
     };
     match result.and_then(print) {
         Ok(exit) => exit.into(),

@@ -171,3 +171,39 @@ fn registrations_are_page_rounded_cached_and_counted_per_device() {
     assert_eq!(net.registrations(0), before, "the last user deregisters");
     drop(c);
 }
+
+/// The connection plan is data the native data path executes: once a connection is made, no
+/// message — of any size, striped or not — calls into the policy engine.
+#[test]
+fn messages_make_no_policy_calls() {
+    let net = net();
+    let (s, r) = connect(&net, 0, 1);
+    let b = bufs(&s, &r);
+    let before = net.policy().stats();
+    let plans = |stats: &ncclwasm_policy::Stats| {
+        stats
+            .calls
+            .iter()
+            .find(|(hook, _)| *hook == ncclwasm_policy::Hook::PlanConnection)
+            .map(|&(_, n)| n)
+    };
+    assert!(
+        plans(&before).is_some_and(|n| n >= 1),
+        "making the connection asked for a plan: {before:?}"
+    );
+    for i in 0..200 {
+        one(
+            &s,
+            &r,
+            &b,
+            [0, 8, 4096, 70_000, MIB + 1][i % 5],
+            2 * MIB,
+            i % 64,
+        );
+    }
+    assert_eq!(
+        net.policy().stats().calls,
+        before.calls,
+        "200 messages made policy calls"
+    );
+}

@@ -174,7 +174,10 @@ impl DmaBuf {
     pub fn load_u64_acquire(&self, offset: usize) -> u64 {
         self.check(offset, 8);
         let word = self.ptr.as_ptr().wrapping_add(offset).cast::<u64>();
-        assert!(word.is_aligned(), "DmaBuf word at {offset} is not 8-byte aligned");
+        assert!(
+            word.is_aligned(),
+            "DmaBuf word at {offset} is not 8-byte aligned"
+        );
         // SAFETY: the word is inside the allocation (checked), aligned (checked), and the
         // allocation outlives this call; the host only ever reads it atomically.
         let value = unsafe { AtomicU64::from_ptr(word) }.load(Ordering::Acquire);

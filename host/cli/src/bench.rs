@@ -1,0 +1,718 @@
+//! `ncclwasm bench`: two ranks (processes) send through the built plugin library exactly as NCCL
+//! drives it, then over a plain TCP socket, and the table compares the two.
+//!
+//! This process only orchestrates: it resolves the library, fabric, topology and policy, computes
+//! the plan the plugin will make (the same [`PolicyHost`](ncclwasm_policy::PolicyHost) code over
+//! the same topology and policy — the plugin's own INFO lines need a C-variadic logger, which
+//! stable Rust cannot define), starts the two ranks ([`crate::bench_rank`]) with the matching
+//! `NCCL_WASM_*` environment, relays the listen handle and the TCP port between them, and renders
+//! what the receiver timed. A rank that dies or stalls fails the run with one line, never a hang.
+
+use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use clap::Args as ClapArgs;
+use ncclwasm_model::Topology;
+use serde::Serialize;
+
+use crate::bench_rank::{self, DeviceLine, Msg, Role, Timing};
+use crate::fail::{Fail, Outcome};
+use crate::render::{self, Table, field};
+use crate::report::{self, PolicyView, Report, TopologyView, VnicValue};
+use crate::setup::{self, ConfigArgs, PolicyArg};
+
+/// nccl-tests' default range: 8 B to 64 MiB, doubling.
+const BENCH_SIZES: &str =
+    "8,16,32,64,128,256,512,1K,2K,4K,8K,16K,32K,64K,128K,256K,512K,1M,2M,4M,8M,16M,32M,64M";
+
+/// The soft fabric's default machine, the same file the plugin embeds.
+const LOOPBACK_TOML: &str = include_str!("../../../topologies/loopback.toml");
+
+/// Sizes from here on count for the large-message ratio.
+const LARGE: u64 = 1 << 20;
+
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// The policy the plugin runs: a component (.wasm) or `builtin` [default: the shipped
+    /// nccl-default, target/guests/nccl-default.wasm next to this binary]
+    #[arg(long, value_name = "FILE|builtin")]
+    pub policy: Option<PolicyArg>,
+
+    /// The soft fabric's machine [default: $NCCL_WASM_TOPOLOGY, else topologies/loopback.toml]
+    #[arg(long, short = 't', value_name = "T")]
+    pub topology: Option<PathBuf>,
+
+    /// Message sizes, comma-separated (bytes; K, M, G suffixes)
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = BENCH_SIZES,
+        value_parser = setup::parse_size
+    )]
+    pub sizes: Vec<u64>,
+
+    /// Timed iterations per size [default: about 128 MiB per size, 4 to 200]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub iters: Option<u32>,
+
+    /// Untimed iterations per size after the checked one
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub warmup: u32,
+
+    /// The plugin library [default: libnccl_net_wasm.so next to this binary]
+    #[arg(long, value_name = "SO")]
+    pub plugin: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub config: ConfigArgs,
+
+    /// Print the results as JSON (shape in host/cli/README.md)
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What the run measured, and everything needed to read it.
+#[derive(Debug, Serialize)]
+pub struct BenchReport {
+    pub plugin: PluginView,
+    pub fabric: FabricView,
+    pub policy: PolicyView,
+    pub topology: TopologyView,
+    /// The NCCL device both ranks used and its name.
+    pub device: i32,
+    pub device_name: String,
+    /// The devices as the plugin's `getProperties` reports them (after the fusion, if any).
+    pub devices: Vec<DeviceLine>,
+    /// The policy's decisions for this machine (the `policy explain --json` report), computed
+    /// here with the plugin's code; absent on the `ib` fabric, whose ports are discovered.
+    pub plan: Option<Report>,
+    pub warmup: u32,
+    pub rows: Vec<Row>,
+    /// Mean of `ratio` over the sizes of 1 MiB and more.
+    pub large_message_ratio: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PluginView {
+    pub path: String,
+    /// The `ncclNetPlugin_vN` table used.
+    pub abi: u32,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FabricView {
+    /// `soft` or `ib`, as `NCCL_WASM_FABRIC` was given to the ranks (`auto` when an RDMA device
+    /// is present and the variable was unset or `auto`).
+    pub name: String,
+    pub why: String,
+}
+
+#[derive(Debug, PartialEq, Serialize)]
+pub struct Row {
+    pub size: u64,
+    /// nccl-tests' count: 4-byte float elements.
+    pub count: u64,
+    pub iters: u32,
+    pub time_us: f64,
+    pub algbw_gbps: f64,
+    pub tcp_time_us: f64,
+    pub tcp_algbw_gbps: f64,
+    /// Plugin algbw / TCP algbw.
+    pub ratio: f64,
+}
+
+/// Where the plugin library, the default policy and the guests are: next to this binary.
+fn exe_dir() -> Result<PathBuf, Fail> {
+    std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+        .ok_or_else(|| Fail::trouble("cannot find this binary's directory"))
+}
+
+fn absolute(path: &Path) -> Result<PathBuf, Fail> {
+    std::path::absolute(path).map_err(|e| Fail::trouble(format!("{}: {e}", path.display())))
+}
+
+fn plugin_path(args: &Args) -> Result<PathBuf, Fail> {
+    let path = match &args.plugin {
+        Some(p) => p.clone(),
+        None => exe_dir()?.join("libnccl_net_wasm.so"),
+    };
+    if !path.is_file() {
+        return Err(Fail::trouble(format!(
+            "{} not found: build it with `cargo build -p ncclwasm-plugin` (same profile as this binary) or pass --plugin PATH",
+            path.display()
+        )));
+    }
+    absolute(&path)
+}
+
+fn policy_arg(args: &Args) -> Result<PolicyArg, Fail> {
+    match &args.policy {
+        Some(PolicyArg::File(p)) => Ok(PolicyArg::File(absolute(p)?)),
+        Some(PolicyArg::Builtin) => Ok(PolicyArg::Builtin),
+        None => {
+            let dir = exe_dir()?;
+            let path = dir
+                .parent()
+                .map_or(dir.clone(), Path::to_path_buf)
+                .join("guests/nccl-default.wasm");
+            if !path.is_file() {
+                return Err(Fail::trouble(format!(
+                    "{} not found: build the shipped policies with `cargo xtask guests`, or pass --policy FILE|builtin",
+                    path.display()
+                )));
+            }
+            Ok(PolicyArg::File(path))
+        }
+    }
+}
+
+/// `NCCL_WASM_FABRIC` as the plugin reads it; `auto` means the real NICs when there are any
+/// (the plugin then refuses to start if none of their ports is active), else the soft fabric.
+fn fabric() -> Result<FabricView, Fail> {
+    let set = std::env::var("NCCL_WASM_FABRIC").unwrap_or_default();
+    let view = |name: &str, why: &str| FabricView {
+        name: name.to_owned(),
+        why: why.to_owned(),
+    };
+    match set.to_ascii_lowercase().as_str() {
+        "soft" => Ok(view("soft", "NCCL_WASM_FABRIC=soft")),
+        "ib" => Ok(view("ib", "NCCL_WASM_FABRIC=ib")),
+        "" | "auto" => {
+            let rdma =
+                std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
+            Ok(if rdma {
+                view(
+                    "auto",
+                    "NCCL_WASM_FABRIC=auto and an RDMA device is present: libibverbs",
+                )
+            } else {
+                view(
+                    "soft",
+                    "NCCL_WASM_FABRIC=auto and no RDMA device: the userspace fabric over TCP",
+                )
+            })
+        }
+        _ => Err(Fail::trouble(format!(
+            "NCCL_WASM_FABRIC={set:?} is invalid: use auto, ib or soft"
+        ))),
+    }
+}
+
+/// `--topology`, else `NCCL_WASM_TOPOLOGY`, else the embedded loopback machine (`None`: the
+/// ranks use the plugin's own embedded copy).
+fn topology(args: &Args) -> Result<(Topology, Option<PathBuf>), Fail> {
+    let path = args
+        .topology
+        .clone()
+        .or_else(|| std::env::var_os("NCCL_WASM_TOPOLOGY").map(PathBuf::from));
+    match path {
+        Some(p) => Ok((Topology::load(&p)?, Some(absolute(&p)?))),
+        None => Ok((
+            Topology::parse(LOOPBACK_TOML, "embedded topologies/loopback.toml")?,
+            None,
+        )),
+    }
+}
+
+pub fn run(args: &Args) -> Result<Outcome, Fail> {
+    if args.sizes.is_empty() {
+        return Err(Fail::trouble("--sizes is empty"));
+    }
+    let lib = plugin_path(args)?;
+    let fabric = fabric()?;
+    let (topo, topo_path) = topology(args)?;
+    let policy = policy_arg(args)?;
+    let (host, view) = setup::host(setup::settings(&args.config)?, &policy)?;
+    let plan = if fabric.name == "soft" {
+        Some(report::evaluate(&host, view.clone(), &topo, None, &[])?)
+    } else {
+        None
+    };
+    drop(host);
+    // The plan's device: a vNIC when the sample fusion was accepted, made by the ranks as NCCL
+    // core does; NCCL device 0 otherwise.
+    let (device, fuse) = match plan
+        .as_ref()
+        .and_then(|p| p.connection.as_ref().map(|c| (p, c)))
+    {
+        Some((p, c)) => {
+            let fused = p
+                .vnic
+                .as_ref()
+                .filter(|v| !matches!(v.answer.value, VnicValue::Refuse));
+            let fuse = match fused {
+                Some(v) if c.device as usize >= p.nccl_devices.len() => v.request.clone(),
+                _ => Vec::new(),
+            };
+            (c.device as i32, fuse)
+        }
+        None => (0, Vec::new()),
+    };
+
+    let mut env: Vec<(String, Option<String>)> = vec![
+        ("NCCL_WASM_FABRIC".into(), Some(fabric.name.clone())),
+        (
+            "NCCL_WASM_TOPOLOGY".into(),
+            topo_path.map(|p| p.display().to_string()),
+        ),
+        (
+            "NCCL_WASM_POLICY".into(),
+            match &policy {
+                PolicyArg::File(p) => Some(p.display().to_string()),
+                PolicyArg::Builtin => None,
+            },
+        ),
+    ];
+    if let Some(c) = &args.config.config {
+        env.push(("NCCL_WASM_POLICY_CONFIG".into(), Some(c.clone())));
+    }
+    env.extend(
+        args.config
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), Some(v.clone()))),
+    );
+
+    let mut rank_args: Vec<String> = vec![
+        "--plugin".into(),
+        lib.display().to_string(),
+        "--device".into(),
+        device.to_string(),
+        "--warmup".into(),
+        args.warmup.to_string(),
+        "--sizes".into(),
+        list(&args.sizes),
+    ];
+    if !fuse.is_empty() {
+        rank_args.push("--fuse".into());
+        rank_args.push(list(&fuse));
+    }
+    if let Some(n) = args.iters {
+        rank_args.push("--iters".into());
+        rank_args.push(n.to_string());
+    }
+    let measured = Ranks::start(&rank_args, &env)?.drive(args.sizes.len())?;
+    let rows = rows(&measured.plugin, &measured.tcp)?;
+    let report = BenchReport {
+        plugin: PluginView {
+            path: lib.display().to_string(),
+            abi: measured.abi,
+        },
+        fabric,
+        policy: view,
+        topology: TopologyView::from(&topo),
+        device,
+        device_name: measured
+            .devices
+            .get(device as usize)
+            .map_or_else(String::new, |d| d.name.clone()),
+        devices: measured.devices,
+        plan,
+        warmup: args.warmup,
+        large_message_ratio: large_ratio(&rows),
+        rows,
+    };
+    let text = if args.json {
+        crate::json(&report)?
+    } else {
+        render(&report)
+    };
+    Ok(Outcome::success(text))
+}
+
+fn list<T: ToString>(items: &[T]) -> String {
+    items.iter().map(T::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// What the receiver reported.
+#[derive(Debug)]
+struct Measured {
+    abi: u32,
+    devices: Vec<DeviceLine>,
+    plugin: Vec<Timing>,
+    tcp: Vec<Timing>,
+}
+
+/// The two rank processes; killed (and reaped) on drop unless they finished.
+#[derive(Debug)]
+struct Ranks {
+    children: Vec<Child>,
+    /// The sender's stdin: the handle and the TCP port go there.
+    to_sender: Option<ChildStdin>,
+    events: mpsc::Receiver<(usize, Option<Msg>)>,
+    /// Each rank's stderr, read to the end.
+    errors: Vec<Option<std::thread::JoinHandle<String>>>,
+}
+
+const ROLES: [(Role, &str); 2] = [(Role::Recv, "receiver"), (Role::Send, "sender")];
+
+/// How long a rank that is done (or failed) may take to exit: `finalize` stops the plugin's
+/// threads.
+const REAP: Duration = Duration::from_secs(10);
+
+impl Ranks {
+    fn start(rank_args: &[String], env: &[(String, Option<String>)]) -> Result<Ranks, Fail> {
+        let exe = std::env::current_exe()
+            .map_err(|e| Fail::trouble(format!("cannot re-run this binary: {e}")))?;
+        let (tx, events) = mpsc::channel();
+        let mut ranks = Ranks {
+            children: Vec::new(),
+            to_sender: None,
+            events,
+            errors: Vec::new(),
+        };
+        for (i, (role, _)) in ROLES.iter().enumerate() {
+            let mut cmd = Command::new(&exe);
+            cmd.arg("bench-rank")
+                .arg("--role")
+                .arg(if *role == Role::Recv { "recv" } else { "send" })
+                .args(rank_args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            for (k, v) in env {
+                match v {
+                    Some(v) => cmd.env(k, v),
+                    None => cmd.env_remove(k),
+                };
+            }
+            let mut child = cmd
+                .spawn()
+                .map_err(|e| Fail::trouble(format!("cannot start a rank: {e}")))?;
+            let stdout = child.stdout.take().expect("piped");
+            let mut stderr = child.stderr.take().expect("piped");
+            if *role == Role::Send {
+                ranks.to_sender = child.stdin.take();
+            }
+            ranks.children.push(child);
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    // Anything else on stdout (a library printing) is not ours to interpret.
+                    let Ok(msg) = serde_json::from_str::<Msg>(&line) else {
+                        continue;
+                    };
+                    if tx.send((i, Some(msg))).is_err() {
+                        break;
+                    }
+                }
+                let _ = tx.send((i, None));
+            });
+            ranks.errors.push(Some(std::thread::spawn(move || {
+                let mut text = String::new();
+                let _ = stderr.read_to_string(&mut text);
+                text
+            })));
+        }
+        Ok(ranks)
+    }
+
+    /// Rank `i`'s exit status, waiting at most [`REAP`]; a rank still running then is killed.
+    fn reap(&mut self, i: usize) -> Option<std::process::ExitStatus> {
+        let child = &mut self.children[i];
+        let start = std::time::Instant::now();
+        while start.elapsed() < REAP {
+            match child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                Err(_) => break,
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    /// Why rank `i` stopped: its `error:` line, or its exit status.
+    fn failure(&mut self, i: usize) -> Fail {
+        let name = ROLES[i].1;
+        let status = self.reap(i);
+        let text = self.errors[i]
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default();
+        let line = text
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("error: "))
+            .map(|l| l.trim_start_matches("error: ").to_owned())
+            .or_else(|| {
+                text.lines()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .map(str::to_owned)
+            });
+        match (line, status) {
+            (Some(l), _) => Fail::trouble(format!("bench rank {i} ({name}) failed: {l}")),
+            (None, Some(s)) => Fail::trouble(format!("bench rank {i} ({name}) stopped ({s})")),
+            (None, None) => Fail::trouble(format!(
+                "bench rank {i} ({name}) stopped answering and was killed"
+            )),
+        }
+    }
+
+    fn relay(&mut self, line: &str) -> Result<(), Fail> {
+        let to = self.to_sender.as_mut().expect("the sender's stdin");
+        if writeln!(to, "{line}").and_then(|()| to.flush()).is_err() {
+            return Err(self.failure(1));
+        }
+        Ok(())
+    }
+
+    /// Relays and collects until both ranks are done; every wait bounded.
+    fn drive(mut self, nsizes: usize) -> Result<Measured, Fail> {
+        let mut m = Measured {
+            abi: 0,
+            devices: Vec::new(),
+            plugin: Vec::new(),
+            tcp: Vec::new(),
+        };
+        let progress = Progress::new(nsizes);
+        let mut done = [false; 2];
+        // A rank gives up after its own stall limit; this one covers a rank that hangs anyway.
+        let limit = bench_rank::STALL + Duration::from_secs(30);
+        while !done.iter().all(|&d| d) {
+            let (i, msg) = match self.events.recv_timeout(limit) {
+                Ok(event) => event,
+                Err(_) => {
+                    return Err(Fail::trouble(format!(
+                        "the bench ranks made no progress for {} s",
+                        limit.as_secs()
+                    )));
+                }
+            };
+            match msg {
+                None if !done[i] => return Err(self.failure(i)),
+                None => {}
+                Some(Msg::Done) => done[i] = true,
+                // Both ranks load the same library; the receiver's view is shown.
+                Some(Msg::Hello { abi, devices }) if i == 0 => {
+                    m.abi = abi;
+                    m.devices = devices;
+                }
+                Some(Msg::Hello { .. }) => {}
+                Some(Msg::Handle(h)) => self.relay(&h)?,
+                Some(Msg::TcpPort(p)) => self.relay(&p.to_string())?,
+                Some(Msg::Plugin(t)) => {
+                    m.plugin.push(t);
+                    progress.show("plugin", t.size, m.plugin.len());
+                }
+                Some(Msg::Tcp(t)) => {
+                    m.tcp.push(t);
+                    progress.show("tcp", t.size, m.tcp.len());
+                }
+            }
+        }
+        progress.clear();
+        for i in 0..self.children.len() {
+            if !self.reap(i).is_some_and(|s| s.success()) {
+                return Err(self.failure(i));
+            }
+        }
+        self.children.clear();
+        Ok(m)
+    }
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// One overwritten status line on stderr, only when it is a terminal.
+#[derive(Debug)]
+struct Progress {
+    total: usize,
+    tty: bool,
+}
+
+impl Progress {
+    fn new(total: usize) -> Progress {
+        Progress {
+            total,
+            tty: std::io::stderr().is_terminal(),
+        }
+    }
+
+    fn show(&self, phase: &str, size: u64, n: usize) {
+        if self.tty {
+            eprint!(
+                "\r\x1b[Kbench: {phase} {} ({n}/{})",
+                render::size(size),
+                self.total
+            );
+        }
+    }
+
+    fn clear(&self) {
+        if self.tty {
+            eprint!("\r\x1b[K");
+        }
+    }
+}
+
+/// The table's rows: both runs of each size, in order.
+fn rows(plugin: &[Timing], tcp: &[Timing]) -> Result<Vec<Row>, Fail> {
+    if plugin.len() != tcp.len() {
+        return Err(Fail::trouble("the ranks reported an incomplete run"));
+    }
+    Ok(plugin
+        .iter()
+        .zip(tcp)
+        .map(|(p, t)| {
+            let per = |x: &Timing| x.secs / f64::from(x.iters.max(1));
+            let bw = |x: &Timing| x.size as f64 / per(x).max(1e-12) / 1e9;
+            Row {
+                size: p.size,
+                count: p.size / 4,
+                iters: p.iters,
+                time_us: per(p) * 1e6,
+                algbw_gbps: bw(p),
+                tcp_time_us: per(t) * 1e6,
+                tcp_algbw_gbps: bw(t),
+                ratio: bw(p) / bw(t),
+            }
+        })
+        .collect())
+}
+
+fn large_ratio(rows: &[Row]) -> Option<f64> {
+    let large: Vec<f64> = rows
+        .iter()
+        .filter(|r| r.size >= LARGE)
+        .map(|r| r.ratio)
+        .collect();
+    (!large.is_empty()).then(|| large.iter().sum::<f64>() / large.len() as f64)
+}
+
+/// The run for people: setup, the policy's plan, then the nccl-tests-style table.
+pub fn render(r: &BenchReport) -> String {
+    let mut out = field(
+        "bench",
+        &format!(
+            "2 ranks (processes) through {} (ncclNetPlugin_v{})",
+            r.plugin.path, r.plugin.abi
+        ),
+    );
+    out += &field("fabric", &format!("{}  ({})", r.fabric.name, r.fabric.why));
+    out += &field(
+        "policy",
+        &match &r.policy.origin {
+            Some(origin) => format!("{} {}  ({origin})", r.policy.name, r.policy.version),
+            None => "built-in default (NCCL's own decisions)".to_owned(),
+        },
+    );
+    out += &field(
+        "topology",
+        &format!("{}  ({})", r.topology.name, r.topology.origin),
+    );
+    out.push('\n');
+    out += &field("devices", "as the plugin's getProperties reports them");
+    let mut t = Table::new(2, &["dev", "name", "speed", "ports of"]);
+    for (i, d) in r.devices.iter().enumerate() {
+        t.row(vec![
+            i.to_string(),
+            d.name.clone(),
+            render::speed(u32::try_from(d.speed_mbps).unwrap_or(0)),
+            list(&d.children),
+        ]);
+    }
+    out += &t.render();
+    match &r.plan {
+        Some(plan) => {
+            out.push('\n');
+            out += &field(
+                "plan",
+                "computed here with PolicyHost over the same topology and policy: the code the plugin runs",
+            );
+            out += &crate::explain::plan_sections(plan);
+        }
+        None => {
+            out += &field(
+                "plan",
+                "not shown: the ib fabric discovers its ports (NCCL_DEBUG=INFO shows the plugin's decisions)",
+            );
+        }
+    }
+    out.push('\n');
+    out += &field(
+        "results",
+        &format!(
+            "device {} ({}); the receiver's clock; {} warmup + the timed iterations per size; every byte of the first transfer of each size checked",
+            r.device, r.device_name, r.warmup
+        ),
+    );
+    let mut t = Table::new(
+        2,
+        &[
+            "size",
+            "count",
+            "iters",
+            "time µs",
+            "algbw GB/s",
+            "tcp µs",
+            "tcp GB/s",
+            "ratio",
+        ],
+    );
+    for row in &r.rows {
+        t.row(vec![
+            row.size.to_string(),
+            row.count.to_string(),
+            row.iters.to_string(),
+            format!("{:.1}", row.time_us),
+            format!("{:.3}", row.algbw_gbps),
+            format!("{:.1}", row.tcp_time_us),
+            format!("{:.3}", row.tcp_algbw_gbps),
+            format!("{:.2}", row.ratio),
+        ]);
+    }
+    out += &t.render();
+    out += &field(
+        "ratio",
+        &match r.large_message_ratio {
+            Some(x) => format!(
+                "{x:.2} for messages of 1 MiB and more (plugin algbw / raw TCP algbw, mean)"
+            ),
+            None => "no message of 1 MiB or more in --sizes".to_owned(),
+        },
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timing(size: u64, iters: u32, secs: f64) -> Timing {
+        Timing { size, iters, secs }
+    }
+
+    #[test]
+    fn rows_divide_by_iterations_and_compare_to_tcp() {
+        let rows = rows(
+            &[timing(8, 4, 4e-6), timing(1 << 20, 2, 2e-3)],
+            &[timing(8, 4, 8e-6), timing(1 << 20, 2, 1e-3)],
+        )
+        .unwrap();
+        assert_eq!(rows[0].count, 2);
+        assert!((rows[0].time_us - 1.0).abs() < 1e-9);
+        assert!((rows[0].algbw_gbps - 0.008).abs() < 1e-9);
+        assert!((rows[0].ratio - 2.0).abs() < 1e-9);
+        assert!((rows[1].ratio - 0.5).abs() < 1e-9);
+        assert_eq!(large_ratio(&rows), Some(0.5));
+        assert_eq!(large_ratio(&rows[..1]), None);
+        assert!(super::rows(&[timing(8, 1, 1.0)], &[]).is_err());
+    }
+}

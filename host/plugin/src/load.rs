@@ -1,0 +1,683 @@
+//! A safe driver for a built plugin library, used the way NCCL's proxy uses it.
+//!
+//! `ncclwasm bench` (a `#![forbid(unsafe_code)]` crate) drives `libnccl_net_wasm.so` through
+//! exactly the C edge NCCL sees: `dlopen`, the newest exported `ncclNetPlugin_vN` table (v12 down
+//! to v8), and calls through its function pointers. All of that is `unsafe`, so it lives here,
+//! behind owned handles whose lifetimes encode NCCL's ordering rules: a communicator outlives its
+//! memory registrations, a registration outlives the requests on it, and closing consumes the
+//! handle. The logger passed to `init` is NULL (allowed by the ABI; a C-variadic logger cannot be
+//! written in stable Rust), so the library logs nothing.
+
+use std::cell::Cell;
+use std::ffi::{CStr, CString, c_int, c_void};
+use std::fmt;
+use std::ops::Range;
+use std::path::Path;
+use std::ptr::{self, NonNull};
+
+use crate::abi::*;
+
+/// `NCCL_NET_HANDLE_MAXSIZE`.
+pub const HANDLE_BYTES: usize = 128;
+
+/// A failed load or call: which entry point and what it returned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadError(String);
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+type Result<T> = std::result::Result<T, LoadError>;
+
+fn check(entry: &str, rc: NcclResult) -> Result<()> {
+    if rc == NCCL_SUCCESS {
+        Ok(())
+    } else {
+        Err(LoadError(format!(
+            "{entry} returned ncclResult {rc} (see the plugin's log)"
+        )))
+    }
+}
+
+/// The table NCCL would pick, by version. `'static` is a white lie kept private: the tables
+/// are statics of the library, which [`Plugin`] keeps open until it is dropped, and no reference
+/// to them leaves a borrow of the `Plugin`.
+#[derive(Clone, Copy, Debug)]
+enum Table {
+    V8(&'static NetV8),
+    V9(&'static NetV9),
+    V10(&'static NetV10),
+    V11(&'static NetV11),
+    V12(&'static NetV12),
+}
+
+/// Slot `$slot` of whichever table is loaded (the arms differ only in the table type), or the
+/// slot's name if it is NULL.
+macro_rules! slot {
+    ($table:expr, $slot:ident) => {
+        match $table {
+            Table::V8(t) => t.$slot.ok_or(stringify!($slot)),
+            Table::V9(t) => t.$slot.ok_or(stringify!($slot)),
+            Table::V10(t) => t.$slot.ok_or(stringify!($slot)),
+            Table::V11(t) => t.$slot.ok_or(stringify!($slot)),
+            Table::V12(t) => t.$slot.ok_or(stringify!($slot)),
+        }
+    };
+}
+
+/// A loaded plugin library: `dlclose`d on drop, after `finalize` (v11+) when `init` ran.
+#[derive(Debug)]
+pub struct Plugin {
+    lib: NonNull<c_void>,
+    table: Table,
+    version: u32,
+    /// The v11+ per-communicator context from `init`.
+    ctx: *mut c_void,
+    initialised: bool,
+}
+
+/// What `getProperties` reports, in every version's terms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Properties {
+    pub name: String,
+    pub pci_path: Option<String>,
+    pub guid: u64,
+    pub ptr_support: i32,
+    pub speed_mbps: i32,
+    pub max_comms: i32,
+    pub max_recvs: i32,
+    /// `vProps.devs`: the physical devices this one is made of (v8: itself).
+    pub children: Vec<i32>,
+    /// `maxP2pBytes` (v8: NCCL's 1 GiB shim value).
+    pub max_p2p_bytes: usize,
+}
+
+impl Plugin {
+    /// `dlopen(path, RTLD_NOW | RTLD_LOCAL)` and the newest table among v12 … v8, as NCCL 2.30+
+    /// probes.
+    pub fn open(path: &Path) -> Result<Plugin> {
+        Plugin::open_as(path, 12)
+    }
+
+    /// As an older NCCL loads the library: the newest table at or below `newest` (NCCL 2.26
+    /// probes v10 first, 2.24 v9, 2.20 v8).
+    pub fn open_as(path: &Path, newest: u32) -> Result<Plugin> {
+        let c_path = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| LoadError(format!("{} contains a NUL byte", path.display())))?;
+        // SAFETY: a valid C string; loading runs the library's initialisers, which for this
+        // plugin do nothing but register its statics.
+        let lib = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        let Some(lib) = NonNull::new(lib) else {
+            return Err(LoadError(format!(
+                "dlopen {}: {}",
+                path.display(),
+                dl_error()
+            )));
+        };
+        for version in (8..=newest.min(12)).rev() {
+            let sym = CString::new(format!("ncclNetPlugin_v{version}")).expect("no NUL");
+            // SAFETY: `lib` is an open handle and `sym` a valid C string.
+            let p = unsafe { libc::dlsym(lib.as_ptr(), sym.as_ptr()) };
+            if p.is_null() {
+                continue;
+            }
+            // SAFETY: `ncclNetPlugin_vN` is a static `ncclNet_vN_t` (the layouts of `abi`) that
+            // lives until `dlclose`, which only `Drop` calls (see `Table`).
+            let table = unsafe {
+                match version {
+                    12 => Table::V12(&*p.cast::<NetV12>()),
+                    11 => Table::V11(&*p.cast::<NetV11>()),
+                    10 => Table::V10(&*p.cast::<NetV10>()),
+                    9 => Table::V9(&*p.cast::<NetV9>()),
+                    _ => Table::V8(&*p.cast::<NetV8>()),
+                }
+            };
+            return Ok(Plugin {
+                lib,
+                table,
+                version,
+                ctx: ptr::null_mut(),
+                initialised: false,
+            });
+        }
+        // SAFETY: `lib` is open and nothing of it is in use.
+        unsafe { libc::dlclose(lib.as_ptr()) };
+        Err(LoadError(format!(
+            "{} exports none of ncclNetPlugin_v8 … v{}",
+            path.display(),
+            newest.min(12)
+        )))
+    }
+
+    /// The ABI version of the table in use (12 … 8).
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// The table's `name` (`WASM` for this plugin).
+    pub fn name(&self) -> String {
+        let name = match self.table {
+            Table::V8(t) => t.name,
+            Table::V9(t) => t.name,
+            Table::V10(t) => t.name,
+            Table::V11(t) => t.name,
+            Table::V12(t) => t.name,
+        };
+        c_str(name).unwrap_or_default()
+    }
+
+    fn missing(&self, slot: &str) -> LoadError {
+        LoadError(format!("ncclNetPlugin_v{} has no {slot}", self.version))
+    }
+
+    /// A data-path slot that is NULL, or a size the v8 ABI's `int` cannot carry.
+    fn unusable(&self, slot: &str, size: usize) -> LoadError {
+        if c_int::try_from(size).is_err() && self.version == 8 {
+            LoadError(format!("{size} bytes exceed the v8 ABI's int sizes"))
+        } else {
+            self.missing(slot)
+        }
+    }
+
+    /// `init` with a NULL logger and profiler; v11+ with comm id 0 and no traffic class.
+    pub fn init(&mut self) -> Result<()> {
+        if self.initialised {
+            return Err(LoadError("init was already called".into()));
+        }
+        let mut config = CommConfigC { traffic_class: -1 };
+        let ctx = &mut self.ctx;
+        // SAFETY: each arm calls the slot with its version's signature; NULL logger and
+        // profiler are allowed; `ctx` and `config` are valid for the call.
+        let rc = unsafe {
+            match self.table {
+                Table::V8(t) => t.init.map(|f| f(None)),
+                Table::V9(t) => t.init.map(|f| f(None)),
+                Table::V10(t) => t.init.map(|f| f(None, ptr::null_mut())),
+                Table::V11(t) => t
+                    .init
+                    .map(|f| f(ctx, 0, &mut config, None, ptr::null_mut())),
+                Table::V12(t) => t
+                    .init
+                    .map(|f| f(ctx, 0, &mut config, None, ptr::null_mut())),
+            }
+        }
+        .ok_or_else(|| self.missing("init"))?;
+        check("init", rc)?;
+        self.initialised = true;
+        Ok(())
+    }
+
+    /// `devices`: how many devices NCCL would see.
+    pub fn devices(&self) -> Result<i32> {
+        let f = slot!(self.table, devices).map_err(|s| self.missing(s))?;
+        let mut n: c_int = -1;
+        // SAFETY: `n` is a valid out-parameter.
+        check("devices", unsafe { f(&mut n) })?;
+        Ok(n)
+    }
+
+    /// `getProperties(dev)`.
+    pub fn properties(&self, dev: i32) -> Result<Properties> {
+        fn get<T>(
+            f: Option<unsafe extern "C" fn(c_int, *mut T) -> NcclResult>,
+            dev: i32,
+        ) -> Result<T> {
+            let f = f.ok_or_else(|| LoadError("no getProperties".into()))?;
+            let mut out = std::mem::MaybeUninit::<T>::zeroed();
+            // SAFETY: `out` has the layout of this version's properties struct, and every
+            // field of it is valid when zeroed (integers and nullable pointers).
+            check("getProperties", unsafe { f(dev, out.as_mut_ptr()) })?;
+            // SAFETY: zeroed, then written by the plugin; all-zero is a valid value too.
+            Ok(unsafe { out.assume_init() })
+        }
+        macro_rules! common {
+            ($p:expr, $children:expr, $max_p2p:expr) => {
+                Properties {
+                    name: c_str($p.name).unwrap_or_default(),
+                    pci_path: c_str($p.pci_path),
+                    guid: $p.guid,
+                    ptr_support: $p.ptr_support,
+                    speed_mbps: $p.speed,
+                    max_comms: $p.max_comms,
+                    max_recvs: $p.max_recvs,
+                    children: $children,
+                    max_p2p_bytes: $max_p2p,
+                }
+            };
+        }
+        fn devs(ndevs: c_int, devs: &[c_int]) -> Vec<i32> {
+            devs[..usize::try_from(ndevs).unwrap_or(0).min(devs.len())].to_vec()
+        }
+        Ok(match self.table {
+            Table::V8(t) => {
+                let p = get(t.get_properties, dev)?;
+                common!(p, vec![dev], 1 << 30)
+            }
+            Table::V9(t) => {
+                let p = get(t.get_properties, dev)?;
+                common!(p, devs(p.vprops.ndevs, &p.vprops.devs), p.max_p2p_bytes)
+            }
+            Table::V10(t) => {
+                let p = get(t.get_properties, dev)?;
+                common!(p, devs(p.vprops.ndevs, &p.vprops.devs), p.max_p2p_bytes)
+            }
+            Table::V11(t) => {
+                let p = get(t.get_properties, dev)?;
+                common!(p, devs(p.vprops.ndevs, &p.vprops.devs), p.max_p2p_bytes)
+            }
+            Table::V12(t) => {
+                let p = get(t.get_properties, dev)?;
+                common!(p, devs(p.vprops.ndevs, &p.vprops.devs), p.max_p2p_bytes)
+            }
+        })
+    }
+
+    /// `makeVDevice` of physical devices `devs`, as NCCL core fuses NICs (v9+): the new
+    /// device's index.
+    pub fn make_vdevice(&self, devs: &[i32]) -> Result<i32> {
+        fn fuse<T>(
+            f: Option<unsafe extern "C" fn(*mut c_int, *mut T) -> NcclResult>,
+            mut props: T,
+        ) -> Result<i32> {
+            let f = f.ok_or_else(|| LoadError("no makeVDevice".into()))?;
+            let mut d: c_int = -1;
+            // SAFETY: `props` is this version's `ncclNetVDeviceProps_t`; `d` is a valid
+            // out-parameter.
+            check("makeVDevice", unsafe { f(&mut d, &mut props) })?;
+            Ok(d)
+        }
+        fn members<const N: usize>(devs: &[i32]) -> Result<[c_int; N]> {
+            let mut out = [0; N];
+            out.get_mut(..devs.len())
+                .ok_or_else(|| {
+                    LoadError(format!("{} devices; a vNIC takes at most {N}", devs.len()))
+                })?
+                .copy_from_slice(devs);
+            Ok(out)
+        }
+        let ndevs = devs.len() as c_int;
+        match self.table {
+            Table::V8(_) => Err(self.missing("makeVDevice")),
+            Table::V9(t) => fuse(
+                t.make_vdevice,
+                VDevPropsV9 {
+                    ndevs,
+                    devs: members(devs)?,
+                },
+            ),
+            Table::V10(t) => fuse(
+                t.make_vdevice,
+                VDevPropsV9 {
+                    ndevs,
+                    devs: members(devs)?,
+                },
+            ),
+            Table::V11(t) => fuse(
+                t.make_vdevice,
+                VDevPropsV9 {
+                    ndevs,
+                    devs: members(devs)?,
+                },
+            ),
+            Table::V12(t) => fuse(
+                t.make_vdevice,
+                VDevPropsV12 {
+                    ndevs,
+                    devs: members(devs)?,
+                },
+            ),
+        }
+    }
+
+    /// `listen(dev)`: the listen comm and the handle to give the connecting side.
+    pub fn listen(&self, dev: i32) -> Result<(ListenComm<'_>, [u8; HANDLE_BYTES])> {
+        let mut handle = [0u8; HANDLE_BYTES];
+        let mut comm: *mut c_void = ptr::null_mut();
+        let h = handle.as_mut_ptr().cast::<c_void>();
+        // SAFETY: each arm calls the slot with its version's signature; `handle` is the
+        // 128-byte buffer NCCL owns; `comm` is a valid out-parameter.
+        let rc = unsafe {
+            match self.table {
+                Table::V8(t) => t.listen.map(|f| f(dev, h, &mut comm)),
+                Table::V9(t) => t.listen.map(|f| f(dev, h, &mut comm)),
+                Table::V10(t) => t.listen.map(|f| f(dev, h, &mut comm)),
+                Table::V11(t) => t.listen.map(|f| f(self.ctx, dev, h, &mut comm)),
+                Table::V12(t) => t.listen.map(|f| f(self.ctx, dev, h, &mut comm)),
+            }
+        }
+        .ok_or_else(|| self.missing("listen"))?;
+        check("listen", rc)?;
+        let comm = NonNull::new(comm).ok_or_else(|| LoadError("listen returned no comm".into()))?;
+        Ok((ListenComm { plugin: self, comm }, handle))
+    }
+
+    /// One `connect` attempt: `None` means "call again", as NCCL's proxy does.
+    /// The plugin keeps its progress in the handle's scratch bytes, so every attempt of one
+    /// connection must pass the same buffer, as NCCL does.
+    pub fn connect(
+        &self,
+        dev: i32,
+        handle: &mut [u8; HANDLE_BYTES],
+    ) -> Result<Option<SendComm<'_>>> {
+        let h = handle.as_mut_ptr().cast::<c_void>();
+        let mut comm: *mut c_void = ptr::null_mut();
+        let mut dev_comm: *mut c_void = ptr::null_mut();
+        let mut config = CommConfigC { traffic_class: -1 };
+        let (c, d) = (&mut comm, &mut dev_comm);
+        // SAFETY: each arm calls the slot with its version's signature; the handle is 128
+        // writable bytes and the other pointers are valid for the call.
+        let rc = unsafe {
+            match self.table {
+                Table::V8(t) => t.connect.map(|f| f(dev, h, c, d)),
+                Table::V9(t) => t.connect.map(|f| f(dev, h, c, d)),
+                Table::V10(t) => t.connect.map(|f| f(dev, &mut config, h, c, d)),
+                Table::V11(t) => t.connect.map(|f| f(self.ctx, dev, h, c, d)),
+                Table::V12(t) => t.connect.map(|f| f(self.ctx, dev, h, c, d)),
+            }
+        }
+        .ok_or_else(|| self.missing("connect"))?;
+        check("connect", rc)?;
+        Ok(NonNull::new(comm).map(|comm| SendComm { plugin: self, comm }))
+    }
+
+    fn close(&self, entry: &'static str, comm: NonNull<c_void>) -> Result<()> {
+        let f = match entry {
+            "closeSend" => slot!(self.table, close_send),
+            "closeRecv" => slot!(self.table, close_recv),
+            _ => slot!(self.table, close_listen),
+        }
+        .map_err(|s| self.missing(s))?;
+        // SAFETY: `comm` came from this plugin and is closed once (the handle is consumed).
+        check(entry, unsafe { f(comm.as_ptr()) })
+    }
+
+    fn test(&self, request: *mut c_void) -> Result<Option<usize>> {
+        let f = slot!(self.table, test).map_err(|s| self.missing(s))?;
+        let (mut done, mut size): (c_int, c_int) = (0, 0);
+        // SAFETY: `request` is a live request of this plugin (not yet reported done).
+        check("test", unsafe { f(request, &mut done, &mut size) })?;
+        Ok((done != 0).then(|| usize::try_from(size).unwrap_or(0)))
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        if self.initialised {
+            let finalize = match self.table {
+                Table::V11(t) => t.finalize,
+                Table::V12(t) => t.finalize,
+                _ => None,
+            };
+            if let Some(f) = finalize {
+                // SAFETY: the context from `init`, finalized once; every comm borrowed the
+                // plugin, so all are closed by now.
+                unsafe { f(self.ctx) };
+            }
+        }
+        // SAFETY: nothing of the library is referenced any more (every handle borrowed `self`).
+        unsafe { libc::dlclose(self.lib.as_ptr()) };
+    }
+}
+
+fn dl_error() -> String {
+    // SAFETY: dlerror returns NULL or a C string valid until the next dl* call on this thread.
+    c_str(unsafe { libc::dlerror() }).unwrap_or_else(|| "unknown error".into())
+}
+
+fn c_str(p: *const std::ffi::c_char) -> Option<String> {
+    // SAFETY: `p` is NULL or a NUL-terminated string owned by the library, alive while it is
+    // loaded.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
+/// A listen comm; closed on drop (NCCL closes it right after `accept` returns a comm).
+#[derive(Debug)]
+pub struct ListenComm<'p> {
+    plugin: &'p Plugin,
+    comm: NonNull<c_void>,
+}
+
+impl<'p> ListenComm<'p> {
+    /// One `accept` attempt: `None` means "call again".
+    pub fn accept(&self) -> Result<Option<RecvComm<'p>>> {
+        let f = slot!(self.plugin.table, accept).map_err(|s| self.plugin.missing(s))?;
+        let mut comm: *mut c_void = ptr::null_mut();
+        let mut dev_comm: *mut c_void = ptr::null_mut();
+        // SAFETY: a live listen comm and valid out-parameters.
+        check("accept", unsafe {
+            f(self.comm.as_ptr(), &mut comm, &mut dev_comm)
+        })?;
+        Ok(NonNull::new(comm).map(|comm| RecvComm {
+            plugin: self.plugin,
+            comm,
+        }))
+    }
+}
+
+impl Drop for ListenComm<'_> {
+    fn drop(&mut self) {
+        let _ = self.plugin.close("closeListen", self.comm);
+    }
+}
+
+/// Memory registered with `regMr` on one comm: owns its bytes, deregistered on drop.
+#[derive(Debug)]
+pub struct Mr<'c> {
+    plugin: &'c Plugin,
+    comm: NonNull<c_void>,
+    mhandle: *mut c_void,
+    /// Owned by this value; a raw pointer because the plugin writes into it while requests
+    /// hold `&Mr`.
+    data: NonNull<[u8]>,
+    /// Requests posted and not yet seen done: if any is left, the bytes are leaked rather than
+    /// freed under the library's feet.
+    pending: Cell<usize>,
+}
+
+impl Mr<'_> {
+    fn register<'c>(plugin: &'c Plugin, comm: NonNull<c_void>, len: usize) -> Result<Mr<'c>> {
+        let f = slot!(plugin.table, reg_mr).map_err(|s| plugin.missing(s))?;
+        let data = NonNull::from(Box::leak(vec![0u8; len].into_boxed_slice()));
+        let mut mhandle: *mut c_void = ptr::null_mut();
+        // SAFETY: a live comm; `data` is `len` bytes owned by the returned value.
+        let rc = unsafe {
+            f(
+                comm.as_ptr(),
+                data.as_ptr().cast(),
+                len,
+                NCCL_PTR_HOST,
+                &mut mhandle,
+            )
+        };
+        let mr = Mr {
+            plugin,
+            comm,
+            mhandle,
+            data,
+            pending: Cell::new(0),
+        };
+        check("regMr", rc)?;
+        Ok(mr)
+    }
+
+    /// The registered bytes; not while a request on them is in flight (they borrow `self`).
+    pub fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: owned by `self`; `&mut self` means no request is in flight on it.
+        unsafe { self.data.as_mut() }
+    }
+
+    fn range(&self, comm: NonNull<c_void>, range: &Range<usize>) -> Result<*mut c_void> {
+        if comm != self.comm {
+            return Err(LoadError("memory registered on another comm".into()));
+        }
+        if range.start > range.end || range.end > self.data.len() {
+            return Err(LoadError(format!(
+                "{range:?} is outside the {}-byte registration",
+                self.data.len()
+            )));
+        }
+        // SAFETY: in bounds, checked above.
+        Ok(unsafe { self.data.cast::<u8>().as_ptr().add(range.start) }.cast())
+    }
+}
+
+impl Drop for Mr<'_> {
+    fn drop(&mut self) {
+        if !self.mhandle.is_null()
+            && let Ok(f) = slot!(self.plugin.table, dereg_mr)
+        {
+            // SAFETY: a live comm (it outlives `self`) and this registration's handle.
+            unsafe { f(self.comm.as_ptr(), self.mhandle) };
+        }
+        if self.pending.get() == 0 {
+            // SAFETY: leaked from a Box in `register` and not referenced by any request.
+            drop(unsafe { Box::from_raw(self.data.as_ptr()) });
+        }
+    }
+}
+
+/// A send comm; closed on drop.
+#[derive(Debug)]
+pub struct SendComm<'p> {
+    plugin: &'p Plugin,
+    comm: NonNull<c_void>,
+}
+
+impl SendComm<'_> {
+    /// `regMr` of `len` zeroed bytes (`NCCL_PTR_HOST`).
+    pub fn reg_mr(&self, len: usize) -> Result<Mr<'_>> {
+        Mr::register(self.plugin, self.comm, len)
+    }
+
+    /// One `isend` attempt of `mr[range]`: `None` means "not now, call again".
+    pub fn isend<'m>(
+        &self,
+        mr: &'m Mr<'_>,
+        range: Range<usize>,
+        tag: i32,
+    ) -> Result<Option<Request<'m>>> {
+        let data = mr.range(self.comm, &range)?;
+        let size = range.len();
+        let (c, m) = (self.comm.as_ptr(), mr.mhandle);
+        let mut req: *mut c_void = ptr::null_mut();
+        let small = c_int::try_from(size).ok();
+        let r = &mut req;
+        let no = ptr::null_mut();
+        // SAFETY: each arm calls the slot with its version's signature; `data` is inside the
+        // registration, which the request borrows until it is done.
+        let rc = unsafe {
+            match self.plugin.table {
+                Table::V8(t) => small.and_then(|n| t.isend.map(|f| f(c, data, n, tag, m, r))),
+                Table::V9(t) => t.isend.map(|f| f(c, data, size, tag, m, r)),
+                Table::V10(t) => t.isend.map(|f| f(c, data, size, tag, m, no, r)),
+                Table::V11(t) => t.isend.map(|f| f(c, data, size, tag, m, no, r)),
+                Table::V12(t) => t.isend.map(|f| f(c, data, size, tag, m, no, r)),
+            }
+        }
+        .ok_or_else(|| self.plugin.unusable("isend", size))?;
+        check("isend", rc)?;
+        Ok(Request::new(mr, req))
+    }
+}
+
+impl Drop for SendComm<'_> {
+    fn drop(&mut self) {
+        let _ = self.plugin.close("closeSend", self.comm);
+    }
+}
+
+/// A receive comm; closed on drop.
+#[derive(Debug)]
+pub struct RecvComm<'p> {
+    plugin: &'p Plugin,
+    comm: NonNull<c_void>,
+}
+
+impl RecvComm<'_> {
+    /// `regMr` of `len` zeroed bytes (`NCCL_PTR_HOST`).
+    pub fn reg_mr(&self, len: usize) -> Result<Mr<'_>> {
+        Mr::register(self.plugin, self.comm, len)
+    }
+
+    /// One `irecv` attempt of one buffer, `mr[range]` (`n = 1`): `None` means "call again".
+    pub fn irecv<'m>(
+        &self,
+        mr: &'m Mr<'_>,
+        range: Range<usize>,
+        tag: i32,
+    ) -> Result<Option<Request<'m>>> {
+        let mut data = mr.range(self.comm, &range)?;
+        let mut mhandle = mr.mhandle;
+        let mut tag = tag;
+        let size = range.len();
+        let (c, d, t_, m) = (self.comm.as_ptr(), &mut data, &mut tag, &mut mhandle);
+        let mut req: *mut c_void = ptr::null_mut();
+        let mut small = c_int::try_from(size).ok();
+        let mut size = size;
+        let (s, r) = (&mut size, &mut req);
+        let no = ptr::null_mut();
+        // SAFETY: each arm calls the slot with its version's signature and one-element arrays
+        // valid for the call; the buffer is inside the registration, which the request borrows.
+        let rc = unsafe {
+            match self.plugin.table {
+                Table::V8(t) => small
+                    .as_mut()
+                    .and_then(|n| t.irecv.map(|f| f(c, 1, d, n, t_, m, r))),
+                Table::V9(t) => t.irecv.map(|f| f(c, 1, d, s, t_, m, r)),
+                Table::V10(t) => t.irecv.map(|f| f(c, 1, d, s, t_, m, no, r)),
+                Table::V11(t) => t.irecv.map(|f| f(c, 1, d, s, t_, m, no, r)),
+                Table::V12(t) => t.irecv.map(|f| f(c, 1, d, s, t_, m, no, r)),
+            }
+        }
+        .ok_or_else(|| self.plugin.unusable("irecv", size))?;
+        check("irecv", rc)?;
+        Ok(Request::new(mr, req))
+    }
+}
+
+impl Drop for RecvComm<'_> {
+    fn drop(&mut self) {
+        let _ = self.plugin.close("closeRecv", self.comm);
+    }
+}
+
+/// A posted `isend`/`irecv`, polled with [`Request::test`]. It borrows its registration, so
+/// the memory and the comm outlive it.
+#[derive(Debug)]
+pub struct Request<'m> {
+    mr: &'m Mr<'m>,
+    req: *mut c_void,
+    /// The size `test` reported once done: the library has released the request.
+    done: Option<usize>,
+}
+
+impl<'m> Request<'m> {
+    fn new(mr: &'m Mr<'m>, req: *mut c_void) -> Option<Request<'m>> {
+        if req.is_null() {
+            return None;
+        }
+        mr.pending.set(mr.pending.get() + 1);
+        Some(Request {
+            mr,
+            req,
+            done: None,
+        })
+    }
+
+    /// One `test`: the size sent or received once done (then every later call returns it).
+    pub fn test(&mut self) -> Result<Option<usize>> {
+        if self.done.is_some() {
+            return Ok(self.done);
+        }
+        self.done = self.mr.plugin.test(self.req)?;
+        if self.done.is_some() {
+            self.mr.pending.set(self.mr.pending.get() - 1);
+        }
+        Ok(self.done)
+    }
+}

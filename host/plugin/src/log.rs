@@ -1,0 +1,116 @@
+//! tracing → NCCL's logger. Every event of the plugin (and of the transport, the policy engine
+//! and the verbs layer under it) at INFO or above becomes one call of NCCL's variadic logger,
+//! with `"%s"` as the format so no text of ours is ever interpreted. WARN goes to all
+//! subsystems (as NCCL's WARN macro), INFO to `NET`, so `NCCL_DEBUG=INFO
+//! NCCL_DEBUG_SUBSYS=NET` shows the policy's decisions and their reasons.
+
+use std::ffi::{CString, c_int};
+use std::fmt::Write as _;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Metadata, Subscriber};
+use tracing_subscriber::layer::{Context, Layer};
+use tracing_subscriber::prelude::*;
+
+use crate::abi::{LOG_INFO, LOG_WARN, Logger, NCCL_ALL, NCCL_NET};
+
+/// The logger NCCL gave the last `init` (0 = none: events are dropped).
+static LOGGER: AtomicUsize = AtomicUsize::new(0);
+
+/// Remembers NCCL's logger (NULL is fine) and installs the bridge once per loaded image.
+pub(crate) fn install(logger: Logger) {
+    LOGGER.store(logger.map_or(0, |f| f as usize), Ordering::Release);
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        // Fails only if this image already has a global subscriber: then it is ours.
+        let _ =
+            tracing::subscriber::set_global_default(tracing_subscriber::registry().with(NcclLayer));
+    });
+}
+
+fn logger() -> Logger {
+    let raw = LOGGER.load(Ordering::Acquire);
+    if raw == 0 {
+        return None;
+    }
+    type F = unsafe extern "C" fn(
+        c_int,
+        std::ffi::c_ulong,
+        *const std::ffi::c_char,
+        c_int,
+        *const std::ffi::c_char,
+        ...
+    );
+    // SAFETY: `raw` was stored from a non-NULL `F` in `install`; function pointers round-trip
+    // through usize on every platform Rust supports.
+    Some(unsafe { std::mem::transmute::<usize, F>(raw) })
+}
+
+/// Hands one line to NCCL (if it gave us a logger).
+pub(crate) fn emit(level: c_int, line: &str) {
+    let Some(log) = logger() else { return };
+    let flags = if level == LOG_WARN {
+        NCCL_ALL
+    } else {
+        NCCL_NET
+    };
+    let text = CString::new(line.replace('\0', " ")).unwrap_or_default();
+    // SAFETY: NCCL's logger takes (level, flags, file, line, fmt, ...); "%s" consumes exactly
+    // the one NUL-terminated string passed, which lives until the call returns.
+    unsafe {
+        log(
+            level,
+            flags,
+            c"ncclwasm".as_ptr(),
+            0,
+            c"%s".as_ptr(),
+            text.as_ptr(),
+        )
+    };
+}
+
+/// Collects an event's message and fields into one line.
+struct Line(String);
+
+impl Visit for Line {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            let _ = write!(self.0, "{value:?}");
+        } else {
+            let _ = write!(self.0, " {}={value:?}", field.name());
+        }
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            self.0.push_str(value);
+        } else {
+            let _ = write!(self.0, " {}={value}", field.name());
+        }
+    }
+}
+
+struct NcclLayer;
+
+impl<S: Subscriber> Layer<S> for NcclLayer {
+    fn enabled(&self, meta: &Metadata<'_>, _: Context<'_, S>) -> bool {
+        *meta.level() <= Level::INFO
+    }
+
+    fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+        let meta = event.metadata();
+        let mut line = Line(String::new());
+        event.record(&mut line);
+        let level = if *meta.level() <= Level::WARN {
+            LOG_WARN
+        } else {
+            LOG_INFO
+        };
+        if !line.0.starts_with("NET/WASM") {
+            line.0 = format!("NET/WASM ({}): {}", meta.target(), line.0);
+        }
+        emit(level, &line.0);
+    }
+}

@@ -1,0 +1,145 @@
+//! `load`, the safe driver `ncclwasm bench` uses, against the freshly built library: one
+//! process holds both ends of a connection on the soft fabric's loopback machine (the library is
+//! process-wide, as under NCCL), sends a message and checks every byte; misuse is an error, not
+//! undefined behaviour.
+//!
+//! The library reads `NCCL_WASM_FABRIC` at `init`, and setting variables in a running test is
+//! unsafe, so the test re-runs itself with the variables set.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nccl_net_wasm::load::Plugin;
+
+/// `target/<profile>/libnccl_net_wasm.so`, next to this test's `deps/` directory.
+fn library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let lib = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>")
+        .join("libnccl_net_wasm.so");
+    assert!(lib.exists(), "{} not built", lib.display());
+    lib
+}
+
+/// Runs `test` in a child of this test binary with the soft fabric selected.
+fn in_child(test: &str) {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture"])
+        .env("LOAD_TEST_CHILD", "1")
+        .env("NCCL_WASM_FABRIC", "soft")
+        .env_remove("NCCL_WASM_TOPOLOGY")
+        .env_remove("NCCL_WASM_POLICY")
+        .output()
+        .expect("re-run the test");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn child() -> bool {
+    std::env::var_os("LOAD_TEST_CHILD").is_some()
+}
+
+#[test]
+fn one_message_through_each_table_of_the_built_library() {
+    if !child() {
+        return in_child("one_message_through_each_table_of_the_built_library");
+    }
+    let plugin = Plugin::open(&library()).unwrap();
+    assert_eq!(plugin.version(), 12);
+    drop(plugin);
+    for version in (8..=12).rev() {
+        one_message(version);
+    }
+}
+
+/// Loads the library as an NCCL that knows `version` at most, and sends one message between
+/// two comms of this process.
+fn one_message(version: u32) {
+    let mut plugin = Plugin::open_as(&library(), version).unwrap();
+    assert_eq!(plugin.version(), version);
+    assert_eq!(plugin.name(), "WASM");
+    plugin.init().unwrap();
+    assert!(plugin.init().is_err(), "a second init is refused");
+    let n = plugin.devices().unwrap();
+    assert!(n >= 2, "{n} devices");
+    let p = plugin.properties(0).unwrap();
+    assert_eq!((p.ptr_support, p.children.clone()), (1, vec![0]));
+    assert!(p.max_p2p_bytes > 0);
+    if version >= 9 {
+        let v = plugin.make_vdevice(&[0, 1]).unwrap();
+        assert_eq!(v, n);
+        assert_eq!(plugin.properties(v).unwrap().children, vec![0, 1]);
+    } else {
+        assert!(plugin.make_vdevice(&[0, 1]).is_err());
+    }
+
+    let (listen, mut handle) = plugin.listen(0).unwrap();
+    let (mut send, mut recv) = (None, None);
+    for _ in 0..100_000 {
+        if send.is_none() {
+            send = plugin.connect(1, &mut handle).unwrap();
+        }
+        if recv.is_none() {
+            recv = listen.accept().unwrap();
+        }
+        if send.is_some() && recv.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    }
+    drop(listen);
+    let (send, recv) = (send.expect("connected"), recv.expect("accepted"));
+
+    const SIZE: usize = 1 << 20;
+    let mut out = send.reg_mr(SIZE).unwrap();
+    out.bytes()
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, b)| *b = (i * 31 + (i >> 9)) as u8);
+    let mut into = recv.reg_mr(SIZE + 64).unwrap();
+    // Misuse is refused: out of range, or memory of the other comm.
+    assert!(recv.irecv(&into, 0..SIZE + 65, 7).is_err());
+    assert!(send.isend(&into, 0..8, 7).is_err());
+
+    let (mut r, mut s) = (None, None);
+    let (mut got, mut sent) = (None, None);
+    for _ in 0..1_000_000 {
+        if r.is_none() {
+            r = recv.irecv(&into, 0..SIZE + 64, 7).unwrap();
+        }
+        if s.is_none() {
+            s = send.isend(&out, 0..SIZE, 7).unwrap();
+        }
+        if let Some(r) = r.as_mut() {
+            got = got.or(r.test().unwrap());
+        }
+        if let Some(s) = s.as_mut() {
+            sent = sent.or(s.test().unwrap());
+        }
+        if got.is_some() && sent.is_some() {
+            break;
+        }
+    }
+    assert_eq!((got, sent), (Some(SIZE), Some(SIZE)));
+    let expected: Vec<u8> = (0..SIZE).map(|i| (i * 31 + (i >> 9)) as u8).collect();
+    assert!(into.bytes()[..SIZE] == expected[..], "bytes differ");
+    assert_eq!(into.bytes()[SIZE..], [0u8; 64], "written past the message");
+}
+
+#[test]
+fn open_refuses_what_is_not_a_plugin() {
+    let err = Plugin::open(Path::new("/nonexistent/libx.so")).unwrap_err();
+    assert!(err.to_string().contains("dlopen"), "{err}");
+    let libc = Plugin::open(Path::new("libc.so.6")).unwrap_err();
+    assert!(
+        libc.to_string()
+            .contains("exports none of ncclNetPlugin_v8 … v12"),
+        "{libc}"
+    );
+}

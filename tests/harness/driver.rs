@@ -1,0 +1,137 @@
+//! Builds `harness.c` with the system C compiler and runs it against the freshly built
+//! `libnccl_net_wasm.so` (installed under NCCL's name, `libnccl-net-wasm.so`) for every exported
+//! ABI version, on the soft fabric's loopback topology (two ports, so NIC fusion is exercised).
+//! Each run is two processes exchanging the listen handle over a pipe; every byte is checked.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// `target/<profile>`, where cargo put the cdylib next to this test's `deps/` directory.
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>")
+        .to_path_buf()
+}
+
+fn build(out: &Path) -> (PathBuf, PathBuf) {
+    let lib = target_dir().join("libnccl_net_wasm.so");
+    assert!(lib.exists(), "{} not built", lib.display());
+    let installed = out.join("libnccl-net-wasm.so");
+    std::fs::copy(&lib, &installed).expect("install the plugin");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/harness/harness.c");
+    let exe = out.join("harness");
+    let cc = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-ldl")
+        .status()
+        .expect("run the C compiler");
+    assert!(cc.success(), "harness.c does not compile");
+    (installed, exe)
+}
+
+#[test]
+fn every_abi_version_across_two_processes() {
+    let out = std::env::temp_dir().join(format!("ncclwasm-harness-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    let (lib, exe) = build(&out);
+    for version in 8..=12 {
+        let run = Command::new(&exe)
+            .arg(&lib)
+            .arg(version.to_string())
+            .env("NCCL_WASM_FABRIC", "soft")
+            .env_remove("NCCL_WASM_TOPOLOGY")
+            .env_remove("NCCL_WASM_POLICY")
+            .output()
+            .expect("run the harness");
+        let stdout = String::from_utf8_lossy(&run.stdout);
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(
+            run.status.success(),
+            "harness v{version} failed ({}):\n{stdout}\n{stderr}",
+            run.status
+        );
+        assert!(
+            stdout.contains(&format!("harness v{version}: OK")),
+            "{stdout}"
+        );
+        if version != 9 {
+            // Versions with a logger see the policy's decisions at INFO, with their reasons.
+            assert!(stderr.contains("select-devices"), "v{version}:\n{stderr}");
+            assert!(stderr.contains("plan for comm"), "v{version}:\n{stderr}");
+        }
+        if version >= 11 {
+            assert!(
+                stderr.contains("comm 0x1234abcd"),
+                "commId reaches the plan:\n{stderr}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// `auto` without an active RDMA port: every version's `init` fails cleanly (NCCL then falls
+/// back to its own transports). Only meaningful on hosts without RDMA hardware.
+#[test]
+fn auto_fabric_without_rdma_refuses_init() {
+    let has_rdma = std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
+    if has_rdma {
+        eprintln!("skipped: this host has RDMA devices");
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("ncclwasm-harness-auto-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    let (lib, exe) = build(&out);
+    for version in 8..=12 {
+        let mut cmd = Command::new(&exe);
+        cmd.arg(&lib)
+            .arg(version.to_string())
+            .arg("expect-init-failure")
+            .env("NCCL_WASM_FABRIC", "auto");
+        // Half the versions without any libibverbs, half with the host's (no devices).
+        if version % 2 == 0 {
+            cmd.env(
+                "NCCL_WASM_IBVERBS_PATH",
+                out.join("no-such-libibverbs.so.1"),
+            );
+        }
+        let run = cmd.output().expect("run the harness");
+        assert!(
+            run.status.success(),
+            "v{version}: {}\n{}",
+            String::from_utf8_lossy(&run.stdout),
+            String::from_utf8_lossy(&run.stderr)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// The exports NCCL's loader looks for, and no link-time dependency on libibverbs (the plugin
+/// must load on hosts without rdma-core).
+#[test]
+fn exports_five_tables_and_needs_no_libibverbs() {
+    let lib = target_dir().join("libnccl_net_wasm.so");
+    let nm = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&lib)
+        .output()
+        .expect("nm (binutils)");
+    let symbols = String::from_utf8_lossy(&nm.stdout);
+    for v in 8..=12 {
+        assert!(
+            symbols.contains(&format!(" D ncclNetPlugin_v{v}\n")),
+            "ncclNetPlugin_v{v} missing:\n{symbols}"
+        );
+    }
+    let readelf = Command::new("readelf")
+        .arg("-d")
+        .arg(&lib)
+        .output()
+        .expect("readelf (binutils)");
+    let dynamic = String::from_utf8_lossy(&readelf.stdout);
+    assert!(dynamic.contains("NEEDED"), "{dynamic}");
+    assert!(!dynamic.contains("libibverbs"), "{dynamic}");
+}

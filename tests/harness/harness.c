@@ -1,0 +1,557 @@
+/* Drives libnccl-net-wasm.so exactly as NCCL's proxy does, for one ABI version, across two
+ * processes: the parent receives (listen/accept/irecv/iflush), the forked child sends
+ * (connect/isend); the listen handle and a few sync bytes travel over pipes. Every byte received
+ * is checked. Written against the layouts of nccl-plugin-abi.md, not NCCL's headers.
+ *
+ * usage: harness <plugin.so> <version 8..12> [expect-init-failure]
+ * exit 0 and "harness vN: OK" on success; any failure prints why and exits 1. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MIB (1024UL * 1024UL)
+#define BUF (64 * MIB + 8192)
+#define HANDLE 128
+#define MAX_N 8
+
+typedef struct {
+  const char *name;
+  void *init, *devices, *getProperties, *listen, *connect, *accept, *regMr, *regMrDmaBuf,
+      *deregMr, *isend, *irecv, *iflush, *test, *closeSend, *closeRecv, *closeListen,
+      *getDeviceMr, *irecvConsumed;
+  void *makeVDevice; /* v9+ */
+  void *finalize, *setNetAttr; /* v11+ */
+} table_t;
+
+typedef void (*logger_t)(int, unsigned long, const char *, int, const char *, ...);
+typedef struct { int trafficClass; } cfg_t;
+
+static int V;
+static table_t *T;
+static void *ctx; /* v11+ */
+static const char *role = "recv";
+
+#define FAIL(...)                                                                          \
+  do {                                                                                      \
+    fprintf(stderr, "harness v%d %s: ", V, role);                                           \
+    fprintf(stderr, __VA_ARGS__);                                                           \
+    fprintf(stderr, " (line %d)\n", __LINE__);                                              \
+    exit(1);                                                                                \
+  } while (0)
+#define CHECK(call)                                                                         \
+  do {                                                                                      \
+    int rc_ = (call);                                                                       \
+    if (rc_ != 0) FAIL("%s returned %d", #call, rc_);                                       \
+  } while (0)
+
+static void logger(int level, unsigned long flags, const char *file, int line, const char *fmt,
+                   ...) {
+  (void)flags, (void)file, (void)line;
+  if (level > 3 || getenv("HARNESS_QUIET")) return;
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "[v%d %s %s] ", V, role, level == 2 ? "WARN" : "INFO");
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
+
+static void spin(void) {
+  struct timespec ts = {0, 20000};
+  nanosleep(&ts, NULL);
+}
+
+/* ---- version-dependent calls ---- */
+
+static void do_init(void) {
+  logger_t lg = V == 9 ? NULL : logger; /* one version gets a NULL logger, as RCCL tests do */
+  if (V <= 9) CHECK(((int (*)(logger_t))T->init)(lg));
+  else if (V == 10) CHECK(((int (*)(logger_t, void *))T->init)(lg, NULL));
+  else {
+    cfg_t cfg = {5};
+    ctx = (void *)0xdead;
+    CHECK(((int (*)(void **, uint64_t, cfg_t *, logger_t, void *))T->init)(&ctx, 0x1234abcdULL,
+                                                                           &cfg, lg, NULL));
+    if (!ctx || ctx == (void *)0xdead) FAIL("init did not set ctx");
+  }
+}
+
+static int ndevices(void) {
+  int n = -1;
+  CHECK(((int (*)(int *))T->devices)(&n));
+  return n;
+}
+
+typedef struct {
+  const char *name, *pci;
+  int ptr, speed, maxRecvs, ndevs, devs[8];
+  size_t maxP2p;
+} props_t;
+
+static props_t props(int dev) {
+  unsigned char b[128];
+  memset(b, 0xa5, sizeof b);
+  CHECK(((int (*)(int, void *))T->getProperties)(dev, b));
+  props_t p;
+  memset(&p, 0, sizeof p);
+  memcpy(&p.name, b + 0, 8);
+  memcpy(&p.pci, b + 8, 8);
+  memcpy(&p.ptr, b + 24, 4);
+  if (V == 8) {
+    memcpy(&p.speed, b + 32, 4);
+    memcpy(&p.maxRecvs, b + 48, 4);
+    p.ndevs = 1, p.devs[0] = dev, p.maxP2p = 1UL << 30;
+  } else {
+    memcpy(&p.speed, b + 36, 4);
+    memcpy(&p.maxRecvs, b + 52, 4);
+    memcpy(&p.ndevs, b + 64, 4);
+    memcpy(p.devs, b + 68, 4 * (V == 12 ? 8 : 4));
+    memcpy(&p.maxP2p, b + (V == 12 ? 104 : 88), 8);
+  }
+  if (V == 12) {
+    int16_t rail;
+    memcpy(&rail, b + 124, 2);
+    if (rail != -1 && rail < 0) FAIL("railId %d", rail);
+  }
+  if (!p.name || !p.name[0]) FAIL("device %d has no name", dev);
+  if (p.ptr != 1) FAIL("ptrSupport %d", p.ptr);
+  if (p.maxRecvs != 8) FAIL("maxRecvs %d", p.maxRecvs);
+  if (p.maxP2p == 0 || p.maxP2p > (1UL << 40)) FAIL("maxP2pBytes %zu", p.maxP2p);
+  return p;
+}
+
+static void *do_listen(int dev, char *handle) {
+  void *lc = (void *)0xdead;
+  if (V <= 10) CHECK(((int (*)(int, void *, void **))T->listen)(dev, handle, &lc));
+  else CHECK(((int (*)(void *, int, void *, void **))T->listen)(ctx, dev, handle, &lc));
+  if (!lc || lc == (void *)0xdead) FAIL("listen returned no listenComm");
+  return lc;
+}
+
+static void *do_connect(int dev, char *handle) {
+  void *sc = NULL, *dc = NULL;
+  for (;;) {
+    sc = (void *)0xdead;
+    if (V <= 9) CHECK(((int (*)(int, void *, void **, void **))T->connect)(dev, handle, &sc, &dc));
+    else if (V == 10) {
+      cfg_t cfg = {-1};
+      CHECK(((int (*)(int, cfg_t *, void *, void **, void **))T->connect)(dev, &cfg, handle, &sc,
+                                                                          NULL));
+    } else
+      CHECK(((int (*)(void *, int, void *, void **, void **))T->connect)(ctx, dev, handle, &sc,
+                                                                         &dc));
+    if (sc == (void *)0xdead) FAIL("connect left sendComm unwritten");
+    if (sc) return sc;
+    spin();
+  }
+}
+
+static void *do_accept(void *lc) {
+  void *rc = NULL, *dc = NULL;
+  for (;;) {
+    rc = (void *)0xdead;
+    CHECK(((int (*)(void *, void **, void **))T->accept)(lc, &rc, &dc));
+    if (rc == (void *)0xdead) FAIL("accept left recvComm unwritten");
+    if (rc) return rc;
+    spin();
+  }
+}
+
+static void *reg(void *comm, void *data, size_t size) {
+  void *mh = (void *)0xdead;
+  CHECK(((int (*)(void *, void *, size_t, int, void **))T->regMr)(comm, data, size, 1, &mh));
+  if (!mh || mh == (void *)0xdead) FAIL("regMr returned no handle");
+  return mh;
+}
+
+static void *try_isend(void *sc, void *data, size_t size, int tag, void *mh) {
+  void *req = (void *)0xdead;
+  if (V == 8)
+    CHECK(((int (*)(void *, void *, int, int, void *, void **))T->isend)(sc, data, (int)size, tag,
+                                                                         mh, &req));
+  else if (V == 9)
+    CHECK(((int (*)(void *, void *, size_t, int, void *, void **))T->isend)(sc, data, size, tag,
+                                                                            mh, &req));
+  else
+    CHECK(((int (*)(void *, void *, size_t, int, void *, void *, void **))T->isend)(
+        sc, data, size, tag, mh, NULL, &req));
+  if (req == (void *)0xdead) FAIL("isend left request unwritten");
+  return req;
+}
+
+static void *isend(void *sc, void *data, size_t size, int tag, void *mh) {
+  void *req;
+  while (!(req = try_isend(sc, data, size, tag, mh))) spin();
+  return req;
+}
+
+static void *irecv(void *rc, int n, void **data, size_t *sizes, int *tags, void **mhs,
+                   int sentinel) {
+  void *req = sentinel ? (void *)0x1 : (void *)0xdead;
+  if (V == 8) {
+    int isz[MAX_N];
+    for (int i = 0; i < n; i++) isz[i] = (int)sizes[i];
+    CHECK(((int (*)(void *, int, void **, int *, int *, void **, void **))T->irecv)(
+        rc, n, data, isz, tags, mhs, &req));
+  } else if (V == 9)
+    CHECK(((int (*)(void *, int, void **, size_t *, int *, void **, void **))T->irecv)(
+        rc, n, data, sizes, tags, mhs, &req));
+  else
+    CHECK(((int (*)(void *, int, void **, size_t *, int *, void **, void **, void **))T->irecv)(
+        rc, n, data, sizes, tags, mhs, NULL, &req));
+  if (req == (void *)0xdead || req == (void *)0x1) FAIL("irecv did not overwrite *request");
+  if (!req) FAIL("irecv returned no request");
+  return req;
+}
+
+static void wait_req(void *req, int *sizes) {
+  int done = 0;
+  time_t start = time(NULL);
+  while (!done) {
+    done = -1;
+    CHECK(((int (*)(void *, int *, int *))T->test)(req, &done, sizes));
+    if (done != 0 && done != 1) FAIL("test left done unwritten");
+    if (time(NULL) - start > 60) FAIL("request never completed");
+  }
+}
+
+/* ---- the scenario ---- */
+
+static unsigned char pat(size_t i, int seed) {
+  return (unsigned char)(i * 131 + seed * 7 + (i >> 13));
+}
+static void fill(unsigned char *b, size_t n, int seed) {
+  for (size_t i = 0; i < n; i++) b[i] = pat(i, seed);
+}
+static void verify(const unsigned char *b, size_t n, int seed, const char *what) {
+  for (size_t i = 0; i < n; i++)
+    if (b[i] != pat(i, seed)) FAIL("%s: byte %zu of %zu is %u, expected %u", what, i, n, b[i],
+                                   pat(i, seed));
+}
+
+static const size_t SIZES[] = {0, 1, 2, 7, 128, 4095, 4096, 8193, 65536, 1 * MIB + 3, 4 * MIB,
+                               16 * MIB, 64 * MIB};
+#define NSIZES (sizeof SIZES / sizeof SIZES[0])
+
+static int to_child[2], to_parent[2];
+
+static void put(int fd, const void *p, size_t n) {
+  if (write(fd, p, n) != (ssize_t)n) FAIL("pipe write");
+}
+static void get(int fd, void *p, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = read(fd, (char *)p + got, n - got);
+    if (r <= 0) FAIL("pipe read");
+    got += r;
+  }
+}
+
+static void open_plugin(const char *path, void **lib) {
+  *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!*lib) FAIL("dlopen %s: %s", path, dlerror());
+  /* As NCCL: newest first, take the first hit — capped at the version under test. */
+  char sym[32];
+  T = NULL;
+  for (int v = 12; v >= 8 && !T; v--) {
+    snprintf(sym, sizeof sym, "ncclNetPlugin_v%d", v);
+    table_t *t = dlsym(*lib, sym);
+    if (!t) FAIL("%s is not exported", sym);
+    if (v == V) T = t;
+  }
+  if (strcmp(T->name, "WASM") != 0) FAIL("plugin name %s", T->name);
+}
+
+static int threads(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  int n = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "Threads: %d", &n) == 1) break;
+  if (f) fclose(f);
+  return n;
+}
+
+static int threads_before; /* set before the first dlopen */
+
+static void finish(void *lib) {
+  if (V >= 11) {
+    CHECK(((int (*)(void *))T->finalize)(ctx));
+    /* The last finalize stops every thread of ours (event, policy, fabric threads). */
+    int n = threads();
+    for (int i = 0; i < 500 && n != threads_before; i++) spin(), n = threads();
+    if (n != threads_before) FAIL("%d threads after finalize, %d before init", n, threads_before);
+  }
+  if (dlclose(lib) != 0) FAIL("dlclose: %s", dlerror());
+}
+
+static int pick_device(int *n) {
+  *n = ndevices();
+  if (*n < 2) FAIL("%d devices; the harness needs 2 ports", *n);
+  for (int i = 0; i < *n; i++) {
+    props_t p = props(i);
+    if (V >= 9 && (p.ndevs != 1 || p.devs[0] != i)) FAIL("physical device %d vProps", i);
+  }
+  if (V == 8) return -1;
+  /* Fuse devices 0 and 1, as NCCL core's makeVDevice does. */
+  int d = -7;
+  int vp[9] = {2, 0, 1};
+  CHECK(((int (*)(int *, void *))T->makeVDevice)(&d, vp));
+  int m = ndevices();
+  if (m != *n + 1 || d != *n) FAIL("vNIC %d, devices %d -> %d", d, *n, m);
+  props_t p = props(d);
+  if (p.ndevs != 2 || p.devs[0] != 0 || p.devs[1] != 1 || !strchr(p.name, '+'))
+    FAIL("vNIC props %s ndevs %d", p.name, p.ndevs);
+  for (int i = 0; i < m; i++) props(i);
+  return d;
+}
+
+static void receiver(const char *path) {
+  void *lib;
+  open_plugin(path, &lib);
+  do_init();
+  int n;
+  int vdev = pick_device(&n);
+  int dev = vdev >= 0 ? vdev : 0;
+  char handle[HANDLE];
+  memset(handle, 0, sizeof handle);
+  void *lc = do_listen(dev, handle);
+  put(to_child[1], handle, HANDLE);
+  void *rc = do_accept(lc);
+  CHECK(((int (*)(void *))T->closeListen)(lc)); /* right after accept, as NCCL */
+
+  unsigned char *buf;
+  if (posix_memalign((void **)&buf, 4096, BUF)) FAIL("alloc");
+  void *mh = reg(rc, buf, BUF);
+  CHECK(((int (*)(void *, void *))T->deregMr)(rc, NULL));
+
+  /* Every size, one receive each, *request preset to the 0x1 hint on every other one. */
+  for (size_t k = 0; k < NSIZES; k++) {
+    size_t want = SIZES[k];
+    if (V == 8 && want > (1UL << 30)) continue;
+    memset(buf, 0xee, want + 64);
+    void *data[1] = {buf};
+    size_t sz[1] = {want + 64};
+    int tags[1] = {42};
+    void *mhs[1] = {mh};
+    void *req = irecv(rc, 1, data, sz, tags, mhs, k % 2);
+    int got = -1;
+    wait_req(req, &got);
+    if ((size_t)got != want) FAIL("size %zu arrived as %d", want, got);
+    verify(buf, want, (int)k, "single receive");
+    for (int i = 0; i < 64; i++)
+      if (buf[want + i] != 0xee) FAIL("byte past the message was written (%zu)", want);
+    /* iflush after the receive, polled with NULL sizes. */
+    void *freq = (void *)0xdead;
+    int fsz[1] = {(int)want};
+    CHECK(((int (*)(void *, int, void **, int *, void **, void **))T->iflush)(rc, 1, data, fsz,
+                                                                              mhs, &freq));
+    if (freq == (void *)0xdead) FAIL("iflush left request unwritten");
+    if (freq) wait_req(freq, NULL);
+  }
+
+  /* Truncation: the sender sends 10000 bytes into a 5000-byte receive. */
+  {
+    void *data[1] = {buf};
+    size_t sz[1] = {5000};
+    int tags[1] = {43};
+    void *mhs[1] = {mh};
+    memset(buf, 0xee, 6000);
+    void *req = irecv(rc, 1, data, sz, tags, mhs, 0);
+    int got = -1;
+    wait_req(req, &got);
+    if (got != 5000) FAIL("truncated receive size %d", got);
+    verify(buf, 5000, 99, "truncated receive");
+    if (buf[5000] != 0xee) FAIL("truncation wrote past the receive");
+  }
+
+  /* Multi-receive n=8 with tags; the sender sends in another order. */
+  {
+    void *data[MAX_N], *mhs[MAX_N];
+    size_t sz[MAX_N];
+    int tags[MAX_N], got[MAX_N];
+    for (int i = 0; i < MAX_N; i++)
+      data[i] = buf + i * MIB, sz[i] = MIB, tags[i] = 200 + i, mhs[i] = mh;
+    void *req = irecv(rc, MAX_N, data, sz, tags, mhs, 0);
+    wait_req(req, got);
+    for (int i = 0; i < MAX_N; i++) {
+      size_t want = (size_t)i * 1000 + (i == 3 ? 0 : 17);
+      if ((size_t)got[i] != want) FAIL("multi-receive %d size %d != %zu", i, got[i], want);
+      verify(buf + i * MIB, want, 300 + i, "multi-receive");
+    }
+  }
+
+  /* 32 receives posted at once; the sender spins 32 isends without testing. */
+  {
+    void *reqs[32];
+    for (int i = 0; i < 32; i++) {
+      void *data[1] = {buf + i * 65536};
+      size_t sz[1] = {65536};
+      int tags[1] = {7};
+      void *mhs[1] = {mh};
+      reqs[i] = irecv(rc, 1, data, sz, tags, mhs, 0);
+    }
+    for (int i = 0; i < 32; i++) {
+      int got = -1;
+      wait_req(reqs[i], &got);
+      if (got != 60000 + i) FAIL("in-flight receive %d size %d", i, got);
+      verify(buf + i * 65536, got, 400 + i, "in-flight receive");
+    }
+  }
+
+  /* Close with requests in flight: one receive the sender matches but nobody tests. */
+  {
+    void *data[1] = {buf};
+    size_t sz[1] = {100};
+    int tags[1] = {77};
+    void *mhs[1] = {mh};
+    irecv(rc, 1, data, sz, tags, mhs, 0);
+    char c;
+    get(to_parent[0], &c, 1); /* the sender's isend matched */
+  }
+  CHECK(((int (*)(void *, void *))T->deregMr)(rc, mh));
+  CHECK(((int (*)(void *))T->closeRecv)(rc));
+  finish(lib);
+  free(buf);
+
+  /* A second load from scratch, as NCCL after the last communicator went away. */
+  open_plugin(path, &lib);
+  do_init();
+  if (ndevices() < 2) FAIL("devices after re-dlopen");
+  props(0);
+  finish(lib);
+}
+
+static void sender(const char *path) {
+  role = "send";
+  void *lib;
+  open_plugin(path, &lib);
+  do_init();
+  int n;
+  int vdev = pick_device(&n);
+  int dev = vdev >= 0 ? vdev : 1;
+  char handle[HANDLE];
+  get(to_child[0], handle, HANDLE);
+  void *sc = do_connect(dev, handle);
+
+  unsigned char *buf;
+  if (posix_memalign((void **)&buf, 4096, BUF)) FAIL("alloc");
+  void *mh = reg(sc, buf, BUF);
+
+  for (size_t k = 0; k < NSIZES; k++) {
+    size_t size = SIZES[k];
+    if (V == 8 && size > (1UL << 30)) continue;
+    fill(buf, size, (int)k);
+    void *req = isend(sc, buf, size, 42, mh);
+    int got = -1;
+    wait_req(req, k % 3 == 0 ? NULL : &got);
+    if (k % 3 != 0 && (size_t)got != size) FAIL("send size %d != %zu", got, size);
+  }
+
+  fill(buf, 10000, 99);
+  {
+    void *req = isend(sc, buf, 10000, 43, mh);
+    int got = -1;
+    wait_req(req, &got);
+    if (got != 5000) FAIL("truncated send reported %d", got);
+  }
+
+  {
+    static const int order[MAX_N] = {5, 0, 7, 3, 1, 6, 2, 4};
+    void *reqs[MAX_N];
+    for (int j = 0; j < MAX_N; j++) {
+      int i = order[j];
+      size_t size = (size_t)i * 1000 + (i == 3 ? 0 : 17);
+      fill(buf + 2 * MIB * (size_t)(j + 1), size, 300 + i);
+      reqs[j] = isend(sc, buf + 2 * MIB * (size_t)(j + 1), size, 200 + i, mh);
+    }
+    for (int j = 0; j < MAX_N; j++) wait_req(reqs[j], NULL);
+  }
+
+  {
+    void *reqs[32];
+    for (int i = 0; i < 32; i++) {
+      fill(buf + (size_t)i * 70000, 60000 + i, 400 + i);
+      reqs[i] = isend(sc, buf + (size_t)i * 70000, 60000 + i, 7, mh);
+    }
+    for (int i = 0; i < 32; i++) {
+      int got = -1;
+      wait_req(reqs[i], &got);
+      if (got != 60000 + i) FAIL("in-flight send %d size %d", i, got);
+    }
+  }
+
+  isend(sc, buf, 100, 77, mh); /* left in flight */
+  put(to_parent[1], "x", 1);
+  CHECK(((int (*)(void *, void *))T->deregMr)(sc, mh));
+  CHECK(((int (*)(void *))T->closeSend)(sc));
+  finish(lib);
+  free(buf);
+
+  open_plugin(path, &lib);
+  do_init();
+  if (ndevices() < 2) FAIL("devices after re-dlopen");
+  finish(lib);
+}
+
+/* With no usable fabric (NCCL_WASM_FABRIC=auto on a host without an active RDMA port), init
+ * must fail cleanly so NCCL falls back to its own transports, and the library must unload. */
+static void expect_init_failure(const char *path) {
+  void *lib;
+  open_plugin(path, &lib);
+  int rc;
+  if (V <= 9) rc = ((int (*)(logger_t))T->init)(logger);
+  else if (V == 10) rc = ((int (*)(logger_t, void *))T->init)(logger, NULL);
+  else {
+    cfg_t cfg = {-1};
+    ctx = (void *)0xdead;
+    rc = ((int (*)(void **, uint64_t, cfg_t *, logger_t, void *))T->init)(&ctx, 1, &cfg, logger,
+                                                                          NULL);
+    if (ctx == (void *)0xdead) FAIL("init left ctx unwritten");
+  }
+  if (rc == 0) FAIL("init succeeded without a usable fabric");
+  if (dlclose(lib) != 0) FAIL("dlclose: %s", dlerror());
+}
+
+int main(int argc, char **argv) {
+  if (argc != 3 && argc != 4) {
+    fprintf(stderr, "usage: %s <plugin.so> <version 8..12> [expect-init-failure]\n", argv[0]);
+    return 2;
+  }
+  V = atoi(argv[2]);
+  if (V < 8 || V > 12) return 2;
+  if (argc == 4) {
+    expect_init_failure(argv[1]);
+    printf("harness v%d: OK (init refused)\n", V);
+    return 0;
+  }
+  if (pipe(to_child) || pipe(to_parent)) FAIL("pipe");
+  pid_t pid = fork();
+  if (pid < 0) FAIL("fork");
+  alarm(300); /* in both processes: alarms are not inherited */
+  if (pid == 0) {
+    /* Only the other side holds the write ends, so a peer's death is EOF, not a hang. */
+    close(to_child[1]);
+    close(to_parent[0]);
+    threads_before = threads();
+    sender(argv[1]);
+    _exit(0);
+  }
+  close(to_child[0]);
+  close(to_parent[1]);
+  threads_before = threads();
+  receiver(argv[1]);
+  int status;
+  if (waitpid(pid, &status, 0) != pid) FAIL("waitpid");
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) FAIL("the sender failed (%d)", status);
+  printf("harness v%d: OK\n", V);
+  return 0;
+}
