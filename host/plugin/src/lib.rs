@@ -640,13 +640,72 @@ unsafe extern "C" fn isend_v10(
     isend_impl(comm, data, size, tag, mh, req)
 }
 
+/// The sizes array of `irecv`/`iflush`: `size_t` from v9 on, `int` in v8 and in every `iflush`.
+#[derive(Clone, Copy)]
+enum Sizes {
+    Int(*mut c_int),
+    Size(*mut usize),
+}
+
+/// The `n` buffers NCCL passes to `irecv`/`iflush` as parallel arrays (`tags` is NULL for a
+/// flush), read into a fixed array: both run per message, so nothing is allocated.
+///
+/// # Safety
+/// Every non-NULL array holds `n` entries, each mhandle NULL or a live one from `regMr`.
+unsafe fn recv_bufs<'a>(
+    call: &str,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: Sizes,
+    tags: *mut c_int,
+    mhandles: *mut *mut c_void,
+) -> Result<([RecvBuf<'a>; MAX_RECVS], usize), NetError> {
+    let n = usize::try_from(n)
+        .ok()
+        .filter(|n| (1..=MAX_RECVS).contains(n))
+        .ok_or_else(|| NetError::Usage(format!("{call} of {n} buffers")))?;
+    let sizes_null = match sizes {
+        Sizes::Int(p) => p.is_null(),
+        Sizes::Size(p) => p.is_null(),
+    };
+    if data.is_null() || sizes_null || mhandles.is_null() {
+        return Err(null_arg("data, sizes or mhandles"));
+    }
+    let empty = RecvBuf {
+        addr: 0,
+        size: 0,
+        tag: 0,
+        mr: None,
+    };
+    let mut bufs = [empty; MAX_RECVS];
+    for (i, buf) in bufs.iter_mut().enumerate().take(n) {
+        // SAFETY: every array holds n entries (the contract), `tags` only when non-NULL.
+        let (addr, size, tag, mh) = unsafe {
+            let size = match sizes {
+                Sizes::Int(p) => p.add(i).read().max(0) as u64,
+                Sizes::Size(p) => p.add(i).read() as u64,
+            };
+            let tag = if tags.is_null() { 0 } else { *tags.add(i) };
+            (*data.add(i), size, tag, *mhandles.add(i))
+        };
+        *buf = RecvBuf {
+            addr: addr as u64,
+            size,
+            tag: tag as u32,
+            // SAFETY: NULL or a live handle from regMr.
+            mr: unsafe { mem(mh) },
+        };
+    }
+    Ok((bufs, n))
+}
+
 /// `irecv`: `*request` is overwritten on every path, including NCCL's 0x1 sentinel
 /// (`NCCL_NET_OPTIONAL_RECV_COMPLETION`, a hint this plugin does not use).
 fn irecv_impl(
     comm: *mut c_void,
     n: c_int,
     data: *mut *mut c_void,
-    size_at: impl Fn(usize) -> u64,
+    sizes: Sizes,
     tags: *mut c_int,
     mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
@@ -659,26 +718,12 @@ fn irecv_impl(
         *out = std::ptr::null_mut();
         // SAFETY: a receive communicator from accept.
         let r = unsafe { comm.cast::<PluginRecv>().as_ref() }.ok_or_else(|| null_arg("comm"))?;
-        let n = usize::try_from(n)
-            .ok()
-            .filter(|n| (1..=MAX_RECVS).contains(n))
-            .ok_or_else(|| NetError::Usage(format!("irecv of {n} buffers")))?;
-        if data.is_null() || tags.is_null() || mhandles.is_null() {
-            return Err(null_arg("irecv data, tags or mhandles"));
+        if tags.is_null() {
+            return Err(null_arg("irecv tags"));
         }
-        let mut bufs = Vec::with_capacity(n);
-        for i in 0..n {
-            // SAFETY: NCCL passes arrays of n entries.
-            let (addr, tag, mh) = unsafe { (*data.add(i), *tags.add(i), *mhandles.add(i)) };
-            bufs.push(RecvBuf {
-                addr: addr as u64,
-                size: size_at(i),
-                tag: tag as u32,
-                // SAFETY: NULL or a live handle from regMr.
-                mr: unsafe { mem(mh) },
-            });
-        }
-        let id = r.comm.irecv(&bufs)?;
+        // SAFETY: NCCL's arrays of n entries.
+        let (bufs, n) = unsafe { recv_bufs("irecv", n, data, sizes, tags, mhandles) }?;
+        let id = r.comm.irecv(&bufs[..n])?;
         *out = slot_ptr(&r.slots, id);
         Ok(())
     })
@@ -693,12 +738,7 @@ unsafe extern "C" fn irecv_v8(
     mh: *mut *mut c_void,
     req: *mut *mut c_void,
 ) -> NcclResult {
-    // SAFETY: an array of n sizes (checked non-NULL before use in irecv_impl's loop).
-    let size_at = |i: usize| unsafe { sizes.add(i).read() }.max(0) as u64;
-    if sizes.is_null() {
-        return irecv_impl(comm, 0, data, |_| 0, tags, mh, req);
-    }
-    irecv_impl(comm, n, data, size_at, tags, mh, req)
+    irecv_impl(comm, n, data, Sizes::Int(sizes), tags, mh, req)
 }
 
 unsafe extern "C" fn irecv_v9(
@@ -710,12 +750,7 @@ unsafe extern "C" fn irecv_v9(
     mh: *mut *mut c_void,
     req: *mut *mut c_void,
 ) -> NcclResult {
-    if sizes.is_null() {
-        return irecv_impl(comm, 0, data, |_| 0, tags, mh, req);
-    }
-    // SAFETY: an array of n sizes.
-    let size_at = |i: usize| unsafe { sizes.add(i).read() } as u64;
-    irecv_impl(comm, n, data, size_at, tags, mh, req)
+    irecv_impl(comm, n, data, Sizes::Size(sizes), tags, mh, req)
 }
 
 unsafe extern "C" fn irecv_v10(
@@ -728,8 +763,7 @@ unsafe extern "C" fn irecv_v10(
     _phandles: *mut *mut c_void,
     req: *mut *mut c_void,
 ) -> NcclResult {
-    // SAFETY: forwarded unchanged.
-    unsafe { irecv_v9(comm, n, data, sizes, tags, mh, req) }
+    irecv_impl(comm, n, data, Sizes::Size(sizes), tags, mh, req)
 }
 
 unsafe extern "C" fn iflush(
@@ -746,26 +780,18 @@ unsafe extern "C" fn iflush(
         *out = std::ptr::null_mut();
         // SAFETY: a receive communicator from accept.
         let r = unsafe { comm.cast::<PluginRecv>().as_ref() }.ok_or_else(|| null_arg("comm"))?;
-        let n = usize::try_from(n)
-            .ok()
-            .filter(|n| (1..=MAX_RECVS).contains(n))
-            .ok_or_else(|| NetError::Usage(format!("iflush of {n} buffers")))?;
-        if data.is_null() || sizes.is_null() || mhandles.is_null() {
-            return Err(null_arg("iflush data, sizes or mhandles"));
-        }
-        let mut bufs = Vec::with_capacity(n);
-        for i in 0..n {
-            // SAFETY: NCCL passes arrays of n entries.
-            let (addr, size, mh) = unsafe { (*data.add(i), *sizes.add(i), *mhandles.add(i)) };
-            bufs.push(RecvBuf {
-                addr: addr as u64,
-                size: size.max(0) as u64,
-                tag: 0,
-                // SAFETY: NULL or a live handle from regMr.
-                mr: unsafe { mem(mh) },
-            });
-        }
-        if let Some(id) = r.comm.iflush(&bufs)? {
+        // SAFETY: NCCL's arrays of n entries (a flush has no tags).
+        let (bufs, n) = unsafe {
+            recv_bufs(
+                "iflush",
+                n,
+                data,
+                Sizes::Int(sizes),
+                std::ptr::null_mut(),
+                mhandles,
+            )
+        }?;
+        if let Some(id) = r.comm.iflush(&bufs[..n])? {
             *out = slot_ptr(&r.slots, id);
         }
         Ok(())
