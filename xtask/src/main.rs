@@ -48,7 +48,7 @@ fn main() -> ExitCode {
 fn test() -> Result<()> {
     setup::ensure_system_packages()?;
     guests::build()?;
-    setup::run(guests::cargo().args(["test", "--workspace"]))?;
+    setup::run(guests::cargo().args(["test", "--workspace", "--no-fail-fast"]))?;
     for guard in guards()? {
         println!("== guard {}", guard.display());
         setup::run(Command::new("bash").arg(&guard))?;

@@ -449,8 +449,14 @@ impl Ranks {
                     .find(|l| !l.trim().is_empty())
                     .map(str::to_owned)
             });
+        // The plugin WARNs on stderr when it has no NCCL logger: its last word says why.
+        let warn = text
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("WARN "))
+            .map_or(String::new(), |w| format!(" [{w}]"));
         match (line, status) {
-            (Some(l), _) => Fail::trouble(format!("bench rank {i} ({name}) failed: {l}")),
+            (Some(l), _) => Fail::trouble(format!("bench rank {i} ({name}) failed: {l}{warn}")),
             (None, Some(s)) => Fail::trouble(format!("bench rank {i} ({name}) stopped ({s})")),
             (None, None) => Fail::trouble(format!(
                 "bench rank {i} ({name}) stopped answering and was killed"
@@ -503,6 +509,9 @@ impl Ranks {
                 Some(Msg::Plugin(t)) => {
                     m.plugin.push(t);
                     progress.show("plugin", t.size, m.plugin.len());
+                    if m.plugin.len() == nsizes {
+                        self.relay(bench_rank::PLUGIN_DONE)?;
+                    }
                 }
                 Some(Msg::Tcp(t)) => {
                     m.tcp.push(t);

@@ -92,6 +92,9 @@ pub struct Timing {
     pub secs: f64,
 }
 
+/// What the parent tells the sender once the receiver timed its last size through the plugin.
+pub const PLUGIN_DONE: &str = "plugin-done";
+
 /// Timed iterations for `size`: `--iters`, or about 128 MiB per size (at least 4, at most 200)
 /// so a default run stays short on slow loopback.
 pub fn iterations(size: u64, iters: Option<u32>) -> u32 {
@@ -295,6 +298,15 @@ fn plugin_run(args: &Args, max: usize, stdin: &mut impl BufRead) -> Result<(), F
                 stream(args.warmup + iters, || {
                     comm.isend(&mr, 0..size, TAG).map_err(plugin_fail)
                 })?;
+            }
+            // Close only once the receiver is done too, as NCCL tears a connection down only
+            // after both sides' operations completed: the receiver's last clear-to-send writes
+            // may not be acknowledged yet, and closing under them fails them (RC semantics).
+            let line = read_line(stdin, "end of the receiver's plugin run")?;
+            if line != PLUGIN_DONE {
+                return Err(Fail::trouble(format!(
+                    "expected {PLUGIN_DONE:?} from the parent, got {line:?}"
+                )));
             }
         }
     }

@@ -38,9 +38,7 @@ fn check(entry: &str, rc: NcclResult) -> Result<()> {
     if rc == NCCL_SUCCESS {
         Ok(())
     } else {
-        Err(LoadError(format!(
-            "{entry} returned ncclResult {rc} (see the plugin's log)"
-        )))
+        Err(LoadError(format!("{entry} returned ncclResult {rc}")))
     }
 }
 
