@@ -10,7 +10,7 @@
 #      ("no IB device");
 #   3. rdma-core hidden, NCCL_WASM_IBVERBS_PATH = the soft-ibverbs cdylib: the same probe finds
 #      the soft devices — so run 2's answer is the probe working, not the probe being broken.
-# If the plugin library (target/debug/libnccl_net_wasm.so, or $PLUGIN) is built, run 2 also
+# The plugin library (target/debug/libnccl_net_wasm.so, built here, or $PLUGIN): run 2 also
 # dlopens it and checks that ncclNetPlugin_v8 resolves.
 # Needs root (mount namespace, overlayfs); prints SKIP and exits 0 otherwise.
 set -euo pipefail
@@ -31,6 +31,7 @@ fi
 
 cargo build -q -p ncclwasm-verbs --example ib_probe
 cargo build -q -p ncclwasm-soft-ibverbs
+cargo build -q -p ncclwasm-plugin
 probe=$root/target/debug/examples/libib_probe.so
 soft=$root/target/debug/libsoft_ibverbs.so
 plugin=${PLUGIN:-$root/target/debug/libnccl_net_wasm.so}

@@ -6,23 +6,18 @@
 #
 # Checks (each printed): the ib_probe cdylib (verbs crate + ib table + discovery, built like the
 # plugin), the conformance test binaries, and any extra libraries given as arguments (pass the
-# plugin's .so, or let the script pick up target/debug/libnccl_net_wasm.so when it has been
-# built): no NEEDED libibverbs/librdmacm, no undefined ibv_*/rdma_* dynamic symbols.
+# plugin's .so; the script builds and checks target/debug/libnccl_net_wasm.so itself): no NEEDED
+# libibverbs/librdmacm, no undefined ibv_*/rdma_* dynamic symbols.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 cargo build -q -p ncclwasm-verbs --example ib_probe --tests
-targets=(target/debug/examples/libib_probe.so)
+cargo build -q -p ncclwasm-plugin
+targets=(target/debug/examples/libib_probe.so target/debug/libnccl_net_wasm.so)
 for t in soft ib_soft; do
     bin=$(ls -t target/debug/deps/"$t"-* 2>/dev/null | grep -v '\.d$' | head -n1 || true)
     [ -n "$bin" ] && targets+=("$bin")
 done
-plugin=target/debug/libnccl_net_wasm.so
-if [ -f "$plugin" ]; then
-    targets+=("$plugin")
-else
-    echo "note: $plugin not built (cargo build -p ncclwasm-plugin); checking the probe in its place"
-fi
 targets+=("$@")
 
 fail=0

@@ -16,8 +16,9 @@ fn target_dir() -> PathBuf {
 }
 
 fn build(out: &Path) -> (PathBuf, PathBuf) {
-    let lib = target_dir().join("libnccl_net_wasm.so");
-    assert!(lib.exists(), "{} not built", lib.display());
+    let dir = target_dir();
+    let lib = nccl_net_wasm::load::built_library(&dir)
+        .unwrap_or_else(|| panic!("no libnccl_net_wasm.so under {}", dir.display()));
     let installed = out.join("libnccl-net-wasm.so");
     std::fs::copy(&lib, &installed).expect("install the plugin");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/harness/harness.c");
@@ -113,7 +114,9 @@ fn auto_fabric_without_rdma_refuses_init() {
 /// must load on hosts without rdma-core).
 #[test]
 fn exports_five_tables_and_needs_no_libibverbs() {
-    let lib = target_dir().join("libnccl_net_wasm.so");
+    let dir = target_dir();
+    let lib = nccl_net_wasm::load::built_library(&dir)
+        .unwrap_or_else(|| panic!("no libnccl_net_wasm.so under {}", dir.display()));
     let nm = Command::new("nm")
         .args(["-D", "--defined-only"])
         .arg(&lib)

@@ -63,7 +63,7 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub warmup: u32,
 
-    /// The plugin library [default: libnccl_net_wasm.so next to this binary]
+    /// The plugin library [default: libnccl_net_wasm.so built with this binary]
     #[arg(long, value_name = "SO")]
     pub plugin: Option<PathBuf>,
 
@@ -140,7 +140,11 @@ fn absolute(path: &Path) -> Result<PathBuf, Fail> {
 fn plugin_path(args: &Args) -> Result<PathBuf, Fail> {
     let path = match &args.plugin {
         Some(p) => p.clone(),
-        None => exe_dir()?.join("libnccl_net_wasm.so"),
+        None => {
+            let dir = exe_dir()?;
+            nccl_net_wasm::load::built_library(&dir)
+                .unwrap_or_else(|| dir.join("libnccl_net_wasm.so"))
+        }
     };
     if !path.is_file() {
         return Err(Fail::trouble(format!(

@@ -15,17 +15,10 @@ fn target_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// The plugin library of this profile: cargo builds it as a dependency of the CLI (into
-/// `deps/`) and puts it next to the binary when the plugin package itself is built.
+/// The plugin library of this profile (cargo builds it as a dependency of the CLI).
 fn plugin() -> PathBuf {
     let dir = target_dir();
-    [
-        dir.join("libnccl_net_wasm.so"),
-        dir.join("deps/libnccl_net_wasm.so"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-    .unwrap_or_else(|| {
+    nccl_net_wasm::load::built_library(&dir).unwrap_or_else(|| {
         panic!(
             "no libnccl_net_wasm.so under {}: run `cargo build -p ncclwasm-plugin`",
             dir.display()

@@ -12,13 +12,26 @@ use std::cell::Cell;
 use std::ffi::{CStr, CString, c_int, c_void};
 use std::fmt;
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::ptr::{self, NonNull};
 
 use crate::abi::*;
 
 /// `NCCL_NET_HANDLE_MAXSIZE`.
 pub const HANDLE_BYTES: usize = 128;
+
+/// The plugin library cargo built for one profile (`target/<profile>`): in `deps/` when the
+/// plugin was built as a dependency (of the CLI, or of its own tests) — fresh with whatever
+/// depends on it, hence first — else next to the binaries, where `cargo build -p
+/// ncclwasm-plugin` puts it.
+pub fn built_library(profile_dir: &Path) -> Option<PathBuf> {
+    [
+        profile_dir.join("deps/libnccl_net_wasm.so"),
+        profile_dir.join("libnccl_net_wasm.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+}
 
 /// A failed load or call: which entry point and what it returned.
 #[derive(Clone, Debug, PartialEq, Eq)]

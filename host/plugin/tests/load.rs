@@ -14,13 +14,12 @@ use nccl_net_wasm::load::Plugin;
 /// `target/<profile>/libnccl_net_wasm.so`, next to this test's `deps/` directory.
 fn library() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    let lib = exe
+    let dir = exe
         .parent()
         .and_then(Path::parent)
-        .expect("target/<profile>/deps/<test>")
-        .join("libnccl_net_wasm.so");
-    assert!(lib.exists(), "{} not built", lib.display());
-    lib
+        .expect("target/<profile>/deps/<test>");
+    nccl_net_wasm::load::built_library(dir)
+        .unwrap_or_else(|| panic!("no libnccl_net_wasm.so under {}", dir.display()))
 }
 
 /// Runs `test` in a child of this test binary with the soft fabric selected.
