@@ -746,7 +746,7 @@ const PLAN_ROWS: [(&str, &[&str], &[&str]); 6] = [
         &["stripe-width"],
         &["NCCL_IB_SPLIT_DATA_ON_QPS"],
     ),
-    ("align", &["align"], &[]),
+    ("align", &["align"], &["aligned to"]),
     (
         "adaptive routing",
         &["adaptive-routing", "ar-threshold"],
@@ -768,6 +768,7 @@ pub fn plan_rows(plan: &PlanView) -> Vec<PlanRow> {
         _ => plan.decided.source.label(),
     };
     let mut claimed = vec![false; clauses.len()];
+    let mut policy_reason_shown = false;
     let mut rows: Vec<PlanRow> = PLAN_ROWS
         .iter()
         .map(|(label, fields, phrases)| {
@@ -786,7 +787,21 @@ pub fn plan_rows(plan: &PlanView) -> Vec<PlanRow> {
                     .policy_reason
                     .as_deref()
                     .unwrap_or(&plan.decided.reason);
-                ("policy".to_owned(), why.to_owned())
+                // A policy that words its reason in clauses as the built-in does gets the
+                // clauses of this row; otherwise its whole reason is shown once.
+                let matched: Vec<&str> = why
+                    .split("; ")
+                    .filter(|c| phrases.iter().any(|ph| c.contains(ph)))
+                    .collect();
+                let reason = if !matched.is_empty() {
+                    matched.join("; ")
+                } else if !policy_reason_shown {
+                    policy_reason_shown = true;
+                    why.to_owned()
+                } else {
+                    "(the policy's reason above)".to_owned()
+                };
+                ("policy".to_owned(), reason)
             } else {
                 (builtin_label.clone(), mine.join("; "))
             };

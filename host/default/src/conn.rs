@@ -70,6 +70,9 @@ pub fn plan_connection(cfg: &IbConfig, conn: &Connection) -> ConnPlan {
             "NCCL_IB_SPLIT_DATA_ON_QPS=0: each message striped over {stripe_width} QP(s), one per device"
         )
     });
+    why.push(format!(
+        "stripes aligned to {ALIGN} bytes so the LL and LL128 protocols survive striping"
+    ));
 
     let all_ib = conn
         .local
@@ -207,7 +210,8 @@ mod tests {
             plan.reason,
             "1 QPs = NCCL_IB_QPS_PER_CONNECTION=1 x max(1 local, 1 peer) ports, alternating over the \
              ports, equal weights; NCCL_IB_SPLIT_DATA_ON_QPS=0: each message striped over 1 QP(s), \
-             one per device; adaptive routing off (RoCE default: on for IB, off for RoCE); TC 0 \
+             one per device; stripes aligned to 128 bytes so the LL and LL128 protocols survive \
+             striping; adaptive routing off (RoCE default: on for IB, off for RoCE); TC 0 \
              (default), SL 0 (default), FIFO TC 0 (the data TC); ECE on (NCCL_IB_ECE_ENABLE), \
              timeout 20 (NCCL_IB_TIMEOUT), retry 7 (NCCL_IB_RETRY_CNT)"
         );
