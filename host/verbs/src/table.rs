@@ -92,12 +92,6 @@
 //!   (`mlx5_core` → provider `mlx5`). The soft tree names it after the topology file's
 //!   `provider` (`drivers/mlx5_core` for `provider = "mlx5"`, `drivers/soft` for `"soft"`), so a
 //!   soft run of `dgx-h100.toml` shows policies the same ports as the file does offline.
-//!   REQUEST(A4b): the tree currently links every device to `drivers/soft`; the conformance
-//!   test `discovery_matches_every_topology_file` finds `provider` is the only field that
-//!   differs from the files (everything else matches on all 8 of them).
-//!   Also: every process leaves its `ncclwasm-soft-sysfs-<pid>-*` tree in the temp dir (one
-//!   conformance run spawns ~20 children; 500 trees piled up in a day): please remove it at
-//!   exit (an atexit hook or a `Drop` on the last context), or reuse one per topology.
 //! - `class/infiniband/<dev>/ports/<p>/gid_attrs/types/<i>`: `IB/RoCE v1` or `RoCE v2`.
 //! - `class/infiniband/<dev>/ports/<p>/gid_attrs/ndevs/<i>`: the netdev name (RoCE only); the
 //!   prefix length comes from that interface's address list (`getifaddrs`). IB and link-local

@@ -95,11 +95,6 @@
 //! address and 256 QPs, joined by `close_device` (which also destroys QPs left behind). Nothing
 //! runs once the last context is closed.
 
-// REQUEST(A4a): please have the transport always carry each QP's ECE (`query_ece` on the
-// connecting side, `set_ece` with the peer's value on both sides before RTR) when the fabric is
-// soft, regardless of NCCL_IB_ECE_ENABLE: the ECE value is how the per-QP secret reaches the
-// peer (see "The secret" above).
-
 mod abi;
 mod ctx;
 mod event;
