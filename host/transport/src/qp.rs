@@ -12,6 +12,7 @@ use ncclwasm_verbs::{
     Access, Cq, Ece, Grh, InitAttr, Mtu, Qp, QpCaps, RtrAttr, RtsAttr, VerbsError,
 };
 
+use crate::comm::Side;
 use crate::device::PortCtx;
 use crate::net_error::NetError;
 use crate::proto::MAX_REQUESTS;
@@ -47,6 +48,35 @@ pub(crate) struct ConnQp {
 const QP_ACCESS: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_WRITE)
     .union(Access::REMOTE_READ);
+
+/// What [`create_all`] makes for one side of a connection.
+pub(crate) struct SideQps {
+    /// One per local port, indexed by endpoint.
+    pub cqs: Vec<Arc<Cq>>,
+    /// One per planned QP, in plan order, with what the handshake tells the peer about each.
+    pub qps: Vec<ConnQp>,
+    pub locals: Vec<LocalQp>,
+}
+
+/// The QPs of one side of a connection: a CQ per local port, then one RC QP per planned endpoint
+/// on that endpoint's CQ (both sides lay their QPs out the same way; see [`create`] for the
+/// flags).
+pub(crate) fn create_all(
+    ports: &[PortCtx],
+    endpoints: &[usize],
+    cts_inline: bool,
+    ece: bool,
+) -> Result<SideQps, NetError> {
+    let cqs = Side::cqs(ports, endpoints)?;
+    let mut qps = Vec::with_capacity(endpoints.len());
+    let mut locals = Vec::with_capacity(endpoints.len());
+    for &ep in endpoints {
+        let (q, l) = create(&ports[ep], &cqs[ep], cts_inline, ece)?;
+        qps.push(q);
+        locals.push(l);
+    }
+    Ok(SideQps { cqs, qps, locals })
+}
 
 /// Creates an RC QP on `port`'s device, moves it to INIT and says what the peer must know.
 ///

@@ -139,13 +139,9 @@ impl Accepting {
     }
 
     fn create_qps(&mut self, endpoints: &[usize]) -> Result<(), NetError> {
-        self.cqs = Side::cqs(&self.ports, endpoints)?;
-        let mut locals = Vec::with_capacity(endpoints.len());
-        for &ep in endpoints {
-            let (q, l) = qp::create(&self.ports[ep], &self.cqs[ep], true, false)?;
-            self.qps.push(q);
-            locals.push(l);
-        }
+        let qp::SideQps { cqs, qps, locals } = qp::create_all(&self.ports, endpoints, true, false)?;
+        self.cqs = cqs;
+        self.qps = qps;
         let sizes = OwnedRegion::new(
             &self.ports,
             SIZES_FIFO_BYTES,

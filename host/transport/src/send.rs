@@ -130,13 +130,10 @@ impl Connecting {
     }
 
     fn create_qps(&mut self, endpoints: &[usize]) -> Result<(), NetError> {
-        self.cqs = Side::cqs(&self.ports, endpoints)?;
-        let mut locals = Vec::with_capacity(endpoints.len());
-        for &ep in endpoints {
-            let (q, l) = qp::create(&self.ports[ep], &self.cqs[ep], false, self.ece)?;
-            self.qps.push(q);
-            locals.push(l);
-        }
+        let qp::SideQps { cqs, qps, locals } =
+            qp::create_all(&self.ports, endpoints, false, self.ece)?;
+        self.cqs = cqs;
+        self.qps = qps;
         let cts = OwnedRegion::new(
             &self.ports,
             CTS_FIFO_BYTES,
