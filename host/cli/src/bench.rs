@@ -28,9 +28,6 @@ use crate::setup::{self, ConfigArgs, PolicyArg};
 const BENCH_SIZES: &str =
     "8,16,32,64,128,256,512,1K,2K,4K,8K,16K,32K,64K,128K,256K,512K,1M,2M,4M,8M,16M,32M,64M";
 
-/// The soft fabric's default machine, the same file the plugin embeds.
-const LOOPBACK_TOML: &str = include_str!("../../../topologies/loopback.toml");
-
 /// Sizes from here on count for the large-message ratio.
 const LARGE: u64 = 1 << 20;
 
@@ -217,10 +214,7 @@ fn topology(args: &Args) -> Result<(Topology, Option<PathBuf>), Fail> {
         .or_else(|| std::env::var_os("NCCL_WASM_TOPOLOGY").map(PathBuf::from));
     match path {
         Some(p) => Ok((Topology::load(&p)?, Some(absolute(&p)?))),
-        None => Ok((
-            Topology::parse(LOOPBACK_TOML, "embedded topologies/loopback.toml")?,
-            None,
-        )),
+        None => Ok((Topology::loopback(), None)),
     }
 }
 

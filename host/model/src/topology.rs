@@ -112,7 +112,17 @@ pub struct DevicePort {
     pub gids: Vec<Gid>,
 }
 
+/// `topologies/loopback.toml`, embedded: the machine the `soft` fabric and `ncclwasm bench` use
+/// when no topology file is named. One copy, so the fabric and the bench cannot disagree.
+const LOOPBACK_TOML: &str = include_str!("../../../topologies/loopback.toml");
+
 impl Topology {
+    /// The embedded loopback machine (`topologies/loopback.toml`).
+    pub fn loopback() -> Topology {
+        Topology::parse(LOOPBACK_TOML, "embedded topologies/loopback.toml")
+            .expect("topologies/loopback.toml is valid (checked by the corpus tests)")
+    }
+
     /// Reads and validates a topology file.
     pub fn load(path: impl AsRef<Path>) -> Result<Topology, TopologyError> {
         let path = path.as_ref();

@@ -12,9 +12,6 @@ use rdma_sys::{ibv_device, ibv_node_type, ibv_port_state, ibv_transport_type};
 
 use super::ctx::Ctx;
 
-/// The default topology, embedded so the provider works from any directory.
-pub(crate) const LOOPBACK_TOML: &str = include_str!("../../../../topologies/loopback.toml");
-
 /// An `ibv_device` with the soft device behind it. `ibv` comes first so the pointer handed to
 /// the caller is also a pointer to this struct.
 #[repr(C)]
@@ -136,7 +133,7 @@ pub(crate) fn fabric() -> Result<&'static Fabric, &'static str> {
         .get_or_init(|| {
             let topology = match std::env::var_os("NCCL_WASM_TOPOLOGY") {
                 Some(path) if !path.is_empty() => Topology::load(&path),
-                _ => Topology::parse(LOOPBACK_TOML, "embedded topologies/loopback.toml"),
+                _ => Ok(Topology::loopback()),
             }
             .map_err(|e| e.to_string())?;
             Ok(Fabric::new(topology))
@@ -282,7 +279,7 @@ address = "127.0.0.1"
 
     #[test]
     fn embedded_default_is_the_loopback_topology() {
-        let t = Topology::parse(LOOPBACK_TOML, "embedded").expect("valid");
+        let t = Topology::loopback();
         assert!(t.devices.iter().all(|d| {
             d.ports
                 .iter()

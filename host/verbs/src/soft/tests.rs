@@ -64,8 +64,7 @@ fn open_default(index: usize) -> *mut ibv_context {
 
 /// A context on a private fabric, for faults that would disturb other tests on the shared one.
 fn open_private() -> *mut ibv_context {
-    let topo =
-        ncclwasm_model::Topology::parse(super::fabric::LOOPBACK_TOML, "private").expect("valid");
+    let topo = ncclwasm_model::Topology::loopback();
     let fabric: &'static Fabric = Box::leak(Box::new(Fabric::new(topo)));
     let dev = &fabric.devices[0];
     let ctx = Ctx::new(fabric, dev).expect("context");
