@@ -1,6 +1,6 @@
 //! `ncclwasm`: see what a routing policy decides before it runs on a cluster.
 //!
-//! Operators write policies and test them offline against topology files (DESIGN §1): `check`
+//! Operators write policies and test them offline against topology files: `check`
 //! says whether the plugin would load a file, `explain` shows every decision with its reason and
 //! source, `diff` shows only the decisions two policies make differently; `bench` runs the built
 //! plugin between two processes next to raw TCP. Each subcommand is a

@@ -12,8 +12,7 @@ use std::sync::Arc;
 
 use ncclwasm_default::IbConfig;
 use ncclwasm_model::{
-    ConnPlan, Connection, DeviceGroup, Endpoint, Gid, GidType, LinkLayer, Port, Topology,
-    VnicAnswer,
+    ConnPlan, Connection, DeviceGroup, Endpoint, GidType, LinkLayer, Port, Topology, VnicAnswer,
 };
 use ncclwasm_policy::{Decision, PolicyError, PolicyHost, PolicyId, Source};
 use serde::Serialize;
@@ -348,25 +347,6 @@ pub fn port_name(p: &Port) -> String {
     format!("{}:{}", p.device, p.port)
 }
 
-/// The endpoint a port talks from with GID `index`; an index the table lacks (a forced
-/// `NCCL_IB_GID_INDEX`) becomes an unconfigured GID, which is what the connection would carry.
-fn endpoint(port: &Port, index: u32) -> Endpoint {
-    Endpoint {
-        device: port.device.clone(),
-        port: port.port,
-        link_layer: port.link_layer,
-        speed_mbps: port.speed_mbps,
-        mtu: port.mtu,
-        lid: port.lid,
-        gid: port
-            .gids
-            .iter()
-            .find(|g| g.index == index)
-            .cloned()
-            .unwrap_or_else(|| Gid::unconfigured(index)),
-    }
-}
-
 fn endpoint_view(e: &Endpoint) -> EndpointView {
     EndpointView {
         name: format!("{}:{}", e.device, e.port),
@@ -409,7 +389,7 @@ fn choose(host: &PolicyHost, ports: &[Port]) -> Result<Chosen, PolicyError> {
     let mut endpoints = Vec::with_capacity(selected.len());
     for p in &selected {
         let choice = host.select_gid(p)?;
-        let e = endpoint(p, choice.value.index);
+        let e = p.endpoint(choice.value.index);
         gids.push(PortGid {
             port: p.index,
             name: port_name(p),
@@ -911,7 +891,7 @@ mod tests {
         .unwrap()
         .ports();
         let ib = IbConfig::from_pairs(&[]).unwrap();
-        let ends: Vec<Endpoint> = ports[..2].iter().map(|p| endpoint(p, 0)).collect();
+        let ends: Vec<Endpoint> = ports[..2].iter().map(|p| p.endpoint(0)).collect();
         let conn = Connection {
             comm_id: 0,
             traffic_class: -1,

@@ -155,16 +155,7 @@ mod tests {
     use crate::testutil::{cfg, corpus};
 
     fn endpoint(c: &IbConfig, p: &Port) -> Endpoint {
-        let index = select_gid(c, p).index;
-        Endpoint {
-            device: p.device.clone(),
-            port: p.port,
-            link_layer: p.link_layer,
-            speed_mbps: p.speed_mbps,
-            mtu: p.mtu,
-            lid: p.lid,
-            gid: p.gids[index as usize].clone(),
-        }
+        p.endpoint(select_gid(c, p).index)
     }
 
     /// A connection from the first `nlocal` to the first `npeer` ports of `file`.

@@ -222,7 +222,7 @@ mod tests {
         // mlx5_0/2/4 have no global IPv6 entry: link-local entries never win, index 0 stays.
         assert_eq!(got, [0, 3, 0, 2, 0, 4, 2, 3]);
         // IPv6-only table with the default AF_INET: nothing matches, index 0 stays, and the
-        // reason says it is link-local (the Broadcom case of nccl-plugin-abi §5).
+        // reason says it is link-local (the Broadcom case of NVIDIA/nccl#769).
         let c = select_gid(&cfg(&[]), &ports[3]);
         assert_eq!(c.index, 0);
         assert!(c.reason.contains("index 0 (RoCEv1 link-local entry fe80::a288:c2ff:fe1d:30) is kept, as NCCL does; it is not routable"), "{}", c.reason);

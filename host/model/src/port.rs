@@ -85,6 +85,28 @@ pub struct Endpoint {
     pub gid: Gid,
 }
 
+impl Port {
+    /// The endpoint this port talks from with GID `gid_index`: the one conversion every layer
+    /// uses (transport, policy host, CLI, guest SDK). An index the table lacks — a forced
+    /// `NCCL_IB_GID_INDEX` — becomes an unconfigured GID, which is what a connection would carry.
+    pub fn endpoint(&self, gid_index: u32) -> Endpoint {
+        Endpoint {
+            device: self.device.clone(),
+            port: self.port,
+            link_layer: self.link_layer,
+            speed_mbps: self.speed_mbps,
+            mtu: self.mtu,
+            lid: self.lid,
+            gid: self
+                .gids
+                .iter()
+                .find(|g| g.index == gid_index)
+                .cloned()
+                .unwrap_or_else(|| Gid::unconfigured(gid_index)),
+        }
+    }
+}
+
 /// A connection the sending side is about to make (input of `plan-connection`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Connection {

@@ -32,7 +32,9 @@ pub const MAX_NAME_LEN: usize = 255;
 pub struct InvalidAnswer(String);
 
 impl InvalidAnswer {
-    fn new(what: impl fmt::Display) -> Self {
+    /// An answer refused by a check outside this module (the data path's own, against the live
+    /// connection).
+    pub fn new(what: impl fmt::Display) -> Self {
         InvalidAnswer(what.to_string())
     }
 

@@ -35,12 +35,12 @@ mod log;
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
+use ncclwasm_policy::PolicyHost;
 use ncclwasm_transport::{
-    CommConfig, DeviceProps, Done, ErrorClass, HANDLE_SIZE, Listener, MemHandle, Net, NetConfig,
-    NetError, RecvBuf, RecvComm, RegionSource, ReqId, SendComm, proto::MAX_RECVS,
-    proto::MAX_REQUESTS,
+    CommConfig, DeviceProps, Done, ErrorClass, HANDLE_SIZE, Listener, MAX_RECVS, MAX_REQUESTS,
+    MemHandle, Net, NetConfig, NetError, RecvBuf, RecvComm, RegionSource, ReqId, SendComm,
 };
 use ncclwasm_verbs::{ForeignMemory, Memory};
 
@@ -50,7 +50,7 @@ use abi::*;
 const NAME: &CStr = c"WASM";
 
 /// The largest message size: `test` reports sizes as C `int`.
-const MAX_BYTES: usize = ncclwasm_transport::proto::MAX_MESSAGE_BYTES as usize;
+const MAX_BYTES: usize = ncclwasm_transport::MAX_MESSAGE_BYTES as usize;
 
 /// The process-wide context and how many v11+ contexts use it.
 struct Global {
@@ -77,7 +77,8 @@ fn init_net(logger: Logger, max_devs_per_nic: usize, context: bool) -> Result<()
     log::install(logger);
     let mut st = state();
     if st.is_none() {
-        let net = Net::new(NetConfig::from_env(max_devs_per_nic)?)?;
+        let decisions = Arc::new(PolicyHost::from_env(max_devs_per_nic)?);
+        let net = Net::new(NetConfig::from_env(max_devs_per_nic, decisions)?)?;
         *st = Some(Global { net, contexts: 0 });
     }
     if context && let Some(g) = st.as_mut() {

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
-use ncclwasm_model::{Connection, Endpoint, Port, Topology};
+use ncclwasm_model::{Connection, Port, Topology};
 use ncclwasm_policy::{PolicyHost, Settings};
 
 fn workspace() -> PathBuf {
@@ -46,20 +46,7 @@ fn inputs(builtin: &PolicyHost) -> Inputs {
         .collect();
     let first = selected.first().expect("the topology has an active port");
     let gid = builtin.select_gid(first).expect("built-in").value.index;
-    let endpoint = Endpoint {
-        device: first.device.clone(),
-        port: first.port,
-        link_layer: first.link_layer,
-        speed_mbps: first.speed_mbps,
-        mtu: first.mtu,
-        lid: first.lid,
-        gid: first
-            .gids
-            .iter()
-            .find(|g| g.index == gid)
-            .expect("chosen GID")
-            .clone(),
-    };
+    let endpoint = first.endpoint(gid);
     let conn = Connection {
         comm_id: 1,
         traffic_class: -1,

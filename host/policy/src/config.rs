@@ -1,4 +1,4 @@
-//! The engine's settings, from the environment (DESIGN §3.5) or given explicitly.
+//! The engine's settings, from the environment (`docs/architecture.md`, "Configuration") or given explicitly.
 //!
 //! Every variable is parsed strictly: a typo in `NCCL_WASM_POLICY_TIMEOUT_MS` must not silently
 //! become "no limit". An invalid value is refused with the variable's name and the accepted range,
@@ -21,8 +21,8 @@ pub const ENV_TIMEOUT_MS: &str = "NCCL_WASM_POLICY_TIMEOUT_MS";
 pub const ENV_MEMORY_MB: &str = "NCCL_WASM_POLICY_MEMORY_MB";
 /// `open` (fall back to the built-in default) or `closed` (fail the NCCL call).
 pub const ENV_FAILURE: &str = "NCCL_WASM_POLICY_FAILURE";
-/// Optional directory for compiled components, so a restarted job skips compilation. An addition
-/// to DESIGN §3.5: compilation takes tens of ms per policy, a cache hit well under one.
+/// Optional directory for compiled components, so a restarted job skips compilation. Compilation
+/// takes tens of ms per policy, a cache hit well under one.
 pub const ENV_CACHE_DIR: &str = "NCCL_WASM_POLICY_CACHE_DIR";
 
 const TIMEOUT_RANGE_MS: (u64, u64) = (1, 60_000);

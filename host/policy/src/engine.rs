@@ -85,7 +85,7 @@ impl HostState {
             table: ResourceTable::new(),
             limits: StoreLimitsBuilder::new()
                 .memory_size(usize::try_from(u64::from(memory_mb) << 20).unwrap_or(usize::MAX))
-                // One component instantiates several core instances (see reference/wasm-notes.md).
+                // One component instantiates several core instances (a std guest: its own, WASI's adapter).
                 .instances(16)
                 .memories(8)
                 .tables(16)
@@ -276,8 +276,7 @@ impl PolicyEngine {
         config
             .strategy(wasmtime::Strategy::Cranelift)
             .epoch_interruption(true)
-            // Not needed by policies, and async support triples the cost of a call
-            // (reference/wasm-notes.md).
+            // Not needed by policies, and async support makes every call several times dearer.
             .concurrency_support(false)
             // Faults are reported in one line; a backtrace would cost ~10 µs per trap for nothing.
             .wasm_backtrace_max_frames(None);
@@ -410,7 +409,7 @@ pub(crate) struct Fault {
 }
 
 /// One live instance with its store. Dropped, never reused, after a fault: a trapped store
-/// refuses every later entry (reference/wasm-notes.md).
+/// refuses every later entry (wasmtime's rule for a store that trapped).
 pub(crate) struct Instance {
     pub(crate) store: Store<HostState>,
     pub(crate) bindings: wit::Policy,

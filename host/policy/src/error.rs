@@ -43,7 +43,7 @@ impl fmt::Display for Hook {
     }
 }
 
-/// Why a guest call produced no usable answer (DESIGN §3.3). Kept apart from answers the guest
+/// Why a guest call produced no usable answer (`docs/architecture.md`, "The failure model"). Kept apart from answers the guest
 /// *chose* (`none`, `init` returning `err`): those are the policy's decisions, these are faults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum FailureCause {

@@ -4,7 +4,7 @@
 //! policy version made it, or why the built-in default did). The current policy lives behind one
 //! `ArcSwapOption`: a call loads it once and makes its whole answer with that version, while a
 //! swap publishes a new version with one store, after it was compiled, `init`-ed and tried on the
-//! live topology (DESIGN §3.4).
+//! live topology (`docs/architecture.md`, "Hot swap").
 
 use std::collections::HashSet;
 use std::fmt;
@@ -16,7 +16,7 @@ use arc_swap::ArcSwapOption;
 use ncclwasm_default::IbConfig;
 use ncclwasm_model::validate::{self, InvalidAnswer};
 use ncclwasm_model::{
-    ConnPlan, Connection, DeviceGroup, DeviceSelection, Endpoint, GidChoice, Port, VnicAnswer,
+    ConnPlan, Connection, DeviceGroup, DeviceSelection, GidChoice, Port, PortState, VnicAnswer,
 };
 
 use crate::convert;
@@ -215,9 +215,13 @@ impl fmt::Debug for PolicyHost {
 }
 
 impl PolicyHost {
-    /// A host configured from the environment (DESIGN §3.5).
-    pub fn from_env() -> Result<PolicyHost, PolicyError> {
-        PolicyHost::new(Settings::from_env()?)
+    /// A host configured from the environment (`NCCL_WASM_POLICY*`, `NCCL_IB_*`), for an NCCL
+    /// ABI whose virtual NICs hold up to `max_devs_per_nic` devices.
+    pub fn from_env(max_devs_per_nic: usize) -> Result<PolicyHost, PolicyError> {
+        PolicyHost::new(Settings {
+            max_devs_per_nic,
+            ..Settings::from_env()?
+        })
     }
 
     /// A host with explicit settings. With `settings.policy` set, the policy is loaded now: if
@@ -355,14 +359,46 @@ impl PolicyHost {
 
     /// The plan of one connection: the policy's patch merged over the built-in plan, validated.
     pub fn plan_connection(&self, conn: &Connection) -> Result<Decision<ConnPlan>, PolicyError> {
+        self.plan_connection_fitting(conn, &|_| Ok(()))
+    }
+
+    /// As [`plan_connection`](Self::plan_connection), and a policy's plan must also pass
+    /// `fits`, the data path's own checks against the live connection: one that does not is an
+    /// invalid answer like any other (fallback under `open`, error under `closed`).
+    pub fn plan_connection_fitting(
+        &self,
+        conn: &Connection,
+        fits: &dyn Fn(&ConnPlan) -> Result<(), String>,
+    ) -> Result<Decision<ConnPlan>, PolicyError> {
         let s = &*self.shared;
         let base = ncclwasm_default::plan_connection(&s.ib, conn);
         s.decide(
             Hook::PlanConnection,
             || base.clone(),
             |p, _| p.reason.clone(),
-            |l| s.ask_plan_connection(l, conn, &base),
+            |l| s.ask_plan_connection(l, conn, &base, fits),
         )
+    }
+
+    /// A port changed state: the live topology (what a hot-swapped policy is tried on) follows.
+    pub fn port_changed(&self, device: &str, port: u8, state: PortState) {
+        let s = &*self.shared;
+        let Some(ports) = s.topology.load_full() else {
+            return;
+        };
+        let mut ports = (*ports).clone();
+        let mut changed = false;
+        for p in ports
+            .iter_mut()
+            .filter(|p| p.device == device && p.port == port && p.state != state)
+        {
+            p.state = state;
+            changed = true;
+        }
+        if changed {
+            tracing::info!(target: LOG_TARGET, "policy: {device}:{port} is now {state:?}");
+            s.topology.store(Some(Arc::new(ports)));
+        }
     }
 }
 
@@ -528,6 +564,7 @@ impl Shared {
         l: &Loaded,
         conn: &Connection,
         base: &ConnPlan,
+        fits: &dyn Fn(&ConnPlan) -> Result<(), String>,
     ) -> Result<Asked<ConnPlan>, Fault> {
         let arg = convert::connection(conn);
         let max_qps = self.max_qps(conn);
@@ -536,7 +573,9 @@ impl Shared {
             |i| i.bindings.call_plan_connection(&mut i.store, &arg),
             |w| {
                 let plan = convert::patch(w).apply(base.clone());
-                validate::check_plan(&plan, conn, max_qps).map(|()| plan)
+                validate::check_plan(&plan, conn, max_qps)?;
+                fits(&plan).map_err(InvalidAnswer::new)?;
+                Ok(plan)
             },
         )
     }
@@ -686,7 +725,7 @@ impl Shared {
             .map_err(failed(Hook::MakeVnic))?;
         if let Some(conn) = selected.first().map(|p| self.sample_connection(p)) {
             let base = ncclwasm_default::plan_connection(&self.ib, &conn);
-            self.ask_plan_connection(l, &conn, &base)
+            self.ask_plan_connection(l, &conn, &base, &|_| Ok(()))
                 .map_err(failed(Hook::PlanConnection))?;
         }
         Ok(())
@@ -695,22 +734,7 @@ impl Shared {
     /// A connection from `port` to a peer that looks the same (as between two identical nodes),
     /// with the GID the built-in default would pick.
     fn sample_connection(&self, port: &Port) -> Connection {
-        let gid_index = ncclwasm_default::select_gid(&self.ib, port).index;
-        let gid = port
-            .gids
-            .iter()
-            .find(|g| g.index == gid_index)
-            .or(port.gids.first())
-            .cloned();
-        let endpoint = Endpoint {
-            device: port.device.clone(),
-            port: port.port,
-            link_layer: port.link_layer,
-            speed_mbps: port.speed_mbps,
-            mtu: port.mtu,
-            lid: port.lid,
-            gid: gid.unwrap_or_else(|| ncclwasm_model::Gid::unconfigured(0)),
-        };
+        let endpoint = port.endpoint(ncclwasm_default::select_gid(&self.ib, port).index);
         Connection {
             comm_id: 0,
             traffic_class: -1,

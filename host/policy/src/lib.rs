@@ -9,14 +9,14 @@
 //! (`ncclwasm-default`, NCCL's own decisions). Every [`Decision`] carries its reason and its
 //! [`Source`], so `ncclwasm policy explain` and the NCCL INFO log can say who decided and why.
 //!
-//! # Failure model (DESIGN §3.3)
+//! # Failure model (`docs/architecture.md`, "The failure model")
 //! A trap, a timeout, running out of memory, or an answer that fails
 //! `ncclwasm_model::validate` is a fault. With [`FailureMode::Open`] the host WARNs once per
 //! (policy, hook, cause) and uses the built-in default for that decision; with
 //! [`FailureMode::Closed`] the call returns [`PolicyError::Failed`]. A faulted instance is thrown
 //! away and the next call gets a fresh, `init`-ed one.
 //!
-//! # Hot swap (DESIGN §3.4)
+//! # Hot swap (`docs/architecture.md`, "Hot swap")
 //! [`PolicyHost::swap_from_path`], [`PolicyHost::swap_from_bytes`] and the watcher thread
 //! (`NCCL_WASM_POLICY_RELOAD_MS`) compile, instantiate, `init` and — once
 //! [`PolicyHost::set_topology`] told the live ports — try every hook before publishing with one

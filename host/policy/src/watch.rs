@@ -1,4 +1,4 @@
-//! The policy-file watcher (DESIGN §3.4): polls the file every `NCCL_WASM_POLICY_RELOAD_MS`,
+//! The policy-file watcher (`docs/architecture.md`, "Hot swap"): polls the file every `NCCL_WASM_POLICY_RELOAD_MS`,
 //! and when its mtime or size changed *and* its bytes hash differently, loads, tries and
 //! publishes it off the hot path. Polling rather than inotify: it works on every filesystem a
 //! job may load its policy from (NFS, overlay), and the interval bounds the cost.

@@ -1,5 +1,5 @@
 //! The built-in default and its wasm twin `nccl-default` decide the same on every topology of
-//! the corpus under every `NCCL_IB_*` setting of the table (DESIGN §3.3).
+//! the corpus under every `NCCL_IB_*` setting of the table (`docs/architecture.md`, "The failure model").
 
 use ncclwasm_model::validate;
 use ncclwasm_model::{ConnPlan, Port, Topology};

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use ncclwasm_model::{Connection, Endpoint, Gid, GidType, LinkLayer, Port, PortState};
+use ncclwasm_model::{Connection, Gid, GidType, LinkLayer, Port, PortState};
 use ncclwasm_policy::{FailureMode, PolicyHost, Settings};
 
 /// The workspace's target directory (honours `CARGO_TARGET_DIR`).
@@ -110,21 +110,11 @@ fn ports() -> Vec<Port> {
 
 /// A connection from `port` to an identical peer, over GID `gid_index`.
 fn connection(port: &Port, gid_index: u32) -> Connection {
-    let g = port
-        .gids
-        .iter()
-        .find(|g| g.index == gid_index)
-        .expect("GID index")
-        .clone();
-    let endpoint = Endpoint {
-        device: port.device.clone(),
-        port: port.port,
-        link_layer: port.link_layer,
-        speed_mbps: port.speed_mbps,
-        mtu: port.mtu,
-        lid: port.lid,
-        gid: g,
-    };
+    assert!(
+        port.gids.iter().any(|g| g.index == gid_index),
+        "GID index {gid_index}"
+    );
+    let endpoint = port.endpoint(gid_index);
     Connection {
         comm_id: 0xc0ffee,
         traffic_class: -1,

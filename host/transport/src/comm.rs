@@ -8,9 +8,9 @@ use ncclwasm_verbs::{Access, Completion, Cq, DmaBuf, Mr, WcOpcode, WcStatus};
 use crate::device::{DevCtx, PortCtx};
 use crate::mr_cache::RegionSource;
 use crate::net_error::NetError;
-use crate::proto::request::{self, RequestPool};
-use crate::proto::{MAX_ENDPOINTS, MAX_RECVS, MAX_REQUESTS};
 use crate::qp::ConnQp;
+use ncclwasm_proto::request::{self, RequestPool};
+use ncclwasm_proto::{MAX_ENDPOINTS, MAX_RECVS, MAX_REQUESTS};
 
 /// Completions fetched per poll call.
 const POLL_BATCH: usize = 32;

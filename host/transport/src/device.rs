@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ncclwasm_model::{Endpoint, Port};
+use ncclwasm_model::{Endpoint, Port, PortState};
 use ncclwasm_verbs::{AsyncEventKind, Context, DeviceAttr, Fabric, Pd};
 
+use crate::decide::Decisions;
 use crate::mr_cache::MrCache;
 use crate::net_error::NetError;
 
@@ -106,7 +107,11 @@ pub(crate) struct EventThread {
 }
 
 impl EventThread {
-    pub(crate) fn start(dev: Arc<DevCtx>) -> Result<EventThread, NetError> {
+    /// Port state changes also go to `decisions`, so later decisions see the port as it is.
+    pub(crate) fn start(
+        dev: Arc<DevCtx>,
+        decisions: Arc<dyn Decisions>,
+    ) -> Result<EventThread, NetError> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let name = format!("ncclwasm-ev-{}", dev.name());
@@ -133,6 +138,14 @@ impl EventThread {
                                 tracing::warn!("NET/WASM: {what}: async event {}", ev.description);
                             } else {
                                 tracing::info!("NET/WASM: {what}: async event {}", ev.description);
+                            }
+                            let state = match ev.kind {
+                                AsyncEventKind::PortActive => Some(PortState::Active),
+                                AsyncEventKind::PortErr => Some(PortState::Down),
+                                _ => None,
+                            };
+                            if let (Some(state), Some(port)) = (state, ev.port) {
+                                decisions.port_changed(dev.name(), port, state);
                             }
                             dev.record(ev.kind, ev.qp_num, ev.description);
                         }

@@ -1,4 +1,4 @@
-//! [`Net`]: the process-wide network context — the fabric, the policy engine, the device table
+//! [`Net`]: the process-wide network context — the fabric, the decision maker, the device table
 //! NCCL sees (physical devices, then vNICs), and `listen`/`connect`.
 //!
 //! Devices are decided once, when the context is made (NCCL caches them): discovery gives the
@@ -12,19 +12,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use ncclwasm_model::{Endpoint, LinkLayer, Port, PortState, VnicAnswer};
-use ncclwasm_policy::{PolicyHost, Settings};
 use ncclwasm_verbs::{Fabric, IbOptions};
 
+use crate::decide::Decisions;
 use crate::device::{DevCtx, EventThread, PortCtx};
 use crate::net_error::NetError;
-use crate::proto::MAX_QPS;
-use crate::proto::handle::{HANDLE_SCRATCH, HANDLE_SIZE};
-use crate::proto::handshake::{AcceptorConfig, ConnectorConfig};
 use crate::qp::random_u64;
 use crate::recv::Listener;
 use crate::send::{Connecting, SendComm};
 use crate::socket::Stream;
-use crate::{Connector, ListenHandle};
+use ncclwasm_proto::MAX_QPS;
+use ncclwasm_proto::handle::ListenHandle;
+use ncclwasm_proto::handle::{HANDLE_SCRATCH, HANDLE_SIZE};
+use ncclwasm_proto::handshake::Connector;
+use ncclwasm_proto::handshake::{AcceptorConfig, ConnectorConfig};
 
 /// `NCCL_WASM_FABRIC`: which verbs library to use.
 pub const ENV_FABRIC: &str = "NCCL_WASM_FABRIC";
@@ -64,14 +65,20 @@ pub struct NetConfig {
     pub fabric: FabricChoice,
     /// How many devices a vNIC may fuse (4 for NCCL's v9–v11 ABI, 8 for v12).
     pub max_devs_per_nic: usize,
+    /// Who decides (the policy engine, in the plugin).
+    pub decisions: Arc<dyn Decisions>,
 }
 
 impl NetConfig {
-    /// `NCCL_WASM_FABRIC` and the given vNIC limit.
-    pub fn from_env(max_devs_per_nic: usize) -> Result<NetConfig, NetError> {
+    /// `NCCL_WASM_FABRIC`, the given vNIC limit and decision maker.
+    pub fn from_env(
+        max_devs_per_nic: usize,
+        decisions: Arc<dyn Decisions>,
+    ) -> Result<NetConfig, NetError> {
         Ok(NetConfig {
             fabric: FabricChoice::from_env()?,
             max_devs_per_nic,
+            decisions,
         })
     }
 }
@@ -122,7 +129,7 @@ struct NetDevice {
 struct NetInner {
     /// First, so the event threads stop before anything else goes.
     _events: Vec<EventThread>,
-    policy: Arc<PolicyHost>,
+    decisions: Arc<dyn Decisions>,
     fabric: Arc<Fabric>,
     ports: Vec<PortCtx>,
     devices: RwLock<Vec<NetDevice>>,
@@ -158,17 +165,12 @@ impl Net {
             fabric.name(),
             ports.len()
         );
-        let mut settings = Settings::from_env()?;
-        settings.max_devs_per_nic = config.max_devs_per_nic;
-        let policy = Arc::new(PolicyHost::new(settings)?);
-        policy.set_topology(ports.clone());
-        if let Some(id) = policy.policy() {
-            tracing::info!("NET/WASM: policy {id} from {}", id.origin);
-        }
+        let decisions = config.decisions;
+        decisions.live_ports(&ports);
 
-        // The policy engine logs each decision with its reason and source; the lines here add
+        // The decision maker logs each decision with its reason and source; the lines here add
         // what the plugin made of it.
-        let sel = policy.select_devices(&ports)?;
+        let sel = decisions.select_devices(&ports)?;
         let selected: Vec<Port> = sel
             .value
             .ports
@@ -200,23 +202,18 @@ impl Net {
                 Some(d) => Arc::clone(d),
                 None => {
                     let d = DevCtx::open(&fabric, &port.device)?;
-                    events.push(EventThread::start(Arc::clone(&d))?);
+                    events.push(EventThread::start(Arc::clone(&d), Arc::clone(&decisions))?);
                     devs.insert(port.device.clone(), Arc::clone(&d));
                     d
                 }
             };
-            let choice = policy.select_gid(&port)?;
-            let gid = port
-                .gids
-                .iter()
-                .find(|g| g.index == choice.value.index)
-                .cloned()
-                .ok_or_else(|| {
-                    NetError::NoDevice(format!(
-                        "{}:{}: GID index {} is not in its table",
-                        port.device, port.port, choice.value.index
-                    ))
-                })?;
+            let choice = decisions.select_gid(&port)?;
+            if !port.gids.iter().any(|g| g.index == choice.value.index) {
+                return Err(NetError::NoDevice(format!(
+                    "{}:{}: GID index {} is not in its table",
+                    port.device, port.port, choice.value.index
+                )));
+            }
             tracing::info!(
                 "NET/WASM: {}:{} uses GID index {} ({})",
                 port.device,
@@ -224,15 +221,7 @@ impl Net {
                 choice.value.index,
                 choice.source
             );
-            let endpoint = Endpoint {
-                device: port.device.clone(),
-                port: port.port,
-                link_layer: port.link_layer,
-                speed_mbps: port.speed_mbps,
-                mtu: port.mtu,
-                lid: port.lid,
-                gid,
-            };
+            let endpoint = port.endpoint(choice.value.index);
             port_ctxs.push(PortCtx {
                 port,
                 endpoint,
@@ -241,7 +230,7 @@ impl Net {
         }
 
         let selected: Vec<Port> = port_ctxs.iter().map(|p| p.port.clone()).collect();
-        let groups = policy.group_devices(&selected)?;
+        let groups = decisions.group_devices(&selected)?;
         let mut table: Vec<NetDevice> = Vec::new();
         let mut grouped = vec![false; port_ctxs.len()];
         for (i, p) in port_ctxs.iter().enumerate() {
@@ -287,7 +276,7 @@ impl Net {
         Ok(Net {
             inner: Arc::new(NetInner {
                 _events: events,
-                policy,
+                decisions,
                 fabric,
                 ports: port_ctxs,
                 devices: RwLock::new(table),
@@ -297,11 +286,6 @@ impl Net {
                 next_connect: AtomicU64::new(1),
             }),
         })
-    }
-
-    /// The policy engine (for hot swaps and the CLI).
-    pub fn policy(&self) -> &Arc<PolicyHost> {
-        &self.inner.policy
     }
 
     /// `"ib"` or `"soft"`.
@@ -376,7 +360,7 @@ impl Net {
             .iter()
             .map(|&d| inner.ports[devices[d as usize].ports[0]].port.clone())
             .collect();
-        let answer = inner.policy.make_vnic(request, &firsts)?;
+        let answer = inner.decisions.make_vnic(request, &firsts)?;
         tracing::info!(
             "NET/WASM: make-vnic {request:?}: {:?} [{}]",
             answer.value,
@@ -473,7 +457,7 @@ impl Net {
                 })
                 .map_err(NetError::protocol("connect"))?;
                 let stream = Stream::connect(target.addr)?;
-                Connecting::new(machine, stream, ports, Arc::clone(&inner.policy))
+                Connecting::new(machine, stream, ports, Arc::clone(&inner.decisions))
             }
         };
         handle[HANDLE_SCRATCH].fill(0);

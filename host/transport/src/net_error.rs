@@ -1,9 +1,10 @@
 //! The one error type of the I/O shell, and how each maps to an NCCL result.
 
-use ncclwasm_policy::PolicyError;
 use ncclwasm_verbs::VerbsError;
 
-use crate::error::TransportError;
+use ncclwasm_proto::ProtoError;
+
+use crate::decide::DecisionError;
 
 /// Which `ncclResult_t` an error becomes at the plugin edge (the README's guidance: system errors
 /// for the OS and the NIC, internal errors for misuse by NCCL core or our own bugs, invalid usage
@@ -30,7 +31,7 @@ pub enum NetError {
     Protocol {
         during: &'static str,
         #[source]
-        source: TransportError,
+        source: ProtoError,
     },
     /// A verb failed.
     #[error("{what}: {source}")]
@@ -46,9 +47,9 @@ pub enum NetError {
         #[source]
         source: std::io::Error,
     },
-    /// The policy engine failed closed, or could not start.
+    /// No decision could be made: the policy engine failed closed, or could not start.
     #[error("policy: {0}")]
-    Policy(#[from] PolicyError),
+    Decision(#[from] DecisionError),
     /// No usable fabric or port: NCCL falls back to its own transports.
     #[error("no usable network device: {0}")]
     NoDevice(String),
@@ -89,24 +90,24 @@ impl NetError {
     pub fn class(&self) -> ErrorClass {
         match self {
             NetError::Protocol { source, .. } => match source {
-                TransportError::BadHandle { .. }
-                | TransportError::InvalidPlan { .. }
-                | TransportError::Incompatible { .. } => ErrorClass::InvalidUsage,
-                TransportError::BadMagic { .. }
-                | TransportError::VersionMismatch { .. }
-                | TransportError::Malformed { .. }
-                | TransportError::UnexpectedMessage { .. }
-                | TransportError::NonceMismatch { .. }
-                | TransportError::BadPeerInfo { .. }
-                | TransportError::UnexpectedEof { .. }
-                | TransportError::BadCts { .. } => ErrorClass::Remote,
+                ProtoError::BadHandle { .. }
+                | ProtoError::InvalidPlan { .. }
+                | ProtoError::Incompatible { .. } => ErrorClass::InvalidUsage,
+                ProtoError::BadMagic { .. }
+                | ProtoError::VersionMismatch { .. }
+                | ProtoError::Malformed { .. }
+                | ProtoError::UnexpectedMessage { .. }
+                | ProtoError::NonceMismatch { .. }
+                | ProtoError::BadPeerInfo { .. }
+                | ProtoError::UnexpectedEof { .. }
+                | ProtoError::BadCts { .. } => ErrorClass::Remote,
                 _ => ErrorClass::Internal,
             },
             NetError::Verbs { .. }
             | NetError::Io { .. }
             | NetError::NoDevice(_)
             | NetError::Fatal { .. } => ErrorClass::System,
-            NetError::Policy(_) | NetError::Vnic { .. } => ErrorClass::InvalidUsage,
+            NetError::Decision(_) | NetError::Vnic { .. } => ErrorClass::InvalidUsage,
             NetError::BadDevice { .. } | NetError::Usage(_) => ErrorClass::Internal,
             NetError::Completion { .. } => ErrorClass::Remote,
         }
@@ -122,7 +123,7 @@ impl NetError {
         move |source| NetError::Io { what, source }
     }
 
-    pub(crate) fn protocol(during: &'static str) -> impl FnOnce(TransportError) -> NetError {
+    pub(crate) fn protocol(during: &'static str) -> impl FnOnce(ProtoError) -> NetError {
         move |source| NetError::Protocol { during, source }
     }
 }

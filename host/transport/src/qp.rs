@@ -15,10 +15,10 @@ use ncclwasm_verbs::{
 use crate::comm::Side;
 use crate::device::PortCtx;
 use crate::net_error::NetError;
-use crate::proto::MAX_REQUESTS;
-use crate::proto::fifo::CTS_SLOT_BYTES;
-use crate::proto::handshake::{LocalQp, QpBringUp};
-use crate::proto::message;
+use ncclwasm_proto::MAX_REQUESTS;
+use ncclwasm_proto::fifo::CTS_SLOT_BYTES;
+use ncclwasm_proto::handshake::{LocalQp, QpBringUp};
+use ncclwasm_proto::message;
 
 /// A random value (nonces, PSNs): the OS-seeded keys of `RandomState`, mixed with a counter so
 /// two draws in one process differ.
@@ -248,7 +248,7 @@ pub(crate) fn loopback(
     let (qp, local) = create(port, cq, false, false)?;
     let own = QpBringUp {
         qp: 0,
-        route: crate::proto::handshake::QpRoute {
+        route: ncclwasm_proto::handshake::QpRoute {
             local: endpoint,
             remote: endpoint,
         },

@@ -6,20 +6,20 @@ use std::sync::{Arc, Mutex};
 
 use ncclwasm_verbs::{Access, Cq, RecvWr, Remote, SendOp, SendWr};
 
-use crate::Acceptor;
 use crate::comm::{Done, MemHandle, OwnedRegion, Side};
 use crate::device::PortCtx;
 use crate::mr_cache::RegionSource;
 use crate::net_error::NetError;
-use crate::proto::datapath::{PostedRecv, Receiver};
-use crate::proto::fifo::{CTS_FIFO_BYTES, CtsEntry, SIZES_FIFO_BYTES, SIZES_SLOT_BYTES};
-use crate::proto::handshake::{AcceptorAction, AcceptorConfig, RecvSetup};
-use crate::proto::message::{Ece, RemoteWindow};
-use crate::proto::request::{Finished, RecvSizes, ReqId};
-use crate::proto::{MAX_ENDPOINTS, MAX_RECVS};
 use crate::qp::{self, ConnQp};
 use crate::send::describe;
 use crate::socket::Stream;
+use ncclwasm_proto::datapath::{PostedRecv, Receiver};
+use ncclwasm_proto::fifo::{CTS_FIFO_BYTES, CtsEntry, SIZES_FIFO_BYTES, SIZES_SLOT_BYTES};
+use ncclwasm_proto::handshake::Acceptor;
+use ncclwasm_proto::handshake::{AcceptorAction, AcceptorConfig, RecvSetup};
+use ncclwasm_proto::message::{Ece, RemoteWindow};
+use ncclwasm_proto::request::{Finished, RecvSizes, ReqId};
+use ncclwasm_proto::{MAX_ENDPOINTS, MAX_RECVS};
 
 /// Bytes of the flush target: one byte is read per flush.
 const FLUSH_BYTES: usize = 64;

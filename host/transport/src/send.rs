@@ -4,25 +4,24 @@
 use std::sync::{Arc, Mutex};
 
 use ncclwasm_model::Connection;
-use ncclwasm_policy::{FailureMode, PolicyHost};
 use ncclwasm_verbs::{Access, Remote, SendOp, SendWr, Sge};
 
-use crate::Connector;
 use crate::comm::{Done, MemHandle, OwnedRegion, Side};
+use crate::decide::Decisions;
 use crate::device::PortCtx;
-use crate::error::TransportError;
 use crate::mr_cache::RegionSource;
 use crate::net_error::NetError;
-use crate::proto::datapath::{LocalData, Opcode, Sender};
-use crate::proto::fifo::{
-    CTS_FIFO_BYTES, CTS_SLOT_BYTES, CtsEntry, SIZES_FIFO_BYTES, SIZES_SLOT_BYTES,
-};
-use crate::proto::handshake::{ConnectorAction, SendSetup};
-use crate::proto::message::RemoteWindow;
-use crate::proto::request::{Finished, ReqId};
-use crate::proto::{MAX_ENDPOINTS, MAX_RECVS, MAX_REQUESTS};
 use crate::qp::{self, ConnQp};
 use crate::socket::Stream;
+use ncclwasm_proto::datapath::{LocalData, Opcode, Sender};
+use ncclwasm_proto::fifo::{
+    CTS_FIFO_BYTES, CTS_SLOT_BYTES, CtsEntry, SIZES_FIFO_BYTES, SIZES_SLOT_BYTES,
+};
+use ncclwasm_proto::handshake::Connector;
+use ncclwasm_proto::handshake::{ConnectorAction, SendSetup};
+use ncclwasm_proto::message::RemoteWindow;
+use ncclwasm_proto::request::{Finished, ReqId};
+use ncclwasm_proto::{MAX_ENDPOINTS, MAX_RECVS, MAX_REQUESTS};
 
 /// A connection being made: the handshake, its socket and the verbs objects made so far. NCCL
 /// calls `connect` again and again; each call resumes it.
@@ -35,7 +34,7 @@ pub(crate) struct Connecting {
     qps: Vec<ConnQp>,
     ece: bool,
     cts: Option<OwnedRegion>,
-    policy: Arc<PolicyHost>,
+    decisions: Arc<dyn Decisions>,
     /// Who made the plan (the policy version, or why the built-in default did).
     source: String,
 }
@@ -45,7 +44,7 @@ impl Connecting {
         machine: Connector,
         stream: Stream,
         ports: Vec<PortCtx>,
-        policy: Arc<PolicyHost>,
+        decisions: Arc<dyn Decisions>,
     ) -> Self {
         Connecting {
             machine,
@@ -55,7 +54,7 @@ impl Connecting {
             qps: Vec::new(),
             ece: false,
             cts: None,
-            policy,
+            decisions,
             source: String::new(),
         }
     }
@@ -88,10 +87,14 @@ impl Connecting {
         }
     }
 
-    /// Asks the policy for the plan; a plan the handshake refuses falls back to the built-in
-    /// default under `failure = open`, and fails the connection under `closed`.
+    /// Asks for the plan. The decision maker runs the handshake's own checks on a policy's
+    /// plan, so a plan this connection cannot follow is handled by its failure model (the
+    /// built-in plan under `open`, an error under `closed`); the built-in plan itself failing
+    /// them is an error of the connection.
     fn plan(&mut self, conn: &Connection) -> Result<(), NetError> {
-        let d = self.policy.plan_connection(conn)?;
+        let machine = &self.machine;
+        let fits = |p: &ncclwasm_model::ConnPlan| machine.check_plan(p).map_err(|e| e.to_string());
+        let d = self.decisions.plan_connection(conn, &fits)?;
         tracing::info!(
             "NET/WASM: plan for comm {:#x} dev {} ({}) -> {} peer port(s): {} QP(s), stripe {}, \
              AR {} above {} B, TC {} SL {}: {} [{}]",
@@ -109,24 +112,10 @@ impl Connecting {
             d.source
         );
         self.ece = d.value.ece;
-        self.source = d.source.to_string();
-        match self.machine.plan_decided(d.value) {
-            Ok(()) => Ok(()),
-            Err(TransportError::InvalidPlan { detail })
-                if self.policy.settings().failure == FailureMode::Open =>
-            {
-                tracing::warn!(
-                    "NET/WASM: the policy's plan cannot be followed ({detail}); using the built-in default"
-                );
-                let plan = ncclwasm_default::plan_connection(self.policy.ib_config(), conn);
-                self.ece = plan.ece;
-                self.source = format!("built-in default (the plan of {} was refused)", self.source);
-                self.machine
-                    .plan_decided(plan)
-                    .map_err(NetError::protocol("planning the connection"))
-            }
-            Err(e) => Err(NetError::protocol("planning the connection")(e)),
-        }
+        self.source = d.source;
+        self.machine
+            .plan_decided(d.value)
+            .map_err(NetError::protocol("planning the connection"))
     }
 
     fn create_qps(&mut self, endpoints: &[usize]) -> Result<(), NetError> {

@@ -7,16 +7,16 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::error::TransportError;
 use crate::net_error::NetError;
-use crate::proto::handshake::{Acceptor, Connector};
+use ncclwasm_proto::ProtoError;
+use ncclwasm_proto::handshake::{Acceptor, Connector};
 
 /// What a handshake machine offers the socket (both [`Connector`] and [`Acceptor`]).
 pub(crate) trait Machine {
     fn transmit(&self) -> &[u8];
-    fn advance_transmit(&mut self, n: usize) -> Result<(), TransportError>;
-    fn handle_bytes(&mut self, data: &[u8]) -> Result<(), TransportError>;
-    fn handle_eof(&mut self) -> Result<(), TransportError>;
+    fn advance_transmit(&mut self, n: usize) -> Result<(), ProtoError>;
+    fn handle_bytes(&mut self, data: &[u8]) -> Result<(), ProtoError>;
+    fn handle_eof(&mut self) -> Result<(), ProtoError>;
 }
 
 macro_rules! machine {
@@ -25,13 +25,13 @@ macro_rules! machine {
             fn transmit(&self) -> &[u8] {
                 <$t>::transmit(self)
             }
-            fn advance_transmit(&mut self, n: usize) -> Result<(), TransportError> {
+            fn advance_transmit(&mut self, n: usize) -> Result<(), ProtoError> {
                 <$t>::advance_transmit(self, n)
             }
-            fn handle_bytes(&mut self, data: &[u8]) -> Result<(), TransportError> {
+            fn handle_bytes(&mut self, data: &[u8]) -> Result<(), ProtoError> {
                 <$t>::handle_bytes(self, data)
             }
-            fn handle_eof(&mut self) -> Result<(), TransportError> {
+            fn handle_eof(&mut self) -> Result<(), ProtoError> {
                 <$t>::handle_eof(self)
             }
         }

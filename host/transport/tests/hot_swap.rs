@@ -78,8 +78,8 @@ fn swapping_the_policy_file_changes_only_new_connections() {
         .with_writer(|| Capture)
         .with_ansi(false)
         .init();
-    let net = net();
-    let first = net.policy().policy().expect("nccl-default loaded");
+    let (net, policy) = net_and_policy();
+    let first = policy.policy().expect("nccl-default loaded");
     assert_eq!(first.name, "nccl-default");
 
     let (s1, r1) = connect(&net, 0, 1);
@@ -107,11 +107,7 @@ fn swapping_the_policy_file_changes_only_new_connections() {
         std::fs::copy(guest("rail-aligned"), &staged).unwrap();
         std::fs::rename(&staged, &live).unwrap();
         let end = Instant::now() + Duration::from_secs(30);
-        while net
-            .policy()
-            .policy()
-            .is_none_or(|id| id.name != "rail-aligned")
-        {
+        while policy.policy().is_none_or(|id| id.name != "rail-aligned") {
             assert!(
                 Instant::now() < end,
                 "the watcher never published the new policy"

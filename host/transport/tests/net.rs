@@ -176,10 +176,10 @@ fn registrations_are_page_rounded_cached_and_counted_per_device() {
 /// message — of any size, striped or not — calls into the policy engine.
 #[test]
 fn messages_make_no_policy_calls() {
-    let net = net();
+    let (net, policy) = net_and_policy();
     let (s, r) = connect(&net, 0, 1);
     let b = bufs(&s, &r);
-    let before = net.policy().stats();
+    let before = policy.stats();
     let plans = |stats: &ncclwasm_policy::Stats| {
         stats
             .calls
@@ -202,7 +202,7 @@ fn messages_make_no_policy_calls() {
         );
     }
     assert_eq!(
-        net.policy().stats().calls,
+        policy.stats().calls,
         before.calls,
         "200 messages made policy calls"
     );

@@ -27,23 +27,14 @@ pub fn port<'a>(ports: &'a [Port], device: &str) -> &'a Port {
         .unwrap_or_else(|| panic!("no device {device} in the topology"))
 }
 
-/// `port` communicating with its GID at `gid_index`.
+/// `port` communicating with its GID at `gid_index` (which must be in its table).
 pub fn endpoint(port: &Port, gid_index: u32) -> Endpoint {
-    let gid = port
-        .gids
-        .iter()
-        .find(|g| g.index == gid_index)
-        .unwrap_or_else(|| panic!("{} has no GID index {gid_index}", port.device))
-        .clone();
-    Endpoint {
-        device: port.device.clone(),
-        port: port.port,
-        link_layer: port.link_layer,
-        speed_mbps: port.speed_mbps,
-        mtu: port.mtu,
-        lid: port.lid,
-        gid,
-    }
+    assert!(
+        port.gids.iter().any(|g| g.index == gid_index),
+        "{} has no GID index {gid_index}",
+        port.device
+    );
+    port.endpoint(gid_index)
 }
 
 /// A connection over `local` to `peer` on NCCL device 0, named after the local devices as a

@@ -64,7 +64,7 @@ impl Gid {
     }
 
     /// In `fe80::/64`; as `linkLocalGid`. Such GIDs do not route across nodes on RoCEv2
-    /// (nccl-plugin-abi §5, NVIDIA/nccl#769), so GID selection skips them.
+    /// (NVIDIA/nccl#769: Broadcom NICs list them first), so GID selection skips them.
     pub fn is_link_local(&self) -> bool {
         self.raw[..4] == LINK_LOCAL_WORD && self.raw[4..8] == [0; 4]
     }

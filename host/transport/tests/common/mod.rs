@@ -6,6 +6,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ncclwasm_policy::PolicyHost;
 use ncclwasm_transport::{
     CommConfig, Done, FabricChoice, MemHandle, Net, NetConfig, RecvBuf, RecvComm, ReqId, SendComm,
 };
@@ -15,12 +16,20 @@ pub const MIB: usize = 1 << 20;
 pub const BUF: usize = 64 * MIB + 8192;
 
 pub fn net() -> Net {
-    // The soft fabric in process; the policy comes from the environment (built-in when unset).
-    Net::new(NetConfig {
+    net_and_policy().0
+}
+
+/// The soft fabric in process, and the policy engine deciding for it (configured from the
+/// environment: the built-in default when `NCCL_WASM_POLICY` is unset).
+pub fn net_and_policy() -> (Net, Arc<PolicyHost>) {
+    let policy = Arc::new(PolicyHost::from_env(4).expect("policy settings"));
+    let net = Net::new(NetConfig {
         fabric: FabricChoice::Soft,
         max_devs_per_nic: 4,
+        decisions: Arc::clone(&policy) as _,
     })
-    .expect("soft fabric")
+    .expect("soft fabric");
+    (net, policy)
 }
 
 pub fn deadline() -> Instant {

@@ -12,7 +12,7 @@
 //! * returns the communicator to NCCL when the `Established` action appears, and "call again"
 //!   (NULL comm) before that.
 //!
-//! An input the machine is not waiting for is refused with [`TransportError::WrongState`] and
+//! An input the machine is not waiting for is refused with [`ProtoError::WrongState`] and
 //! leaves the machine as it was. Anything wrong with the peer (garbage, another version, an
 //! invalid plan, inconsistent metadata, an early EOF) fails the machine for good: every later
 //! input returns an error naming the failed state.
@@ -30,7 +30,7 @@ use super::message::{
     AcceptorMeta, ConnectorMeta, DeviceList, Ece, Hello, MAX_24BIT, Message, QpInfo, RemoteWindow,
     decode_frame,
 };
-use crate::error::TransportError;
+use crate::error::ProtoError;
 
 /// What the connecting (sending) rank knows when NCCL calls `connect`: the input of the policy's
 /// `plan-connection` apart from the peer's ports, which the handshake fetches.
@@ -181,7 +181,7 @@ struct Link {
 }
 
 impl Link {
-    fn queue(&mut self, m: &Message) -> Result<(), TransportError> {
+    fn queue(&mut self, m: &Message) -> Result<(), ProtoError> {
         debug!(message = m.name(), "handshake: queueing");
         self.outbox.extend_from_slice(&m.encode()?);
         Ok(())
@@ -191,10 +191,10 @@ impl Link {
         &self.outbox[self.sent..]
     }
 
-    fn advance(&mut self, n: usize) -> Result<(), TransportError> {
+    fn advance(&mut self, n: usize) -> Result<(), ProtoError> {
         let left = self.outbox.len() - self.sent;
         if n > left {
-            return Err(TransportError::BadLocalInput {
+            return Err(ProtoError::BadLocalInput {
                 detail: format!("advance_transmit({n}) with only {left} byte(s) pending"),
             });
         }
@@ -206,7 +206,7 @@ impl Link {
         Ok(())
     }
 
-    fn next_message(&mut self) -> Result<Option<Message>, TransportError> {
+    fn next_message(&mut self) -> Result<Option<Message>, ProtoError> {
         Ok(decode_frame(&self.inbox)?.map(|(m, used)| {
             self.inbox.drain(..used);
             m
@@ -214,12 +214,12 @@ impl Link {
     }
 }
 
-fn wrong_state(input: &'static str, state: &'static str) -> TransportError {
-    TransportError::WrongState { input, state }
+fn wrong_state(input: &'static str, state: &'static str) -> ProtoError {
+    ProtoError::WrongState { input, state }
 }
 
-fn unexpected(m: &Message, state: &'static str) -> TransportError {
-    TransportError::UnexpectedMessage {
+fn unexpected(m: &Message, state: &'static str) -> ProtoError {
+    ProtoError::UnexpectedMessage {
         got: m.name(),
         state,
     }
@@ -235,7 +235,7 @@ trait Phase {
 }
 
 /// The first half of `handle_bytes`: refuse input to a failed machine, buffer the rest.
-fn buffer_input<S: Phase>(state: &S, link: &mut Link, data: &[u8]) -> Result<(), TransportError> {
+fn buffer_input<S: Phase>(state: &S, link: &mut Link, data: &[u8]) -> Result<(), ProtoError> {
     if state.is_failed() {
         return Err(wrong_state("handle_bytes", state.name()));
     }
@@ -246,8 +246,8 @@ fn buffer_input<S: Phase>(state: &S, link: &mut Link, data: &[u8]) -> Result<(),
 /// The second half: any error from the peer's bytes fails the machine for good.
 fn fail_on_error<S: Phase>(
     state: &mut S,
-    result: Result<(), TransportError>,
-) -> Result<(), TransportError> {
+    result: Result<(), ProtoError>,
+) -> Result<(), ProtoError> {
     if result.is_err() {
         *state = S::FAILED;
     }
@@ -255,33 +255,33 @@ fn fail_on_error<S: Phase>(
 }
 
 /// `handle_eof`: the end of the stream is fine once established, fatal before.
-fn end_of_stream<S: Phase>(state: &mut S) -> Result<(), TransportError> {
+fn end_of_stream<S: Phase>(state: &mut S) -> Result<(), ProtoError> {
     if state.is_established() {
         return Ok(());
     }
     let name = state.name();
     *state = S::FAILED;
-    Err(TransportError::UnexpectedEof { state: name })
+    Err(ProtoError::UnexpectedEof { state: name })
 }
 
-fn local_input(ok: bool, detail: impl FnOnce() -> String) -> Result<(), TransportError> {
+fn local_input(ok: bool, detail: impl FnOnce() -> String) -> Result<(), ProtoError> {
     if ok {
         Ok(())
     } else {
-        Err(TransportError::BadLocalInput { detail: detail() })
+        Err(ProtoError::BadLocalInput { detail: detail() })
     }
 }
 
-fn peer_info(ok: bool, detail: impl FnOnce() -> String) -> Result<(), TransportError> {
+fn peer_info(ok: bool, detail: impl FnOnce() -> String) -> Result<(), ProtoError> {
     if ok {
         Ok(())
     } else {
-        Err(TransportError::BadPeerInfo { detail: detail() })
+        Err(ProtoError::BadPeerInfo { detail: detail() })
     }
 }
 
 /// Checks a side's own endpoint list at construction: 1..=8 ports of one link layer.
-fn check_own_endpoints(eps: &[Endpoint]) -> Result<(), TransportError> {
+fn check_own_endpoints(eps: &[Endpoint]) -> Result<(), ProtoError> {
     local_input(!eps.is_empty() && eps.len() <= MAX_ENDPOINTS, || {
         format!(
             "{} local endpoints; a device has 1..={MAX_ENDPOINTS}",
@@ -295,7 +295,7 @@ fn check_own_endpoints(eps: &[Endpoint]) -> Result<(), TransportError> {
 }
 
 /// A side that can create no QP can follow no plan.
-fn check_qp_limit(max_qps: u32) -> Result<(), TransportError> {
+fn check_qp_limit(max_qps: u32) -> Result<(), ProtoError> {
     local_input(max_qps >= 1, || {
         "max_qps is 0; no plan could be followed".to_owned()
     })
@@ -303,8 +303,8 @@ fn check_qp_limit(max_qps: u32) -> Result<(), TransportError> {
 
 /// The peer's ports must exist and share our link layer, as `ncclIbConnect`/`ncclIbAccept`
 /// refuse "incompatible devices".
-fn check_peer_endpoints(local: &[Endpoint], peer: &[Endpoint]) -> Result<(), TransportError> {
-    let incompatible = |detail: String| Err(TransportError::Incompatible { detail });
+fn check_peer_endpoints(local: &[Endpoint], peer: &[Endpoint]) -> Result<(), ProtoError> {
+    let incompatible = |detail: String| Err(ProtoError::Incompatible { detail });
     if peer.is_empty() {
         return incompatible("the peer advertised no ports".to_owned());
     }
@@ -324,8 +324,8 @@ fn check_connection_plan(
     plan: &ConnPlan,
     conn: &Connection,
     max_qps: u32,
-) -> Result<(), TransportError> {
-    check_plan(plan, conn, max_qps).map_err(|e| TransportError::InvalidPlan {
+) -> Result<(), ProtoError> {
+    check_plan(plan, conn, max_qps).map_err(|e| ProtoError::InvalidPlan {
         detail: e.message().to_owned(),
     })
 }
@@ -343,7 +343,7 @@ fn window_fits(w: &RemoteWindow, bytes: usize, owners: usize) -> bool {
 
 /// Checks the QPs the shell created against the plan (count, 24-bit numbers, ECE only when
 /// negotiated) — the same rules the peer applies to them.
-fn check_local_qps(qps: &[LocalQp], plan: &ConnPlan, ece_now: bool) -> Result<(), TransportError> {
+fn check_local_qps(qps: &[LocalQp], plan: &ConnPlan, ece_now: bool) -> Result<(), ProtoError> {
     local_input(qps.len() == plan.qps.len(), || {
         format!("{} QPs created for a plan of {}", qps.len(), plan.qps.len())
     })?;
@@ -364,7 +364,7 @@ fn check_peer_qps(
     qps: &[QpInfo],
     plan: &ConnPlan,
     peer_is_connector: bool,
-) -> Result<(), TransportError> {
+) -> Result<(), ProtoError> {
     peer_info(qps.len() == plan.qps.len(), || {
         format!(
             "{} QP infos for a plan of {} QPs",
@@ -466,7 +466,7 @@ pub struct Connector {
 
 impl Connector {
     /// Starts a connection; the hello message is ready to transmit at once.
-    pub fn new(config: ConnectorConfig) -> Result<Self, TransportError> {
+    pub fn new(config: ConnectorConfig) -> Result<Self, ProtoError> {
         check_own_endpoints(&config.endpoints)?;
         check_qp_limit(config.max_qps)?;
         let mut link = Link::default();
@@ -498,7 +498,7 @@ impl Connector {
     }
 
     /// `n` bytes of [`transmit`](Self::transmit) were written.
-    pub fn advance_transmit(&mut self, n: usize) -> Result<(), TransportError> {
+    pub fn advance_transmit(&mut self, n: usize) -> Result<(), ProtoError> {
         self.link.advance(n)?;
         if self.link.transmit().is_empty()
             && matches!(self.state, ConnState::SendingReady { .. })
@@ -513,13 +513,13 @@ impl Connector {
     }
 
     /// Bytes read from the socket.
-    pub fn handle_bytes(&mut self, data: &[u8]) -> Result<(), TransportError> {
+    pub fn handle_bytes(&mut self, data: &[u8]) -> Result<(), ProtoError> {
         buffer_input(&self.state, &mut self.link, data)?;
         let result = self.drain_inbox();
         fail_on_error(&mut self.state, result)
     }
 
-    fn drain_inbox(&mut self) -> Result<(), TransportError> {
+    fn drain_inbox(&mut self) -> Result<(), ProtoError> {
         while let Some(m) = self.link.next_message()? {
             let state = mem::replace(&mut self.state, ConnState::FAILED);
             self.state = match (state, m) {
@@ -571,15 +571,26 @@ impl Connector {
     }
 
     /// The peer closed the socket.
-    pub fn handle_eof(&mut self) -> Result<(), TransportError> {
+    pub fn handle_eof(&mut self) -> Result<(), ProtoError> {
         end_of_stream(&mut self.state)
+    }
+
+    /// Whether [`plan_decided`](Self::plan_decided) would accept `plan` as a plan for this
+    /// connection ([`ProtoError::InvalidPlan`] if not): the check a decision maker runs on a
+    /// policy's plan before it is final, so a plan that cannot be followed is caught where the
+    /// failure model lives.
+    pub fn check_plan(&self, plan: &ConnPlan) -> Result<(), ProtoError> {
+        let ConnState::AwaitPlan { conn } = &self.state else {
+            return Err(wrong_state("check_plan", self.state.name()));
+        };
+        check_connection_plan(plan, conn, self.config.max_qps)
     }
 
     /// The policy (or the built-in default) planned the connection. The plan is checked here
     /// too, so a bad plan fails on the rank whose policy made it, with the same message the
     /// peer would give; the machine stays where it was, so the shell may fall back to the
     /// built-in plan and call again.
-    pub fn plan_decided(&mut self, plan: ConnPlan) -> Result<(), TransportError> {
+    pub fn plan_decided(&mut self, plan: ConnPlan) -> Result<(), ProtoError> {
         let ConnState::AwaitPlan { conn } = &self.state else {
             return Err(wrong_state("plan_decided", self.state.name()));
         };
@@ -594,7 +605,7 @@ impl Connector {
             })
             .collect();
         if let Some(q) = mtus.iter().position(|&m| !valid_mtu(m)) {
-            return Err(TransportError::Incompatible {
+            return Err(ProtoError::Incompatible {
                 detail: format!(
                     "QP {q} would use path MTU {}, not an InfiniBand MTU",
                     mtus[q]
@@ -619,7 +630,7 @@ impl Connector {
         &mut self,
         qps: &[LocalQp],
         cts_fifo: RemoteWindow,
-    ) -> Result<(), TransportError> {
+    ) -> Result<(), ProtoError> {
         let ConnState::AwaitQps { peer, plan, mtus } = &self.state else {
             return Err(wrong_state("qps_created", self.state.name()));
         };
@@ -654,7 +665,7 @@ impl Connector {
     }
 
     /// Every QP reached RTS.
-    pub fn qps_ready(&mut self) -> Result<(), TransportError> {
+    pub fn qps_ready(&mut self) -> Result<(), ProtoError> {
         let ConnState::AwaitBringUp { setup } = &self.state else {
             return Err(wrong_state("qps_ready", self.state.name()));
         };
@@ -755,7 +766,7 @@ pub struct Acceptor {
 
 impl Acceptor {
     /// Waits for the connector's hello on a freshly accepted socket.
-    pub fn new(config: AcceptorConfig) -> Result<Self, TransportError> {
+    pub fn new(config: AcceptorConfig) -> Result<Self, ProtoError> {
         check_own_endpoints(&config.endpoints)?;
         check_qp_limit(config.max_qps)?;
         Ok(Acceptor {
@@ -782,24 +793,24 @@ impl Acceptor {
     }
 
     /// `n` bytes of [`transmit`](Self::transmit) were written.
-    pub fn advance_transmit(&mut self, n: usize) -> Result<(), TransportError> {
+    pub fn advance_transmit(&mut self, n: usize) -> Result<(), ProtoError> {
         self.link.advance(n)
     }
 
     /// Bytes read from the socket.
-    pub fn handle_bytes(&mut self, data: &[u8]) -> Result<(), TransportError> {
+    pub fn handle_bytes(&mut self, data: &[u8]) -> Result<(), ProtoError> {
         buffer_input(&self.state, &mut self.link, data)?;
         let result = self.drain_inbox();
         fail_on_error(&mut self.state, result)
     }
 
-    fn drain_inbox(&mut self) -> Result<(), TransportError> {
+    fn drain_inbox(&mut self) -> Result<(), ProtoError> {
         while let Some(m) = self.link.next_message()? {
             let state = mem::replace(&mut self.state, AccState::FAILED);
             self.state = match (state, m) {
                 (AccState::AwaitHello, Message::Hello(h)) => {
                     if h.nonce != self.config.nonce {
-                        return Err(TransportError::NonceMismatch {
+                        return Err(ProtoError::NonceMismatch {
                             expected: self.config.nonce,
                             got: h.nonce,
                         });
@@ -835,7 +846,7 @@ impl Acceptor {
         &self,
         peer: &[Endpoint],
         meta: &ConnectorMeta,
-    ) -> Result<(), TransportError> {
+    ) -> Result<(), ProtoError> {
         let local = &self.config.endpoints;
         let conn = Connection {
             comm_id: 0,
@@ -877,7 +888,7 @@ impl Acceptor {
         qps: &[LocalQp],
         sizes_fifo: RemoteWindow,
         flush: bool,
-    ) -> Result<(), TransportError> {
+    ) -> Result<(), ProtoError> {
         let AccState::AwaitQps { peer, meta } = &self.state else {
             return Err(wrong_state("qps_created", self.state.name()));
         };
@@ -911,7 +922,7 @@ impl Acceptor {
     /// Every QP reached RTS; `reduced_ece[q]` is the ECE queried from QP `q` after RTR (`None`
     /// where ECE was not set), as `ncclIbAccept` returns it to the connector. Refused input
     /// leaves the machine unchanged.
-    pub fn qps_ready(&mut self, reduced_ece: &[Option<Ece>]) -> Result<(), TransportError> {
+    pub fn qps_ready(&mut self, reduced_ece: &[Option<Ece>]) -> Result<(), ProtoError> {
         let AccState::AwaitBringUp {
             setup,
             qps,
@@ -951,7 +962,7 @@ impl Acceptor {
     }
 
     /// The peer closed the socket.
-    pub fn handle_eof(&mut self) -> Result<(), TransportError> {
+    pub fn handle_eof(&mut self) -> Result<(), ProtoError> {
         end_of_stream(&mut self.state)
     }
 }
@@ -959,7 +970,7 @@ impl Acceptor {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::proto::message::tests::{Rng, endpoint, plan};
+    use crate::message::tests::{Rng, endpoint, plan};
     use ncclwasm_model::LinkLayer;
 
     pub(crate) const NONCE: u64 = 0x5eed_1234;
@@ -974,7 +985,7 @@ pub(crate) mod tests {
                 .map(|i| endpoint(&format!("mlx5_{i}"), LinkLayer::Ethernet))
                 .collect(),
             nonce: NONCE,
-            max_qps: crate::proto::MAX_QPS as u32,
+            max_qps: crate::MAX_QPS as u32,
         })
         .unwrap()
     }
@@ -985,7 +996,7 @@ pub(crate) mod tests {
                 .map(|i| endpoint(&format!("ib{i}"), LinkLayer::Ethernet))
                 .collect(),
             nonce: NONCE,
-            max_qps: crate::proto::MAX_QPS as u32,
+            max_qps: crate::MAX_QPS as u32,
         })
         .unwrap()
     }
@@ -1027,7 +1038,7 @@ pub(crate) mod tests {
         a: &mut Acceptor,
         mut chunk: impl FnMut(&mut Rng) -> usize,
         mut decide: impl FnMut(&Connection) -> ConnPlan,
-    ) -> Result<Trace, TransportError> {
+    ) -> Result<Trace, ProtoError> {
         let mut rng = Rng(0x1234_5678_9abc_def1);
         let mut t = Trace::default();
         for _ in 0..100_000 {
@@ -1302,10 +1313,10 @@ pub(crate) mod tests {
     fn garbage_wrong_version_and_wrong_nonce_are_refused() {
         let mut a = acceptor(1);
         let e = a.handle_bytes(b"\x16\x03\x01\x02\x00").unwrap_err();
-        assert!(matches!(e, TransportError::BadMagic { .. }), "{e}");
+        assert!(matches!(e, ProtoError::BadMagic { .. }), "{e}");
         assert!(matches!(
             a.handle_bytes(b"x"),
-            Err(TransportError::WrongState {
+            Err(ProtoError::WrongState {
                 state: "failed",
                 ..
             })
@@ -1319,7 +1330,7 @@ pub(crate) mod tests {
         }
         let e = a.handle_bytes(&hello[5..6]).unwrap_err();
         assert!(
-            matches!(e, TransportError::VersionMismatch { theirs: 9, .. }),
+            matches!(e, ProtoError::VersionMismatch { theirs: 9, .. }),
             "{e}"
         );
 
@@ -1328,10 +1339,7 @@ pub(crate) mod tests {
         let mut c = Connector::new(c.config.clone()).unwrap();
         let mut a = acceptor(1);
         let e = run_pair(&mut c, &mut a, |_| 9, rail_plan).err().unwrap();
-        assert!(
-            matches!(e, TransportError::NonceMismatch { got: 1, .. }),
-            "{e}"
-        );
+        assert!(matches!(e, ProtoError::NonceMismatch { got: 1, .. }), "{e}");
     }
 
     #[test]
@@ -1346,7 +1354,7 @@ pub(crate) mod tests {
         .unwrap();
         let mut a = acceptor(1);
         let e = run_pair(&mut c, &mut a, |_| 100, rail_plan).err().unwrap();
-        assert!(matches!(e, TransportError::Incompatible { .. }), "{e}");
+        assert!(matches!(e, ProtoError::Incompatible { .. }), "{e}");
         assert!(e.to_string().contains("NCCL_IB_HCA"));
     }
 
@@ -1369,7 +1377,7 @@ pub(crate) mod tests {
         // The policy's plan names a peer port that does not exist: refused, nothing changes, and
         // the shell falls back to the built-in plan.
         let e = c.plan_decided(plan(&[(0, 9, 1)], 1)).unwrap_err();
-        assert!(matches!(e, TransportError::InvalidPlan { .. }), "{e}");
+        assert!(matches!(e, ProtoError::InvalidPlan { .. }), "{e}");
         assert_eq!(c.state(), "waiting for the connection plan");
         c.plan_decided(rail_plan(&conn)).unwrap();
         let t = run_pair(&mut c, &mut a, |_| 11, |_| unreachable!("planned already")).unwrap();
@@ -1381,14 +1389,14 @@ pub(crate) mod tests {
         let mut c = connector(1);
         assert!(matches!(
             c.qps_ready(),
-            Err(TransportError::WrongState {
+            Err(ProtoError::WrongState {
                 input: "qps_ready",
                 ..
             })
         ));
         assert!(matches!(
             c.plan_decided(plan(&[(0, 0, 1)], 1)),
-            Err(TransportError::WrongState { .. })
+            Err(ProtoError::WrongState { .. })
         ));
         assert!(
             c.qps_created(
@@ -1405,7 +1413,7 @@ pub(crate) mod tests {
         let mut a = acceptor(1);
         assert!(matches!(
             a.qps_ready(&[]),
-            Err(TransportError::WrongState { .. })
+            Err(ProtoError::WrongState { .. })
         ));
         assert!(
             a.qps_created(
@@ -1431,7 +1439,7 @@ pub(crate) mod tests {
             },
             false,
         );
-        assert!(matches!(e, Err(TransportError::BadLocalInput { .. })));
+        assert!(matches!(e, Err(ProtoError::BadLocalInput { .. })));
         let e = a.qps_created(
             &qps,
             RemoteWindow {
@@ -1440,7 +1448,7 @@ pub(crate) mod tests {
             },
             false,
         );
-        assert!(matches!(e, Err(TransportError::BadLocalInput { .. })));
+        assert!(matches!(e, Err(ProtoError::BadLocalInput { .. })));
         let bad_qpn = [
             LocalQp {
                 qpn: 1 << 24,
@@ -1477,7 +1485,7 @@ pub(crate) mod tests {
             .handle_bytes(&Message::Ready.encode().unwrap())
             .unwrap_err();
         assert!(
-            matches!(e, TransportError::UnexpectedMessage { got: "ready", .. }),
+            matches!(e, ProtoError::UnexpectedMessage { got: "ready", .. }),
             "{e}"
         );
         let mut c = connector(1);
@@ -1489,7 +1497,7 @@ pub(crate) mod tests {
         let mut a = acceptor_after_hello();
         let e = a.handle_bytes(connector(2).transmit()).unwrap_err();
         assert!(
-            matches!(e, TransportError::UnexpectedMessage { got: "hello", .. }),
+            matches!(e, ProtoError::UnexpectedMessage { got: "hello", .. }),
             "{e}"
         );
     }
@@ -1500,7 +1508,7 @@ pub(crate) mod tests {
         let e = c.handle_eof().unwrap_err();
         assert!(matches!(
             e,
-            TransportError::UnexpectedEof {
+            ProtoError::UnexpectedEof {
                 state: "waiting for the peer's device list"
             }
         ));
@@ -1509,7 +1517,7 @@ pub(crate) mod tests {
         a.handle_bytes(&meta_frame(good_meta())[..20]).unwrap();
         assert!(matches!(
             a.handle_eof(),
-            Err(TransportError::UnexpectedEof { .. })
+            Err(ProtoError::UnexpectedEof { .. })
         ));
         // After establishment, EOF is just the end.
         let (mut c, mut a) = (connector(1), acceptor(1));

@@ -3,7 +3,7 @@
 //! Where `ncclIbConnect`/`ncclIbAccept` exchange fixed-size C structs (`ncclNetVDeviceProps_t`,
 //! then `ncclIbConnectionMetadata` with 128 QP slots, then an `int` ready flag), we exchange
 //! length-prefixed messages that carry exactly what was decided, including the connection plan
-//! the connecting side's policy chose (DESIGN §3.2: the plan travels in the handshake).
+//! the connecting side's policy chose (the plan travels in the handshake: `docs/architecture.md`, "The handshake").
 //!
 //! Every message is a frame:
 //!
@@ -26,7 +26,7 @@ use ncclwasm_model::{ConnPlan, Endpoint, Gid, GidType, LinkLayer, QpPlan};
 
 use super::codec::{Reader, Writer};
 use super::{MAX_ENDPOINTS, MAX_QPS, PROTOCOL_VERSION};
-use crate::error::TransportError;
+use crate::error::ProtoError;
 
 const MAGIC: [u8; 4] = *b"NWHS";
 /// Bytes in a frame header.
@@ -45,7 +45,7 @@ const KIND_NAMES: [&str; 5] = [
     "ready",
 ];
 /// QP numbers and packet sequence numbers are 24-bit quantities in InfiniBand.
-pub(crate) const MAX_24BIT: u32 = 0x00ff_ffff;
+pub const MAX_24BIT: u32 = 0x00ff_ffff;
 
 /// Enhanced connection establishment values (`struct ibv_ece`), as queried from a QP and handed
 /// to the peer's QP before it moves to RTR (`ncclIbConnect`/`ncclIbAccept`).
@@ -151,7 +151,7 @@ impl Message {
 
     /// The complete frame. Fails only when local data exceeds the wire limits (more than
     /// [`MAX_ENDPOINTS`] endpoints or [`MAX_QPS`] QPs, a device name over 255 bytes).
-    pub fn encode(&self) -> Result<Vec<u8>, TransportError> {
+    pub fn encode(&self) -> Result<Vec<u8>, ProtoError> {
         let mut w = Writer::default();
         w.raw(&MAGIC);
         w.u16(PROTOCOL_VERSION);
@@ -192,12 +192,12 @@ impl Message {
 /// Decodes the first frame in `buf`. `Ok(None)` means "not complete yet, feed more bytes"; the
 /// magic, version, kind and length are checked as soon as their bytes are present, so garbage is
 /// refused on its first bytes. On success returns the message and the bytes it used.
-pub fn decode_frame(buf: &[u8]) -> Result<Option<(Message, usize)>, TransportError> {
+pub fn decode_frame(buf: &[u8]) -> Result<Option<(Message, usize)>, ProtoError> {
     let seen = buf.len().min(MAGIC.len());
     if buf[..seen] != MAGIC[..seen] {
         let mut found = [0u8; 4];
         found[..seen].copy_from_slice(&buf[..seen]);
-        return Err(TransportError::BadMagic { found });
+        return Err(ProtoError::BadMagic { found });
     }
     if buf.len() < HEADER_LEN {
         // The magic so far is right; the version check waits for its two bytes.
@@ -261,9 +261,9 @@ pub fn decode_frame(buf: &[u8]) -> Result<Option<(Message, usize)>, TransportErr
     Ok(Some((msg, HEADER_LEN + len)))
 }
 
-fn check_version(theirs: u16) -> Result<(), TransportError> {
+fn check_version(theirs: u16) -> Result<(), ProtoError> {
     if theirs != PROTOCOL_VERSION {
-        return Err(TransportError::VersionMismatch {
+        return Err(ProtoError::VersionMismatch {
             what: "the handshake peer",
             ours: PROTOCOL_VERSION,
             theirs,
@@ -272,11 +272,11 @@ fn check_version(theirs: u16) -> Result<(), TransportError> {
     Ok(())
 }
 
-fn limit(ok: bool, what: impl FnOnce() -> String) -> Result<(), TransportError> {
+fn limit(ok: bool, what: impl FnOnce() -> String) -> Result<(), ProtoError> {
     if ok {
         Ok(())
     } else {
-        Err(TransportError::BadLocalInput {
+        Err(ProtoError::BadLocalInput {
             detail: format!("{} exceeds the wire limits", what()),
         })
     }
@@ -298,7 +298,7 @@ fn gid_type_code(t: GidType) -> u8 {
     }
 }
 
-fn put_endpoints(w: &mut Writer, eps: &[Endpoint]) -> Result<(), TransportError> {
+fn put_endpoints(w: &mut Writer, eps: &[Endpoint]) -> Result<(), ProtoError> {
     limit(eps.len() <= MAX_ENDPOINTS, || {
         format!("{} endpoints", eps.len())
     })?;
@@ -321,7 +321,7 @@ fn put_endpoints(w: &mut Writer, eps: &[Endpoint]) -> Result<(), TransportError>
     Ok(())
 }
 
-fn get_endpoints(r: &mut Reader<'_>) -> Result<Vec<Endpoint>, TransportError> {
+fn get_endpoints(r: &mut Reader<'_>) -> Result<Vec<Endpoint>, ProtoError> {
     let n = r.count("endpoint count", MAX_ENDPOINTS)?;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
@@ -376,7 +376,7 @@ fn cut(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-fn put_plan(w: &mut Writer, p: &ConnPlan) -> Result<(), TransportError> {
+fn put_plan(w: &mut Writer, p: &ConnPlan) -> Result<(), ProtoError> {
     limit(p.qps.len() <= MAX_QPS, || {
         format!("a plan of {} QPs", p.qps.len())
     })?;
@@ -400,7 +400,7 @@ fn put_plan(w: &mut Writer, p: &ConnPlan) -> Result<(), TransportError> {
     Ok(())
 }
 
-fn get_plan(r: &mut Reader<'_>) -> Result<ConnPlan, TransportError> {
+fn get_plan(r: &mut Reader<'_>) -> Result<ConnPlan, ProtoError> {
     let n = r.count("QP count", MAX_QPS)?;
     let mut qps = Vec::with_capacity(n);
     for _ in 0..n {
@@ -426,7 +426,7 @@ fn get_plan(r: &mut Reader<'_>) -> Result<ConnPlan, TransportError> {
     })
 }
 
-fn put_qps(w: &mut Writer, qps: &[QpInfo]) -> Result<(), TransportError> {
+fn put_qps(w: &mut Writer, qps: &[QpInfo]) -> Result<(), ProtoError> {
     limit(qps.len() <= MAX_QPS, || format!("{} QP infos", qps.len()))?;
     w.count(qps.len());
     for q in qps {
@@ -447,7 +447,7 @@ fn put_qps(w: &mut Writer, qps: &[QpInfo]) -> Result<(), TransportError> {
     Ok(())
 }
 
-fn get_qps(r: &mut Reader<'_>) -> Result<Vec<QpInfo>, TransportError> {
+fn get_qps(r: &mut Reader<'_>) -> Result<Vec<QpInfo>, ProtoError> {
     let n = r.count("QP info count", MAX_QPS)?;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
@@ -480,7 +480,7 @@ fn get_qps(r: &mut Reader<'_>) -> Result<Vec<QpInfo>, TransportError> {
     Ok(out)
 }
 
-fn put_window(w: &mut Writer, win: &RemoteWindow) -> Result<(), TransportError> {
+fn put_window(w: &mut Writer, win: &RemoteWindow) -> Result<(), ProtoError> {
     limit(win.rkeys.len() <= MAX_ENDPOINTS, || {
         format!("{} rkeys", win.rkeys.len())
     })?;
@@ -490,7 +490,7 @@ fn put_window(w: &mut Writer, win: &RemoteWindow) -> Result<(), TransportError> 
     Ok(())
 }
 
-fn get_window(r: &mut Reader<'_>) -> Result<RemoteWindow, TransportError> {
+fn get_window(r: &mut Reader<'_>) -> Result<RemoteWindow, ProtoError> {
     let addr = r.u64("window address")?;
     let n = r.count("rkey count", MAX_ENDPOINTS)?;
     let mut rkeys = Vec::with_capacity(n);
@@ -671,17 +671,17 @@ pub(crate) mod tests {
     fn garbage_is_refused_on_its_first_byte() {
         assert!(matches!(
             decode_frame(b"G"),
-            Err(TransportError::BadMagic { .. })
+            Err(ProtoError::BadMagic { .. })
         ));
         assert!(matches!(
             decode_frame(b"GET / HTTP/1.1\r\n"),
-            Err(TransportError::BadMagic { found }) if &found == b"GET "
+            Err(ProtoError::BadMagic { found }) if &found == b"GET "
         ));
         let mut v2 = Message::Ready.encode().unwrap();
         v2[4] = 2;
         let err = decode_frame(&v2[..6]).unwrap_err();
         assert!(
-            matches!(err, TransportError::VersionMismatch { theirs: 2, .. }),
+            matches!(err, ProtoError::VersionMismatch { theirs: 2, .. }),
             "{err}"
         );
         assert!(err.to_string().contains("same nccl-net-wasm build"));
@@ -728,7 +728,7 @@ pub(crate) mod tests {
         });
         assert!(matches!(
             too_many.encode(),
-            Err(TransportError::BadLocalInput { .. })
+            Err(ProtoError::BadLocalInput { .. })
         ));
         let mut link = samples()[1].encode().unwrap();
         // count(1) + name length(2) + "mlx5_0"(6) + port(1) → the link layer byte.

@@ -1,11 +1,11 @@
-//! The one error type of the transport layer.
+//! The one error type of the protocol core.
 
 /// Everything that can go wrong in the protocol core. Each message says what happened and what
 /// to do about it; the I/O shell maps them to NCCL results (a peer's fault or a bad handle to
 /// `ncclRemoteError`/`ncclInvalidUsage`, a bookkeeping violation to `ncclInternalError`).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum TransportError {
+pub enum ProtoError {
     /// The 128-byte NCCL handle did not decode.
     #[error(
         "the NCCL listen handle is not one of ours ({detail}); both ranks must load the same \

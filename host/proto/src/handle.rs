@@ -33,7 +33,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 use std::ops::Range;
 
 use super::PROTOCOL_VERSION;
-use crate::error::TransportError;
+use crate::error::ProtoError;
 
 /// Size of NCCL's handle buffer (`NCCL_NET_HANDLE_MAXSIZE`).
 pub const HANDLE_SIZE: usize = 128;
@@ -60,7 +60,7 @@ fn checksum(h: &[u8; HANDLE_SIZE]) -> [u8; 4] {
 /// Where a listener waits for the handshake, and the nonce that identifies it.
 ///
 /// ```
-/// use ncclwasm_transport::ListenHandle;
+/// use ncclwasm_proto::handle::ListenHandle;
 ///
 /// let handle = ListenHandle { addr: "10.0.0.1:50000".parse().unwrap(), nonce: 0x5eed };
 /// let bytes: [u8; 128] = handle.encode().unwrap();
@@ -77,9 +77,9 @@ pub struct ListenHandle {
 impl ListenHandle {
     /// Writes the handle into NCCL's buffer. Refuses addresses the peer could not connect to
     /// (unspecified address, port 0), so the mistake shows on the listening rank.
-    pub fn encode(&self) -> Result<[u8; HANDLE_SIZE], TransportError> {
+    pub fn encode(&self) -> Result<[u8; HANDLE_SIZE], ProtoError> {
         if self.addr.ip().is_unspecified() || self.addr.port() == 0 {
-            return Err(TransportError::BadLocalInput {
+            return Err(ProtoError::BadLocalInput {
                 detail: format!(
                     "listen address {} cannot be reached by a peer; bind to a concrete address and port",
                     self.addr
@@ -108,8 +108,8 @@ impl ListenHandle {
     }
 
     /// Reads a handle from NCCL's buffer, checking every byte outside the scratch range.
-    pub fn decode(h: &[u8; HANDLE_SIZE]) -> Result<Self, TransportError> {
-        let bad = |detail: String| TransportError::BadHandle { detail };
+    pub fn decode(h: &[u8; HANDLE_SIZE]) -> Result<Self, ProtoError> {
+        let bad = |detail: String| ProtoError::BadHandle { detail };
         let field = |r: Range<usize>| &h[r];
         if field(0..8) != MAGIC {
             return Err(bad(format!(
@@ -119,7 +119,7 @@ impl ListenHandle {
         }
         let version = u16::from_le_bytes([h[8], h[9]]);
         if version != PROTOCOL_VERSION {
-            return Err(TransportError::VersionMismatch {
+            return Err(ProtoError::VersionMismatch {
                 what: "the listen handle",
                 ours: PROTOCOL_VERSION,
                 theirs: version,
@@ -200,7 +200,7 @@ mod tests {
                 nonce: 1,
             };
             assert!(
-                matches!(h.encode(), Err(TransportError::BadLocalInput { .. })),
+                matches!(h.encode(), Err(ProtoError::BadLocalInput { .. })),
                 "{addr}"
             );
         }
@@ -217,13 +217,10 @@ mod tests {
             b[CHECKSUM].copy_from_slice(&sum);
             ListenHandle::decode(&b)
         };
-        assert!(matches!(
-            with(0, b'X'),
-            Err(TransportError::BadHandle { .. })
-        ));
+        assert!(matches!(with(0, b'X'), Err(ProtoError::BadHandle { .. })));
         assert!(matches!(
             with(8, 2),
-            Err(TransportError::VersionMismatch {
+            Err(ProtoError::VersionMismatch {
                 theirs: 2,
                 ours: PROTOCOL_VERSION,
                 ..

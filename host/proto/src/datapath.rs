@@ -16,7 +16,7 @@ use super::handshake::{QpRoute, RecvSetup, SendSetup};
 use super::message::RemoteWindow;
 use super::request::{ReqId, RequestKind, RequestPool, encode_wr_id};
 use super::{MAX_ENDPOINTS, MAX_MESSAGE_BYTES, MAX_RECVS};
-use crate::error::TransportError;
+use crate::error::ProtoError;
 
 /// A CTS QP's send queue gets a signalled write at least this often, so unsignalled writes can
 /// never fill it (`ncclIbPostFifo` signals once per 256 posts per device; the queue holds 512).
@@ -311,13 +311,13 @@ impl Sender {
         entries: &[CtsEntry; MAX_RECVS],
         tag: u32,
         size: u64,
-    ) -> Result<Option<SendMatch<'_>>, TransportError> {
+    ) -> Result<Option<SendMatch<'_>>, ProtoError> {
         let marker = self.head.marker();
         if entries[0].idx != marker {
             return Ok(None);
         }
         let slot = self.head.slot();
-        let bad = |detail: String| Err(TransportError::BadCts { slot, detail });
+        let bad = |detail: String| Err(ProtoError::BadCts { slot, detail });
         let nreqs = entries[0].nreqs as usize;
         if !(1..=MAX_RECVS).contains(&nreqs) {
             return bad(format!("nreqs is {nreqs}, not 1..={MAX_RECVS}"));
@@ -508,10 +508,10 @@ impl Receiver {
     /// `irecv` of `recvs.len()` grouped buffers (`ncclIbIrecv` + `ncclIbPostFifo`): a request,
     /// the receives to post, and the CTS entries to write. Sizes above
     /// [`MAX_MESSAGE_BYTES`] are announced as that much — no message can be larger.
-    pub fn irecv(&mut self, recvs: &[PostedRecv]) -> Result<RecvPost<'_>, TransportError> {
+    pub fn irecv(&mut self, recvs: &[PostedRecv]) -> Result<RecvPost<'_>, ProtoError> {
         let n = recvs.len();
         if !(1..=MAX_RECVS).contains(&n) {
-            return Err(TransportError::BadLocalInput {
+            return Err(ProtoError::BadLocalInput {
                 detail: format!("irecv of {n} buffers; 1..={MAX_RECVS} are supported"),
             });
         }
@@ -567,7 +567,7 @@ impl Receiver {
     /// `iflush` after a receive into GPU memory (`ncclIbIflush`): one RDMA READ per local
     /// endpoint from the last non-empty buffer, because we cannot tell which device the data
     /// came through. `None` when flushing is off or every size is zero.
-    pub fn iflush(&mut self, sizes: &[u64]) -> Result<Option<FlushPost>, TransportError> {
+    pub fn iflush(&mut self, sizes: &[u64]) -> Result<Option<FlushPost>, ProtoError> {
         let Some(recv) = sizes.iter().rposition(|&s| s != 0) else {
             return Ok(None);
         };
@@ -592,11 +592,11 @@ mod tests {
     use std::collections::VecDeque;
 
     use super::*;
-    use crate::proto::fifo::{CTS_FIFO_BYTES, SIZES_SLOT_BYTES};
-    use crate::proto::handshake::tests::{acceptor, connector, run_pair};
-    use crate::proto::message::tests::plan;
-    use crate::proto::request::{Completion, Finished, RecvSizes};
-    use crate::proto::{MAX_QPS, MAX_REQUESTS};
+    use crate::fifo::{CTS_FIFO_BYTES, SIZES_SLOT_BYTES};
+    use crate::handshake::tests::{acceptor, connector, run_pair};
+    use crate::message::tests::plan;
+    use crate::request::{Completion, Finished, RecvSizes};
+    use crate::{MAX_QPS, MAX_REQUESTS};
 
     const RECV_BASE: u64 = 0x10_0000;
     const SEND_BASE: u64 = 0x80_0000;
@@ -666,7 +666,7 @@ mod tests {
 
         /// `irecv` of buffers `(offset in receive memory, size, tag)`: posts receives, writes
         /// the CTS entries into the sender's FIFO.
-        fn irecv(&mut self, bufs: &[(u64, u64, u32)]) -> Result<ReqId, TransportError> {
+        fn irecv(&mut self, bufs: &[(u64, u64, u32)]) -> Result<ReqId, ProtoError> {
             let recvs: Vec<PostedRecv> = bufs
                 .iter()
                 .map(|&(off, size, tag)| {
@@ -704,7 +704,7 @@ mod tests {
         }
 
         /// `isend` of `len` bytes at `off` in send memory; executes the slot's work if complete.
-        fn isend(&mut self, off: u64, len: u64, tag: u32) -> Result<Option<ReqId>, TransportError> {
+        fn isend(&mut self, off: u64, len: u64, tag: u32) -> Result<Option<ReqId>, ProtoError> {
             let entries = self.cts[self.tx.head().slot()];
             let Some(m) = self.tx.isend(&entries, tag, len)? else {
                 return Ok(None);
@@ -984,7 +984,7 @@ mod tests {
             let mut e = good;
             edit(&mut e);
             let err = w.tx.isend(&e, 1, 10).unwrap_err();
-            assert!(matches!(err, TransportError::BadCts { .. }), "{err}");
+            assert!(matches!(err, ProtoError::BadCts { .. }), "{err}");
             assert!(err.to_string().contains(what), "{err}");
         };
         check(|e| e[0].nreqs = 9, "nreqs is 9");
@@ -1096,12 +1096,12 @@ mod tests {
         let mut w = Wire::new(rails, false);
         assert!(matches!(
             w.irecv(&[]),
-            Err(TransportError::BadLocalInput { .. })
+            Err(ProtoError::BadLocalInput { .. })
         ));
         let nine = [(0, 1, 0); MAX_RECVS + 1];
         assert!(matches!(
             w.irecv(&nine),
-            Err(TransportError::BadLocalInput { .. })
+            Err(ProtoError::BadLocalInput { .. })
         ));
         // Huge posted sizes are announced as the largest possible message.
         w.irecv(&[(0, u64::MAX, 0)]).unwrap();
@@ -1111,7 +1111,7 @@ mod tests {
         }
         let e = w.irecv(&[(0, 1, 0)]).unwrap_err();
         assert!(
-            matches!(e, TransportError::RequestsExhausted { capacity: 256 }),
+            matches!(e, ProtoError::RequestsExhausted { capacity: 256 }),
             "{e}"
         );
     }
@@ -1120,7 +1120,7 @@ mod tests {
     /// whatever completions arrive, the sender and the pools return errors but never panic.
     #[test]
     fn random_cts_entries_and_completions_never_panic() {
-        use crate::proto::message::tests::Rng;
+        use crate::message::tests::Rng;
         let mut rng = Rng(7);
         let mut w = Wire::new(rails, false);
         for _ in 0..20_000 {

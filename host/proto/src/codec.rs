@@ -4,7 +4,7 @@
 //! length first and names the field it was reading when the input runs out, so a truncated or
 //! corrupted message is reported as "`<message>`: `<field>` …" rather than a generic failure.
 
-use crate::error::TransportError;
+use crate::error::ProtoError;
 
 /// A cursor over a received message body. `what` names the message for error reports.
 #[derive(Debug)]
@@ -24,14 +24,14 @@ impl<'a> Reader<'a> {
     }
 
     /// A malformed-input error about this message.
-    pub(crate) fn malformed(&self, detail: impl Into<String>) -> TransportError {
-        TransportError::Malformed {
+    pub(crate) fn malformed(&self, detail: impl Into<String>) -> ProtoError {
+        ProtoError::Malformed {
             what: self.what,
             detail: detail.into(),
         }
     }
 
-    pub(crate) fn take(&mut self, n: usize, field: &str) -> Result<&'a [u8], TransportError> {
+    pub(crate) fn take(&mut self, n: usize, field: &str) -> Result<&'a [u8], ProtoError> {
         let left = self.bytes.len() - self.pos;
         if n > left {
             return Err(self.malformed(format!(
@@ -43,30 +43,30 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
-    pub(crate) fn array<const N: usize>(&mut self, field: &str) -> Result<[u8; N], TransportError> {
+    pub(crate) fn array<const N: usize>(&mut self, field: &str) -> Result<[u8; N], ProtoError> {
         let mut out = [0u8; N];
         out.copy_from_slice(self.take(N, field)?);
         Ok(out)
     }
 
-    pub(crate) fn u8(&mut self, field: &str) -> Result<u8, TransportError> {
+    pub(crate) fn u8(&mut self, field: &str) -> Result<u8, ProtoError> {
         Ok(self.array::<1>(field)?[0])
     }
 
-    pub(crate) fn u16(&mut self, field: &str) -> Result<u16, TransportError> {
+    pub(crate) fn u16(&mut self, field: &str) -> Result<u16, ProtoError> {
         Ok(u16::from_le_bytes(self.array(field)?))
     }
 
-    pub(crate) fn u32(&mut self, field: &str) -> Result<u32, TransportError> {
+    pub(crate) fn u32(&mut self, field: &str) -> Result<u32, ProtoError> {
         Ok(u32::from_le_bytes(self.array(field)?))
     }
 
-    pub(crate) fn u64(&mut self, field: &str) -> Result<u64, TransportError> {
+    pub(crate) fn u64(&mut self, field: &str) -> Result<u64, ProtoError> {
         Ok(u64::from_le_bytes(self.array(field)?))
     }
 
     /// A boolean stored as exactly 0 or 1: any other value means the bytes are not ours.
-    pub(crate) fn bool(&mut self, field: &str) -> Result<bool, TransportError> {
+    pub(crate) fn bool(&mut self, field: &str) -> Result<bool, ProtoError> {
         match self.u8(field)? {
             0 => Ok(false),
             1 => Ok(true),
@@ -75,7 +75,7 @@ impl<'a> Reader<'a> {
     }
 
     /// A count stored as one byte, refused above `max` before anything is allocated for it.
-    pub(crate) fn count(&mut self, field: &str, max: usize) -> Result<usize, TransportError> {
+    pub(crate) fn count(&mut self, field: &str, max: usize) -> Result<usize, ProtoError> {
         let n = usize::from(self.u8(field)?);
         if n > max {
             return Err(self.malformed(format!("`{field}` is {n}, more than the limit {max}")));
@@ -84,7 +84,7 @@ impl<'a> Reader<'a> {
     }
 
     /// A UTF-8 string with a two-byte length prefix, at most `max` bytes.
-    pub(crate) fn string(&mut self, field: &str, max: usize) -> Result<String, TransportError> {
+    pub(crate) fn string(&mut self, field: &str, max: usize) -> Result<String, ProtoError> {
         let n = usize::from(self.u16(field)?);
         if n > max {
             return Err(
@@ -100,7 +100,7 @@ impl<'a> Reader<'a> {
 
     /// Every byte must have been consumed: trailing bytes mean the sender's idea of the layout
     /// differs from ours.
-    pub(crate) fn finish(self) -> Result<(), TransportError> {
+    pub(crate) fn finish(self) -> Result<(), ProtoError> {
         let left = self.bytes.len() - self.pos;
         if left != 0 {
             return Err(self.malformed(format!("{left} unexpected trailing byte(s)")));

@@ -13,7 +13,7 @@
 //! them (`ncclIbMultiSend`).
 
 use super::{MAX_ENDPOINTS, MAX_RECVS, MAX_REQUESTS};
-use crate::error::TransportError;
+use crate::error::ProtoError;
 
 /// A request's index in its communicator's pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -27,10 +27,10 @@ impl ReqId {
 
     /// The request at `index` of the pool, e.g. recovered from the address of the shell's
     /// record for it when NCCL hands a request back to `test`.
-    pub fn from_index(index: usize) -> Result<Self, TransportError> {
+    pub fn from_index(index: usize) -> Result<Self, ProtoError> {
         u8::try_from(index)
             .map(ReqId)
-            .map_err(|_| TransportError::Bookkeeping {
+            .map_err(|_| ProtoError::Bookkeeping {
                 detail: format!("request index {index} is outside the pool of {MAX_REQUESTS}"),
             })
     }
@@ -151,12 +151,8 @@ impl RequestPool {
     }
 
     /// Takes a free slot (`ncclIbGetRequest`).
-    pub(crate) fn alloc(
-        &mut self,
-        kind: RequestKind,
-        nreqs: usize,
-    ) -> Result<ReqId, TransportError> {
-        let i = self.free.pop().ok_or(TransportError::RequestsExhausted {
+    pub(crate) fn alloc(&mut self, kind: RequestKind, nreqs: usize) -> Result<ReqId, ProtoError> {
+        let i = self.free.pop().ok_or(ProtoError::RequestsExhausted {
             capacity: MAX_REQUESTS,
         })?;
         self.slots[usize::from(i)] = Slot {
@@ -180,11 +176,11 @@ impl RequestPool {
         self.slots[id.index()].fifo_slot = slot as u16;
     }
 
-    fn live(&self, id: ReqId, what: &str) -> Result<&Slot, TransportError> {
+    fn live(&self, id: ReqId, what: &str) -> Result<&Slot, ProtoError> {
         let s = &self.slots[id.index()];
         match s.kind {
             Some(_) => Ok(s),
-            None => Err(TransportError::Bookkeeping {
+            None => Err(ProtoError::Bookkeeping {
                 detail: format!(
                     "{what} names request {}, which is not in flight",
                     id.index()
@@ -194,16 +190,16 @@ impl RequestPool {
     }
 
     /// The endpoints whose completion queues `id` still waits on; the shell polls those.
-    pub fn awaiting(&self, id: ReqId) -> Result<DeviceSet, TransportError> {
+    pub fn awaiting(&self, id: ReqId) -> Result<DeviceSet, ProtoError> {
         let s = self.live(id, "awaiting")?;
         let bits = s.events.iter().enumerate().filter(|&(_, &e)| e > 0);
         Ok(DeviceSet(bits.fold(0, |acc, (d, _)| acc | (1 << d))))
     }
 
-    fn settle(&mut self, id: ReqId, device: usize, wr_id: u64) -> Result<(), TransportError> {
+    fn settle(&mut self, id: ReqId, device: usize, wr_id: u64) -> Result<(), ProtoError> {
         let e = &mut self.slots[id.index()].events[device];
         if *e == 0 {
-            return Err(TransportError::Bookkeeping {
+            return Err(ProtoError::Bookkeeping {
                 detail: format!(
                     "completion wr_id {wr_id:#x} on device {device} for request {}, which expects none there",
                     id.index()
@@ -219,8 +215,8 @@ impl RequestPool {
     /// is the first one's `nreqs`); any other completion settles its one request, and a
     /// receive's immediate value is its size when it is a single receive. Failed completions
     /// never get here: the shell reports them as errors of the connection.
-    pub fn complete(&mut self, device: usize, c: Completion) -> Result<(), TransportError> {
-        let bad = |detail: String| Err(TransportError::Bookkeeping { detail });
+    pub fn complete(&mut self, device: usize, c: Completion) -> Result<(), ProtoError> {
+        let bad = |detail: String| Err(ProtoError::Bookkeeping { detail });
         if device >= MAX_ENDPOINTS {
             return bad(format!(
                 "completion from device {device}; there are at most {MAX_ENDPOINTS}"
@@ -269,7 +265,7 @@ impl RequestPool {
 
     /// `test`: when every expected completion arrived, frees the request and says what it did;
     /// otherwise `None` (poll the devices in [`awaiting`](Self::awaiting) and test again).
-    pub fn test(&mut self, id: ReqId) -> Result<Option<Finished>, TransportError> {
+    pub fn test(&mut self, id: ReqId) -> Result<Option<Finished>, ProtoError> {
         let s = *self.live(id, "test")?;
         if s.events.iter().any(|&e| e > 0) {
             return Ok(None);
@@ -326,7 +322,7 @@ mod tests {
         assert_eq!(pool.in_flight(), 256);
         assert!(matches!(
             pool.alloc(RequestKind::Flush, 1),
-            Err(TransportError::RequestsExhausted { capacity: 256 })
+            Err(ProtoError::RequestsExhausted { capacity: 256 })
         ));
         // No events expected: each tests done at once and frees its slot.
         for id in ids {

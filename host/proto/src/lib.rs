@@ -1,4 +1,13 @@
-//! The pure protocol core: no sockets, no verbs, no clocks, no randomness.
+//! The net_ib protocol of nccl-net-wasm, pure: no sockets, no verbs, no clocks, no randomness,
+//! no policy engine. Its only dependency is the shared model.
+//!
+//! This crate is to the transport what `quinn-proto` is to `quinn`: deterministic state machines
+//! and arithmetic with explicit inputs and outputs. The I/O shell (`ncclwasm-transport`) owns the
+//! sockets and the verbs objects; it feeds these machines what happened (bytes arrived, QPs
+//! created, completions polled) and carries out what they ask for (bytes to send, QPs to create
+//! and connect, work requests to post). Everything here is unit-tested without a NIC and without
+//! wasmtime, including a full handshake between two in-memory endpoints
+//! (`docs/architecture.md`, "The handshake" and "One message").
 //!
 //! * [`handle`]: the 128-byte listen handle.
 //! * [`message`]: the handshake wire format (framing, messages, bounds).
@@ -7,6 +16,8 @@
 //! * [`request`]: the request pool, `wr_id` encoding and completion accounting.
 //! * [`datapath`]: per-message decisions — matching sends to posted receives, the work requests
 //!   of one slot, receive and flush posting.
+//! * [`ProtoError`]: the one error type, each message saying what to do.
+#![forbid(unsafe_code)]
 
 pub mod datapath;
 pub mod fifo;
@@ -16,6 +27,9 @@ pub mod message;
 pub mod request;
 
 mod codec;
+mod error;
+
+pub use error::ProtoError;
 
 /// Version of everything this crate puts on the wire: the handle, the handshake messages and the
 /// FIFO layouts. Both sides must match exactly; there is no negotiation.
