@@ -12,9 +12,10 @@
 //! cp target/release/libnccl_net_wasm.so /some/lib/dir/libnccl-net-wasm.so
 //! NCCL_NET_PLUGIN=wasm (or the absolute path) NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET ...
 //! ```
-//! `NCCL_WASM_FABRIC` picks the verbs library (`auto`: libibverbs when a port is active, else
-//! `init` fails and NCCL uses its own transports; `soft`: the userspace fabric over TCP, devices
-//! from `NCCL_WASM_TOPOLOGY`); `NCCL_WASM_POLICY*` configure the policy engine (DESIGN §3.5).
+//! `NCCL_WASM_FABRIC` picks the verbs provider, which the plugin opens and hands to the
+//! transport (`auto`: libibverbs when a port is active, else `init` fails and NCCL uses its own
+//! transports; `ib`: libibverbs whatever its ports' state; `soft`: the userspace fabric over
+//! TCP, devices from `NCCL_WASM_TOPOLOGY`); `NCCL_WASM_POLICY*` configure the policy engine.
 //! Every decision is logged at INFO under the NET subsystem with its reason and source.
 //!
 //! # Lifetime
@@ -30,6 +31,7 @@
 //! allocated per message.
 
 mod abi;
+mod fabric;
 pub mod load;
 mod log;
 
@@ -38,13 +40,13 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Mutex;
 
 use ncclwasm_transport::{
-    CommConfig, DeviceProps, Done, ErrorClass, HANDLE_SIZE, Listener, MemHandle, Net, NetConfig,
-    NetError, RecvBuf, RecvComm, RegionSource, ReqId, SendComm, proto::MAX_RECVS,
-    proto::MAX_REQUESTS,
+    CommConfig, DeviceProps, Done, ErrorClass, HANDLE_SIZE, Listener, MemHandle, Net, NetError,
+    RecvBuf, RecvComm, RegionSource, ReqId, SendComm, proto::MAX_RECVS, proto::MAX_REQUESTS,
 };
 use ncclwasm_verbs::{ForeignMemory, Memory};
 
 use abi::*;
+use fabric::FabricChoice;
 
 /// The plugin's name: `NCCL_NET=WASM` selects it.
 const NAME: &CStr = c"WASM";
@@ -77,7 +79,8 @@ fn init_net(logger: Logger, max_devs_per_nic: usize, context: bool) -> Result<()
     log::install(logger);
     let mut st = state();
     if st.is_none() {
-        let net = Net::new(NetConfig::from_env(max_devs_per_nic)?)?;
+        let choice = FabricChoice::from_env()?;
+        let net = Net::new(choice.config(max_devs_per_nic)?).map_err(|e| choice.hint(e))?;
         *st = Some(Global { net, contexts: 0 });
     }
     if context && let Some(g) = st.as_mut() {

@@ -61,7 +61,7 @@
 //!
 //! # The I/O shell
 //!
-//! [`Net`] is that shell: it opens the fabric (`NCCL_WASM_FABRIC`), asks the policy which
+//! [`Net`] is that shell: it runs on the fabric it is given ([`NetConfig`]), asks the policy which
 //! devices NCCL sees, and makes [`Listener`]s, [`SendComm`]s and [`RecvComm`]s whose methods
 //! are NCCL's `listen`/`connect`/`accept`/`regMr`/`isend`/`irecv`/`iflush`/`test`, each
 //! non-blocking. Errors are [`NetError`]s, each with the [`ErrorClass`] the plugin maps to an
@@ -85,7 +85,7 @@ mod socket;
 pub use comm::{Done, MemHandle};
 pub use error::TransportError;
 pub use mr_cache::RegionSource;
-pub use net::{CommConfig, DeviceProps, ENV_FABRIC, FabricChoice, Net, NetConfig};
+pub use net::{CommConfig, DeviceProps, Net, NetConfig};
 pub use net_error::{ErrorClass, NetError};
 pub use proto::fifo::CtsEntry;
 pub use proto::handle::{HANDLE_SIZE, ListenHandle};

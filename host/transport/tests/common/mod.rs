@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ncclwasm_transport::{
-    CommConfig, Done, FabricChoice, MemHandle, Net, NetConfig, RecvBuf, RecvComm, ReqId, SendComm,
+    CommConfig, Done, MemHandle, Net, NetConfig, RecvBuf, RecvComm, ReqId, SendComm,
 };
 use ncclwasm_verbs::DmaBuf;
 
@@ -17,10 +17,11 @@ pub const BUF: usize = 64 * MIB + 8192;
 pub fn net() -> Net {
     // The soft fabric in process; the policy comes from the environment (built-in when unset).
     Net::new(NetConfig {
-        fabric: FabricChoice::Soft,
+        fabric: ncclwasm_soft::fabric().expect("soft fabric"),
+        require_active_port: false,
         max_devs_per_nic: 4,
     })
-    .expect("soft fabric")
+    .expect("a context on the soft fabric")
 }
 
 pub fn deadline() -> Instant {
