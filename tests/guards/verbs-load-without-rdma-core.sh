@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Guard: a library using the `ib` table loads on a host WITHOUT rdma-core and reports
-# "no IB device" (rdma-notes §1.5). rdma-core is hidden in a private mount namespace
-# (`unshare -m`) by an overlay over the library directory whose upper layer holds whiteouts for
-# libibverbs*, librdmacm* and the provider directory; the host itself is never modified.
+# "no IB device". rdma-core is hidden in a private mount namespace (`unshare -m`) by an overlay
+# over the library directory whose upper layer holds whiteouts for libibverbs*, librdmacm* and
+# the provider directory; the host itself is never modified.
 #
 # Three runs of the ib_probe cdylib (loaded with python ctypes, as NCCL would dlopen a plugin):
 #   1. as is: libibverbs loads, 0 ports (no kernel RDMA here) — the library is really there;

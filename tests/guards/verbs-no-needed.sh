@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Guard: nothing built on the verbs crate may depend on libibverbs/librdmacm at link time.
 # The `ib` table dlopen()s libibverbs.so.1 at run time, so the plugin must load on hosts without
-# rdma-core (rdma-notes §1.5/§2.3). Any reference to an exported rdma-sys verb would bring back
-# `NEEDED libibverbs.so.1`; this script catches that.
+# rdma-core. Any reference to an exported rdma-sys verb would bring back `NEEDED
+# libibverbs.so.1`; this script catches that.
 #
 # Checks (each printed): the ib_probe cdylib (verbs crate + ib table + discovery, built like the
-# plugin), the conformance test binaries, and any extra libraries given as arguments (pass the
-# plugin's .so; the script builds and checks target/debug/libnccl_net_wasm.so itself): no NEEDED
-# libibverbs/librdmacm, no undefined ibv_*/rdma_* dynamic symbols.
+# plugin), the conformance test binaries of the soft provider crate, and any extra libraries
+# given as arguments (pass the plugin's .so; the script builds and checks
+# target/debug/libnccl_net_wasm.so itself): no NEEDED libibverbs/librdmacm, no undefined
+# ibv_*/rdma_* dynamic symbols.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-cargo build -q -p ncclwasm-verbs --example ib_probe --tests
+cargo build -q -p ncclwasm-verbs --example ib_probe
+cargo build -q -p ncclwasm-soft --tests
 cargo build -q -p ncclwasm-plugin
 targets=(target/debug/examples/libib_probe.so target/debug/libnccl_net_wasm.so)
 for t in soft ib_soft; do

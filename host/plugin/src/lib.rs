@@ -12,9 +12,10 @@
 //! cp target/release/libnccl_net_wasm.so /some/lib/dir/libnccl-net-wasm.so
 //! NCCL_NET_PLUGIN=wasm (or the absolute path) NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET ...
 //! ```
-//! `NCCL_WASM_FABRIC` picks the verbs library (`auto`: libibverbs when a port is active, else
-//! `init` fails and NCCL uses its own transports; `soft`: the userspace fabric over TCP, devices
-//! from `NCCL_WASM_TOPOLOGY`); `NCCL_WASM_POLICY*` configure the policy engine (DESIGN §3.5).
+//! `NCCL_WASM_FABRIC` picks the verbs provider, which the plugin opens and hands to the
+//! transport (`auto`: libibverbs when a port is active, else `init` fails and NCCL uses its own
+//! transports; `ib`: libibverbs whatever its ports' state; `soft`: the userspace fabric over
+//! TCP, devices from `NCCL_WASM_TOPOLOGY`); `NCCL_WASM_POLICY*` configure the policy engine.
 //! Every decision is logged at INFO under the NET subsystem with its reason and source.
 //!
 //! # Lifetime
@@ -30,6 +31,7 @@
 //! allocated per message.
 
 mod abi;
+mod fabric;
 pub mod load;
 mod log;
 
@@ -40,11 +42,12 @@ use std::sync::{Arc, Mutex};
 use ncclwasm_policy::PolicyHost;
 use ncclwasm_transport::{
     CommConfig, DeviceProps, Done, ErrorClass, HANDLE_SIZE, Listener, MAX_RECVS, MAX_REQUESTS,
-    MemHandle, Net, NetConfig, NetError, RecvBuf, RecvComm, RegionSource, ReqId, SendComm,
+    MemHandle, Net, NetError, RecvBuf, RecvComm, RegionSource, ReqId, SendComm,
 };
 use ncclwasm_verbs::{ForeignMemory, Memory};
 
 use abi::*;
+use fabric::FabricChoice;
 
 /// The plugin's name: `NCCL_NET=WASM` selects it.
 const NAME: &CStr = c"WASM";
@@ -77,8 +80,10 @@ fn init_net(logger: Logger, max_devs_per_nic: usize, context: bool) -> Result<()
     log::install(logger);
     let mut st = state();
     if st.is_none() {
+        let choice = FabricChoice::from_env()?;
         let decisions = Arc::new(PolicyHost::from_env(max_devs_per_nic)?);
-        let net = Net::new(NetConfig::from_env(max_devs_per_nic, decisions)?)?;
+        let net =
+            Net::new(choice.config(max_devs_per_nic, decisions)?).map_err(|e| choice.hint(e))?;
         *st = Some(Global { net, contexts: 0 });
     }
     if context && let Some(g) = st.as_mut() {

@@ -68,9 +68,9 @@ pub struct AcceptorConfig {
 pub struct LocalQp {
     /// The QP number (24 bits).
     pub qpn: u32,
-    /// The value the peer must present to connect to this QP. On the `soft` fabric it is what
-    /// `query_ece` reports in `options`; it travels whether or not the plan negotiates ECE,
-    /// because the soft responder admits no connection without it. Real NICs ignore it.
+    /// The value the peer must present to connect to this QP: what `query_ece` reports in
+    /// `options` on a provider that requires ECE. It travels whether or not the plan negotiates
+    /// ECE, because such a provider admits no connection without it; other NICs ignore it.
     pub secret: u32,
     /// The first packet sequence number this QP sends (24 bits), e.g. random.
     pub psn: u32,
@@ -98,8 +98,8 @@ pub struct QpBringUp {
     pub remote_qpn: u32,
     /// Expected first PSN of the peer (`rq_psn`).
     pub remote_psn: u32,
-    /// The secret the peer's QP expects from us (on the `soft` fabric: hand it to `set_ece`
-    /// before RTR, as the soft provider's ECE vendor's `options`).
+    /// The secret the peer's QP expects from us (on a provider that requires ECE: handed to
+    /// `set_ece` before RTR as the ECE `options`).
     pub remote_secret: u32,
     /// Path MTU in bytes (256 … 4096).
     pub mtu: u32,

@@ -63,8 +63,8 @@ pub struct QpInfo {
     pub qpn: u32,
     /// Index of the sender's endpoint this QP sits on; must match the plan.
     pub endpoint: u8,
-    /// A per-QP value the peer presents when it connects to this QP; the `soft` fabric refuses
-    /// connections to a QP in RTR that do not present it.
+    /// A per-QP value the peer presents when it connects to this QP; a provider that requires
+    /// ECE (it admits peers by it) refuses connections to a QP in RTR that do not present it.
     pub secret: u32,
     /// The first packet sequence number this QP sends (24 bits).
     pub psn: u32,

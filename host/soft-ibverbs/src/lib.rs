@@ -1,22 +1,24 @@
 //! `libibverbs.so.1` made of the soft provider: every entry point of [`VerbsTable`] exported
 //! under its libibverbs name and symbol version (`ibv_reg_mr@@IBVERBS_1.1`,
-//! `ibv_reg_mr_iova2@@IBVERBS_1.8`, …), forwarding to `ncclwasm_verbs::soft::table()`.
+//! `ibv_reg_mr_iova2@@IBVERBS_1.8`, …), forwarding to [`ncclwasm_soft::table`].
 //!
 //! The `ib` loader opens this file exactly as it opens rdma-core's library (dlopen +
 //! dlvsym), so the conformance suite runs the `ib` table through the C ABI in CI, where no
 //! RDMA hardware or kernel support exists. The fast path needs no export: the contexts the soft
 //! provider returns carry their own `ops` table.
 //!
-//! Besides the verbs, a few `ncclwasm_soft_*` C functions expose what tests need from the
-//! provider itself (its sysfs tree, fault injection), since the Rust API of this library's copy
-//! of the provider is not reachable through `dlopen`.
+//! Besides the verbs, it exports the extension symbols of [`ncclwasm_verbs::table`], which hand
+//! the `ib` fabric what [`ncclwasm_soft::fabric`] hands over in process, since the Rust API of
+//! this library's copy of the provider is not reachable through `dlopen`:
+//! `ncclwasm_verbs_sysfs_root` (its sysfs tree), `ncclwasm_verbs_capabilities`
+//! ([`ncclwasm_soft::CAPABILITIES`]: the transport must exchange ECE) and, because this library
+//! is test tooling, always the `ncclwasm_verbs_fault_*` hooks.
 //!
 //! [`VerbsTable`]: ncclwasm_verbs::VerbsTable
 
 use std::os::raw::{c_char, c_int, c_uint, c_void};
 
 use ncclwasm_verbs::VerbsTable;
-use ncclwasm_verbs::soft;
 use rdma_sys::{
     _compat_ibv_port_attr, ibv_async_event, ibv_comp_channel, ibv_context, ibv_cq, ibv_device,
     ibv_device_attr, ibv_ece, ibv_event_type, ibv_gid, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr,
@@ -24,7 +26,7 @@ use rdma_sys::{
 };
 
 fn table() -> &'static VerbsTable {
-    soft::table()
+    ncclwasm_soft::table()
 }
 
 /// Exports `ncclwasm_soft_ibv_<name>` and binds it to `ibv_<name>@@<version>`.
@@ -107,26 +109,54 @@ export_opt!(ncclwasm_soft_ibv_query_ece, query_ece, "IBVERBS_1.10", EOPNOTSUPP, 
 export_opt!(ncclwasm_soft_ibv_set_ece, set_ece, "IBVERBS_1.10", EOPNOTSUPP, (qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_int);
 export_opt!(ncclwasm_soft_ibv_reg_dmabuf_mr, reg_dmabuf_mr, "IBVERBS_1.12", std::ptr::null_mut(), (pd: *mut ibv_pd, offset: u64, length: usize, iova: u64, fd: c_int, access: c_int) -> *mut ibv_mr);
 
-/// Fault hooks and the sysfs root, for tests that load this library through the `ib` table
-/// (see `ncclwasm_verbs::fault`).
+/// `ncclwasm_verbs_sysfs_root` (see `ncclwasm_verbs::table::SysfsRootFn`): the soft provider's
+/// sysfs tree, materialised on the first call.
+///
+/// # Safety
+/// `buf` must be NULL or writable for `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclwasm_verbs_sysfs_root(buf: *mut c_char, len: usize) -> isize {
+    let Ok(root) = ncclwasm_soft::sysfs_root() else {
+        return -1;
+    };
+    let bytes = root.as_os_str().as_encoded_bytes();
+    if bytes.len() >= len || buf.is_null() {
+        return -1;
+    }
+    // SAFETY: `buf` has room for `len` > bytes.len() bytes (caller contract).
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.cast::<u8>(), bytes.len());
+        *buf.add(bytes.len()) = 0;
+    }
+    bytes.len() as isize
+}
+
+/// `ncclwasm_verbs_capabilities`: the bits of [`ncclwasm_soft::CAPABILITIES`], what the
+/// provider declares in process.
+#[unsafe(no_mangle)]
+pub extern "C" fn ncclwasm_verbs_capabilities() -> u64 {
+    ncclwasm_soft::CAPABILITIES.bits()
+}
+
+/// Exports one hook of `ncclwasm_soft::fault::HOOKS` under its name in
+/// `ncclwasm_verbs::table::FAULT_SYMBOLS`.
 macro_rules! export_fault {
     ($name:ident, $field:ident, ($($a:ident: $t:ty),*) -> $r:ty) => {
-        /// See `ncclwasm_verbs::fault::FaultTable`.
+        /// See `ncclwasm_verbs::FaultTable`.
         ///
         /// # Safety
         /// Objects passed must be live objects of this library.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($a: $t),*) -> $r {
             // SAFETY: forwarded under the same contract.
-            unsafe { (ncclwasm_verbs::fault::SOFT.$field)($($a),*) }
+            unsafe { (ncclwasm_soft::fault::HOOKS.$field)($($a),*) }
         }
     };
 }
 
-export_fault!(ncclwasm_soft_port_down, port_down, (context: *mut ibv_context, port: u8) -> c_int);
-export_fault!(ncclwasm_soft_port_up, port_up, (context: *mut ibv_context, port: u8) -> c_int);
-export_fault!(ncclwasm_soft_cut_connection, cut_connection, (qp: *mut ibv_qp) -> ());
-export_fault!(ncclwasm_soft_stall, stall, (qp: *mut ibv_qp, micros: u64) -> ());
-export_fault!(ncclwasm_soft_kill_device, kill_device, (context: *mut ibv_context) -> ());
-export_fault!(ncclwasm_soft_refused_connections, refused_connections, (context: *mut ibv_context) -> u64);
-export_fault!(ncclwasm_soft_sysfs_root, sysfs_root, (buf: *mut c_char, len: usize) -> isize);
+export_fault!(ncclwasm_verbs_fault_port_down, port_down, (context: *mut ibv_context, port: u8) -> c_int);
+export_fault!(ncclwasm_verbs_fault_port_up, port_up, (context: *mut ibv_context, port: u8) -> c_int);
+export_fault!(ncclwasm_verbs_fault_cut_connection, cut_connection, (qp: *mut ibv_qp) -> ());
+export_fault!(ncclwasm_verbs_fault_stall, stall, (qp: *mut ibv_qp, micros: u64) -> ());
+export_fault!(ncclwasm_verbs_fault_kill_device, kill_device, (context: *mut ibv_context) -> ());
+export_fault!(ncclwasm_verbs_fault_refused_connections, refused_connections, (context: *mut ibv_context) -> u64);

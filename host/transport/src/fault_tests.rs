@@ -1,5 +1,6 @@
 //! Fatal asynchronous events surface as errors of the next call on the affected connection,
-//! driven by the soft fabric's fault injection (a cut connection raises `IBV_EVENT_QP_FATAL`).
+//! driven by a provider's fault injection (the userspace provider in process: a cut connection
+//! raises `IBV_EVENT_QP_FATAL`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -7,12 +8,13 @@ use std::time::{Duration, Instant};
 use ncclwasm_policy::PolicyHost;
 use ncclwasm_verbs::DmaBuf;
 
-use crate::{CommConfig, ErrorClass, FabricChoice, Net, NetConfig, NetError, RecvBuf};
+use crate::{CommConfig, ErrorClass, Net, NetConfig, NetError, RecvBuf};
 
 #[test]
 fn a_cut_qp_fails_the_next_call_with_a_system_error() {
     let net = Net::new(NetConfig {
-        fabric: FabricChoice::Soft,
+        fabric: ncclwasm_soft::fabric().unwrap(),
+        require_active_port: false,
         max_devs_per_nic: 4,
         decisions: Arc::new(PolicyHost::from_env(4).expect("policy settings")),
     })

@@ -44,7 +44,7 @@ pub use mr_cache::RegionSource;
 pub use ncclwasm_proto::handle::HANDLE_SIZE;
 pub use ncclwasm_proto::request::ReqId;
 pub use ncclwasm_proto::{MAX_MESSAGE_BYTES, MAX_RECVS, MAX_REQUESTS};
-pub use net::{CommConfig, DeviceProps, ENV_FABRIC, FabricChoice, Net, NetConfig};
+pub use net::{CommConfig, DeviceProps, Net, NetConfig};
 pub use net_error::{ErrorClass, NetError};
 pub use recv::{Listener, RecvBuf, RecvComm};
 pub use send::SendComm;

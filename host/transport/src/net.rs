@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use ncclwasm_model::{Endpoint, LinkLayer, Port, PortState, VnicAnswer};
-use ncclwasm_verbs::{Fabric, IbOptions};
+use ncclwasm_verbs::Fabric;
 
 use crate::decide::Decisions;
 use crate::device::{DevCtx, EventThread, PortCtx};
@@ -27,60 +27,19 @@ use ncclwasm_proto::handle::{HANDLE_SCRATCH, HANDLE_SIZE};
 use ncclwasm_proto::handshake::Connector;
 use ncclwasm_proto::handshake::{AcceptorConfig, ConnectorConfig};
 
-/// `NCCL_WASM_FABRIC`: which verbs library to use.
-pub const ENV_FABRIC: &str = "NCCL_WASM_FABRIC";
-
-/// Which verbs library carries the data.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FabricChoice {
-    /// The real libibverbs when it has an active port; otherwise init fails so NCCL falls back
-    /// to its own transports.
-    Auto,
-    /// The real libibverbs, whatever its ports' state.
-    Ib,
-    /// The soft fabric (RC over TCP) from `NCCL_WASM_TOPOLOGY`.
-    Soft,
-}
-
-impl FabricChoice {
-    /// From `NCCL_WASM_FABRIC` (unset = `auto`); anything else is refused loudly.
-    pub fn from_env() -> Result<FabricChoice, NetError> {
-        match std::env::var(ENV_FABRIC) {
-            Err(_) => Ok(FabricChoice::Auto),
-            Ok(v) => match v.to_ascii_lowercase().as_str() {
-                "" | "auto" => Ok(FabricChoice::Auto),
-                "ib" => Ok(FabricChoice::Ib),
-                "soft" => Ok(FabricChoice::Soft),
-                _ => Err(NetError::Usage(format!(
-                    "{ENV_FABRIC}={v:?} is invalid: use auto, ib or soft"
-                ))),
-            },
-        }
-    }
-}
-
-/// How to make a [`Net`].
+/// How to make a [`Net`]: the fabric is chosen and opened by the caller (the plugin picks it from
+/// its environment), so the transport runs on whatever provider it is handed.
 #[derive(Clone, Debug)]
 pub struct NetConfig {
-    pub fabric: FabricChoice,
+    /// The verbs fabric that carries the data.
+    pub fabric: Arc<Fabric>,
+    /// Refuse to start unless a selected port is active (NCCL then falls back to its own
+    /// transports); off when the caller asked for this fabric explicitly.
+    pub require_active_port: bool,
     /// How many devices a vNIC may fuse (4 for NCCL's v9–v11 ABI, 8 for v12).
     pub max_devs_per_nic: usize,
     /// Who decides (the policy engine, in the plugin).
     pub decisions: Arc<dyn Decisions>,
-}
-
-impl NetConfig {
-    /// `NCCL_WASM_FABRIC`, the given vNIC limit and decision maker.
-    pub fn from_env(
-        max_devs_per_nic: usize,
-        decisions: Arc<dyn Decisions>,
-    ) -> Result<NetConfig, NetError> {
-        Ok(NetConfig {
-            fabric: FabricChoice::from_env()?,
-            max_devs_per_nic,
-            decisions,
-        })
-    }
 }
 
 /// Per-communicator values NCCL hands the plugin (v10 `connect` config, v11+ `init`).
@@ -151,13 +110,9 @@ pub struct Net {
 const SCRATCH_MAGIC: [u8; 8] = *b"NWCONN01";
 
 impl Net {
-    /// Opens the fabric, discovers the ports and asks the policy which NCCL sees.
+    /// Discovers the fabric's ports and asks the policy which NCCL sees.
     pub fn new(config: NetConfig) -> Result<Net, NetError> {
-        let fabric = match config.fabric {
-            FabricChoice::Soft => Fabric::soft(),
-            FabricChoice::Ib | FabricChoice::Auto => Fabric::ib(IbOptions::default()),
-        }
-        .map_err(|e| NetError::NoDevice(format!("cannot open the verbs library: {e}")))?;
+        let fabric = config.fabric;
         let merge_vfs = std::env::var("NCCL_IB_MERGE_VFS").map_or(true, |v| v.trim() != "0");
         let ports = fabric.discover(merge_vfs);
         tracing::info!(
@@ -185,13 +140,11 @@ impl Net {
                 sel.reason
             )));
         }
-        if config.fabric == FabricChoice::Auto
-            && !selected.iter().any(|p| p.state == PortState::Active)
-        {
-            return Err(NetError::NoDevice(
-                "no selected port is active (set NCCL_WASM_FABRIC=soft to use the soft fabric)"
-                    .into(),
-            ));
+        if config.require_active_port && !selected.iter().any(|p| p.state == PortState::Active) {
+            return Err(NetError::NoDevice(format!(
+                "none of the {} selected port(s) is active",
+                selected.len()
+            )));
         }
 
         let mut devs: HashMap<String, Arc<DevCtx>> = HashMap::new();
@@ -288,7 +241,7 @@ impl Net {
         })
     }
 
-    /// `"ib"` or `"soft"`.
+    /// The fabric's provider name (`"ib"` for a loaded libibverbs), for messages.
     pub fn fabric_name(&self) -> &'static str {
         self.inner.fabric.name()
     }
@@ -543,7 +496,8 @@ fn uniquify(table: &mut [NetDevice]) {
 
 /// The handshake listener, on the first address of these that can be bound: the IPv4 address of
 /// the port's RoCE GID (reachable over that port's network), the address of the default route,
-/// loopback. (A soft-fabric topology may carry GIDs of another machine, hence the fallbacks.)
+/// loopback. (A userspace provider's topology may carry GIDs of another machine, hence the
+/// fallbacks.)
 fn bind_listener(ep: &Endpoint) -> Result<TcpListener, NetError> {
     let g = &ep.gid.raw;
     let gid_v4 = (g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff)

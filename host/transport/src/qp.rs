@@ -1,13 +1,12 @@
 //! Verbs setup of a connection's QPs: creation, the INIT → RTR → RTS transitions with the plan's
-//! attributes (`ncclIbCreateQp`, `ncclIbRtrQp`, `ncclIbRtsQp`), ECE and the soft fabric's secret,
-//! and the loopback flush QP.
+//! attributes (`ncclIbCreateQp`, `ncclIbRtrQp`, `ncclIbRtsQp`), ECE — negotiated, or always
+//! exchanged when the provider requires it as an admission ticket — and the loopback flush QP.
 
 use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ncclwasm_model::{Endpoint, LinkLayer};
-use ncclwasm_verbs::soft::SOFT_ECE_VENDOR;
 use ncclwasm_verbs::{
     Access, Cq, Ece, Grh, InitAttr, Mtu, Qp, QpCaps, RtrAttr, RtsAttr, VerbsError,
 };
@@ -40,8 +39,10 @@ const MIN_RNR_TIMER: u8 = 12;
 pub(crate) struct ConnQp {
     pub(crate) qp: Qp,
     pub(crate) psn: u32,
-    /// The soft fabric: the peer's secret must be set with `set_ece` before RTR.
-    soft: bool,
+    /// This QP's own ECE when the provider requires the peer's ECE before RTR
+    /// ([`ncclwasm_verbs::Capabilities::ece_required`]): the peer runs the same provider, so its
+    /// value is this one with the `options` it sent as its secret.
+    ece_required: Option<Ece>,
 }
 
 /// The access a connection's QPs grant the peer: data and FIFO writes, flush reads.
@@ -117,24 +118,30 @@ pub(crate) fn create(
         access: QP_ACCESS,
     })
     .map_err(NetError::verbs(format!("QP {} to INIT", qp.qpn())))?;
+    // A provider that requires ECE must answer query_ece; otherwise a NIC without ECE simply
+    // runs without it.
+    let required = dev.ctx.fabric().capabilities().ece_required;
     let queried = match qp.query_ece() {
         Ok(e) => Some(e),
-        Err(e) if unsupported(&e) => None,
+        Err(e) if unsupported(&e) && !required => None,
         Err(e) => return Err(NetError::verbs(format!("query_ece on QP {}", qp.qpn()))(e)),
     };
-    let soft = queried.is_some_and(|e| e.vendor_id == SOFT_ECE_VENDOR);
+    let ece_required = queried.filter(|_| required);
     let psn = (random_u64() as u32) & message::MAX_24BIT;
     let local = LocalQp {
         qpn: qp.qpn(),
-        secret: if soft {
-            queried.map_or(0, |e| e.options)
-        } else {
-            0
-        },
+        secret: ece_required.map_or(0, |e| e.options),
         psn,
         ece: if ece { queried.map(to_wire) } else { None },
     };
-    Ok((ConnQp { qp, psn, soft }, local))
+    Ok((
+        ConnQp {
+            qp,
+            psn,
+            ece_required,
+        },
+        local,
+    ))
 }
 
 fn to_wire(e: Ece) -> message::Ece {
@@ -168,8 +175,9 @@ fn route(local: &Endpoint, remote: &Endpoint, tc: u8) -> Option<Grh> {
 }
 
 impl ConnQp {
-    /// RTR then RTS as the handshake asks, after handing the QP the peer's ECE (or, on the soft
-    /// fabric, the peer's secret). Returns the ECE queried after RTR when ECE was set, as
+    /// RTR then RTS as the handshake asks, after handing the QP the peer's ECE: the negotiated
+    /// value, or, when the provider requires ECE and none was negotiated, the peer's secret in
+    /// this QP's own ECE. Returns the ECE queried after RTR when the negotiated ECE was set, as
     /// `ncclIbAccept` reports it back.
     pub(crate) fn bring_up(
         &self,
@@ -186,14 +194,13 @@ impl ConnQp {
                 Err(e) if unsupported(&e) => {}
                 Err(e) => return Err(NetError::verbs(what("set_ece"))(e)),
             }
-        } else if self.soft {
+        } else if let Some(own) = self.ece_required {
             self.qp
                 .set_ece(Ece {
-                    vendor_id: SOFT_ECE_VENDOR,
                     options: b.remote_secret,
-                    comp_mask: 0,
+                    ..own
                 })
-                .map_err(NetError::verbs(what("set_ece (soft secret)")))?;
+                .map_err(NetError::verbs(what("set_ece (required by the provider)")))?;
         }
         let path_mtu = Mtu::from_bytes(b.mtu).ok_or_else(|| {
             NetError::Usage(format!("path MTU {} is not an InfiniBand MTU", b.mtu))

@@ -14,21 +14,18 @@ use rdma_sys::{
 };
 
 use crate::error::{Result, VerbsError, check, last_errno};
-use crate::fault::{self, FaultTable};
 use crate::ib;
+use crate::provider::{Capabilities, Provider};
 use crate::table::VerbsTable;
 
-/// One verbs library: a [`VerbsTable`] plus where its discovery extras live.
+/// One verbs library: a provider's table plus where its discovery extras live.
 ///
 /// Everything opened from a fabric holds it (through `Arc`s), so the library stays loaded until
 /// the last object is gone.
 #[derive(Debug)]
 pub struct Fabric {
-    name: &'static str,
-    pub(crate) table: VerbsTable,
-    pub(crate) sysfs_root: PathBuf,
-    /// Fault hooks: the soft provider's, in process or exported by the library.
-    pub(crate) faults: Option<FaultTable>,
+    pub(crate) provider: Provider,
+    /// The `dlopen`ed library behind `provider`'s table, for the `ib` fabric.
     library: Option<ib::Library>,
 }
 
@@ -37,50 +34,45 @@ pub struct Fabric {
 pub struct IbOptions {
     /// The library to `dlopen`; `None` = `$NCCL_WASM_IBVERBS_PATH`, else `libibverbs.so.1`.
     pub library: Option<String>,
-    /// Root of the sysfs tree discovery reads. `None`: the library's own tree when it is the
-    /// `soft-ibverbs` cdylib (it exports `ncclwasm_soft_sysfs_root`), else `/sys`.
+    /// Root of the sysfs tree discovery reads. `None`: the library's own tree when it exports
+    /// one (`ncclwasm_verbs_sysfs_root`, see [`crate::table`]), else `/sys`.
     pub sysfs_root: Option<PathBuf>,
 }
 
 impl Fabric {
-    /// The `ib` fabric: libibverbs opened at run time. Fails (cleanly) when the library is absent;
-    /// callers treat that as "no IB device".
+    /// The `ib` fabric: libibverbs opened at run time, with whatever extension symbols the
+    /// library exports. Fails (cleanly) when the library is absent; callers treat that as "no IB
+    /// device".
     pub fn ib(options: IbOptions) -> Result<Arc<Fabric>> {
         let (library, table) = ib::load(options.library.as_deref())?;
         tracing::debug!("verbs library {} loaded", library.path());
-        let faults = library.fault_table();
         let sysfs_root = options
             .sysfs_root
-            .or_else(|| faults.as_ref().and_then(fault::library_sysfs_root))
+            .or_else(|| library.sysfs_root())
             .unwrap_or_else(|| PathBuf::from("/sys"));
+        let provider = Provider::new("ib", table, sysfs_root, library.capabilities());
+        #[cfg(feature = "fault-injection")]
+        let provider = match library.fault_table() {
+            Some(faults) => provider.with_faults(faults),
+            None => provider,
+        };
         Ok(Arc::new(Fabric {
-            name: "ib",
-            table,
-            sysfs_root,
-            faults,
+            provider,
             library: Some(library),
         }))
     }
 
-    /// The `soft` fabric in process: the Rust provider's table, its sysfs tree and its fault
-    /// hooks. Its devices come from `NCCL_WASM_TOPOLOGY` (default: the embedded loopback).
-    pub fn soft() -> Result<Arc<Fabric>> {
-        let sysfs_root = crate::soft::sysfs_root().map_err(|e| VerbsError::Load {
-            path: "soft".to_owned(),
-            reason: e.to_string(),
-        })?;
-        Ok(Arc::new(Fabric {
-            name: "soft",
-            table: *crate::soft::table(),
-            sysfs_root,
-            faults: Some(fault::SOFT),
+    /// A fabric over an in-process provider (a provider crate's own constructor calls this).
+    pub fn from_provider(provider: Provider) -> Arc<Fabric> {
+        Arc::new(Fabric {
+            provider,
             library: None,
-        }))
+        })
     }
 
-    /// `"ib"` or `"soft"`, for messages.
+    /// The provider's name (`"ib"` for a loaded library), for messages.
     pub fn name(&self) -> &'static str {
-        self.name
+        self.provider.name
     }
 
     /// The path of the `dlopen`ed library (`None` for in-process providers).
@@ -88,13 +80,13 @@ impl Fabric {
         self.library.as_ref().map(ib::Library::path)
     }
 
-    /// Whether `reg_mr_iova2` (relaxed ordering), `reg_dmabuf_mr` and ECE are available.
+    /// The optional entry points the table has and what the provider promises.
     pub fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            reg_mr_iova2: self.table.reg_mr_iova2.is_some(),
-            reg_dmabuf_mr: self.table.reg_dmabuf_mr.is_some(),
-            ece: self.table.query_ece.is_some() && self.table.set_ece.is_some(),
-        }
+        self.provider.capabilities()
+    }
+
+    pub(crate) fn table(&self) -> &VerbsTable {
+        &self.provider.table
     }
 
     /// The device list; NULL from `get_device_list` (no kernel support, no library devices) is
@@ -102,7 +94,7 @@ impl Fabric {
     fn device_list(self: &Arc<Self>) -> Arc<DeviceList> {
         let mut n: c_int = 0;
         // SAFETY: `n` is a valid out-pointer; the table honours the contract.
-        let list = unsafe { (self.table.get_device_list)(&mut n) };
+        let list = unsafe { (self.table().get_device_list)(&mut n) };
         let mut devices = Vec::new();
         if list.is_null() {
             tracing::debug!("ibv_get_device_list: none (errno {})", last_errno());
@@ -113,7 +105,7 @@ impl Fabric {
                     break;
                 };
                 // SAFETY: `dev` is a live device of the list.
-                let name = unsafe { (self.table.get_device_name)(dev.as_ptr()) };
+                let name = unsafe { (self.table().get_device_name)(dev.as_ptr()) };
                 if name.is_null() {
                     continue;
                 }
@@ -150,7 +142,7 @@ impl Fabric {
             .map(|(d, _)| *d)
             .ok_or_else(|| VerbsError::NoSuchDevice(name.to_owned()))?;
         // SAFETY: `dev` belongs to `list`, which the context keeps alive.
-        let ctx = unsafe { (self.table.open_device)(dev.as_ptr()) };
+        let ctx = unsafe { (self.table().open_device)(dev.as_ptr()) };
         let ctx = NonNull::new(ctx).ok_or_else(|| VerbsError::Verb {
             verb: "open_device",
             object: name.to_owned(),
@@ -173,14 +165,6 @@ impl Fabric {
     }
 }
 
-/// Optional entry points this fabric's library has.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Capabilities {
-    pub reg_mr_iova2: bool,
-    pub reg_dmabuf_mr: bool,
-    pub ece: bool,
-}
-
 /// A device list, freed when the last context opened from it is closed.
 #[derive(Debug)]
 struct DeviceList {
@@ -198,7 +182,7 @@ impl Drop for DeviceList {
     fn drop(&mut self) {
         if !self.list.is_null() {
             // SAFETY: the list came from get_device_list and no context uses it any more.
-            unsafe { (self.fabric.table.free_device_list)(self.list) };
+            unsafe { (self.fabric.table().free_device_list)(self.list) };
         }
     }
 }
@@ -315,10 +299,11 @@ impl PortAttr {
 
 impl Context {
     pub(crate) fn table(&self) -> &VerbsTable {
-        &self.list.fabric.table
+        self.list.fabric.table()
     }
 
-    pub(crate) fn fabric(&self) -> &Arc<Fabric> {
+    /// The fabric this context was opened from (its capabilities, its name).
+    pub fn fabric(&self) -> &Arc<Fabric> {
         &self.list.fabric
     }
 

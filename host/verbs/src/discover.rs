@@ -18,7 +18,7 @@ impl Fabric {
     /// queried is skipped with a WARN, as NCCL does; no library devices means an empty list.
     /// `merge_vfs` is `NCCL_IB_MERGE_VFS` (default 1) for the PCI path rule.
     pub fn discover(self: &Arc<Self>, merge_vfs: bool) -> Vec<Port> {
-        let sysfs = Sysfs::open(&self.sysfs_root);
+        let sysfs = Sysfs::open(&self.provider.sysfs_root);
         let mut ports = Vec::new();
         for name in self.device_names() {
             let ctx = match self.open(&name) {
@@ -41,7 +41,7 @@ fn discover_device(
     sysfs: &Sysfs,
     merge_vfs: bool,
     ports: &mut Vec<Port>,
-) -> crate::Result<()> {
+) -> crate::error::Result<()> {
     let name = ctx.name();
     let dev = ctx.query_device()?;
     let pci_path = sysfs

@@ -6,13 +6,22 @@
 //! (`IBVERBS_1.8/1.10/1.12`) left `None` when absent. Nothing in this crate names an exported
 //! libibverbs symbol, so a library built on it has no `DT_NEEDED` on libibverbs and loads on
 //! hosts without rdma-core (a CI guard checks this).
+//!
+//! A library may also export the extension symbols of [`crate::table`] (a provider built as
+//! `libibverbs.so.1`, such as the `soft-ibverbs` cdylib): its sysfs root, its
+//! [`crate::ProviderCaps`] and, with `fault-injection`, its fault hooks.
 
 use std::ffi::{CStr, CString, c_void};
+use std::path::PathBuf;
 use std::ptr::NonNull;
 
 use crate::error::{Result, VerbsError};
-use crate::fault::{self, FaultTable};
-use crate::table::VerbsTable;
+use crate::provider::ProviderCaps;
+use crate::table::{
+    CAPABILITIES_SYMBOL, CapabilitiesFn, SYSFS_ROOT_SYMBOL, SysfsRootFn, VerbsTable,
+};
+#[cfg(feature = "fault-injection")]
+use crate::table::{FAULT_SYMBOLS, FaultTable};
 
 /// Overrides the library the `ib` fabric opens (tests point it at the `soft-ibverbs` cdylib).
 pub const PATH_ENV: &str = "NCCL_WASM_IBVERBS_PATH";
@@ -46,17 +55,44 @@ impl Library {
         &self.path
     }
 
-    /// The soft cdylib's fault hooks, when this library is it (all of [`fault::SYMBOLS`]).
+    /// An extension symbol (unversioned), if the library exports it.
+    fn extension(&self, name: &CStr) -> Option<NonNull<c_void>> {
+        // SAFETY: open handle, NUL-terminated name.
+        NonNull::new(unsafe { libc::dlsym(self.handle.as_ptr(), name.as_ptr()) })
+    }
+
+    /// The root of the library's sysfs-shaped tree, when it exports `ncclwasm_verbs_sysfs_root`.
+    pub(crate) fn sysfs_root(&self) -> Option<PathBuf> {
+        let p = self.extension(SYSFS_ROOT_SYMBOL)?;
+        // SAFETY: the symbol has the SysfsRootFn signature (extension contract, crate::table).
+        let f: SysfsRootFn = unsafe { fn_ptr(p.as_ptr()) };
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: `buf` has the length we pass.
+        let n = unsafe { f(buf.as_mut_ptr().cast(), buf.len()) };
+        buf.truncate(usize::try_from(n).ok()?);
+        Some(PathBuf::from(String::from_utf8(buf).ok()?))
+    }
+
+    /// What the library's provider promises (`ncclwasm_verbs_capabilities`; none if absent).
+    pub(crate) fn capabilities(&self) -> ProviderCaps {
+        self.extension(CAPABILITIES_SYMBOL)
+            .map_or(ProviderCaps::NONE, |p| {
+                // SAFETY: the symbol has the CapabilitiesFn signature (extension contract).
+                let f: CapabilitiesFn = unsafe { fn_ptr(p.as_ptr()) };
+                // SAFETY: a function without arguments.
+                ProviderCaps::from_bits(unsafe { f() })
+            })
+    }
+
+    /// The library's fault hooks, when it exports all of [`FAULT_SYMBOLS`].
+    #[cfg(feature = "fault-injection")]
     pub(crate) fn fault_table(&self) -> Option<FaultTable> {
-        let mut p = [std::ptr::null_mut::<c_void>(); fault::SYMBOLS.len()];
-        for (slot, name) in p.iter_mut().zip(fault::SYMBOLS) {
-            let c = CString::new(name).ok()?;
-            // SAFETY: open handle, NUL-terminated name.
-            *slot =
-                NonNull::new(unsafe { libc::dlsym(self.handle.as_ptr(), c.as_ptr()) })?.as_ptr();
+        let mut p = [std::ptr::null_mut::<c_void>(); FAULT_SYMBOLS.len()];
+        for (slot, name) in p.iter_mut().zip(FAULT_SYMBOLS) {
+            *slot = self.extension(name)?.as_ptr();
         }
-        // SAFETY: the cdylib exports these names with exactly the FaultTable field signatures;
-        // data and function pointers have the same size here.
+        // SAFETY: the library exports these names with exactly the FaultTable field signatures
+        // (extension contract); data and function pointers have the same size here.
         unsafe {
             Some(FaultTable {
                 port_down: fn_ptr(p[0]),
@@ -65,7 +101,6 @@ impl Library {
                 stall: fn_ptr(p[3]),
                 kill_device: fn_ptr(p[4]),
                 refused_connections: fn_ptr(p[5]),
-                sysfs_root: fn_ptr(p[6]),
             })
         }
     }
@@ -159,8 +194,8 @@ fn resolve(lib: &Library) -> Result<VerbsTable> {
                     symbol: concat!("ibv_", $name),
                 })?;
             // SAFETY: the symbol is libibverbs' exported function of that name, whose C
-            // signature is the field's type (rdma-notes §2.2); a data pointer and a fn pointer
-            // have the same size on every platform libibverbs supports.
+            // signature (verbs.h) is the field's type; a data pointer and a fn pointer have the
+            // same size on every platform libibverbs supports.
             unsafe { fn_ptr(p.as_ptr()) }
         }};
     }

@@ -1,21 +1,40 @@
 //! The verbs layer: a small safe wrapper over rdma-sys types for exactly what the net_ib data
-//! path needs, with every libibverbs entry point taken from a [`VerbsTable`].
+//! path needs, with every libibverbs entry point taken from a provider's [`VerbsTable`].
 //!
 //! # Shape
-//! - [`Fabric`] is one verbs library. [`Fabric::ib`] opens the real libibverbs at run time
+//! - [`Fabric`] is one verbs provider. [`Fabric::ib`] opens the real libibverbs at run time
 //!   (`dlopen` + `dlvsym`, as NCCL's `ibvsymbols.cc`): no link-time dependency, and a missing
-//!   library is a clean [`VerbsError::Load`] the caller reads as "no IB device". [`Fabric::soft`]
-//!   is the userspace provider in [`soft`]. Everything above the table is the same code.
+//!   library is a clean [`VerbsError::Load`] the caller reads as "no IB device". An in-process
+//!   provider crate (`ncclwasm-soft`, the userspace provider over TCP) describes itself as a
+//!   [`Provider`] and gets a fabric from [`Fabric::from_provider`], as a crypto provider crate
+//!   hands rustls its provider. Everything above the table is the same code; [`table`] is the
+//!   contract a provider fulfils, and what a provider differs in beyond its table is a
+//!   capability ([`Capabilities`], [`ProviderCaps`]), never its name.
 //! - Objects form a tree — [`Context`] → [`Pd`] → [`Mr`] / [`Qp`], [`Context`] → [`Cq`] — and
 //!   each holds an `Arc` of its parents, so dropping in any order tears down children first, as
 //!   verbs requires (QP before CQ and PD, MR before PD, all before the context and the library).
 //! - Fast-path verbs (`post_send`, `post_recv`, `poll_cq`) go through the context's `ops` table,
-//!   as verbs.h does; [`table`] documents what a backend must provide.
+//!   as verbs.h does.
 //! - [`Fabric::discover`] produces the `ncclwasm_model::Port` records policies decide on, as
 //!   `ncclIbInitDevices` gathers them (verbs + sysfs read through cap-std).
 //! - One error type, [`VerbsError`], naming the verb, the object and the errno.
 //! - No rdma-sys type appears in the safe API; the only raw-pointer door is
 //!   [`ForeignMemory::new`] (`unsafe`: the caller vouches for memory NCCL hands over).
+//!
+//! # Layering (modules; each uses only those on lines above it)
+//! ```text
+//! error, table, wr, sysfs   leaves: the error type, the provider C ABI (VerbsTable, extension
+//!                           symbols, FaultTable), work-request values, the sysfs reader
+//! provider                  Provider, ProviderCaps, Capabilities          (table)
+//! ib                        dlopen a library into a table + extensions    (error, table, provider)
+//! device                    Fabric, Context, attributes, async events     (ib, provider, …)
+//! memory, cq                Pd, Mr, DmaBuf / Cq, completions              (device, wr)
+//! qp                        Qp, transitions, posting, ECE                 (memory, cq, wr)
+//! discover                  Fabric::discover                              (device, sysfs)
+//! fault                     the inject_* extension [fault-injection]      (device, qp, table)
+//! ```
+//! Objects never reach up: a parent does not name its children's modules, and the fault
+//! extension sits on top of the objects instead of being woven into them.
 //!
 //! # Connecting a QP (the sequence `ncclIbCreateQp` / `ncclIbRtrQp` / `ncclIbRtsQp` follow)
 //! `ctx.alloc_pd()`, `ctx.create_cq(depth)`, `pd.create_qp(&cq, &cq, caps, false)`,
@@ -25,35 +44,37 @@
 //! [`Qp::post_send`] chains of [`SendWr`] (WRITE, WRITE_WITH_IMM, READ; signaled or not;
 //! inline), [`Qp::post_recv`], [`Cq::poll`] into [`Completion`]s.
 //!
-//! On the soft fabric the ECE value carries the callee QP's secret (the provider admits only
-//! peers that present it), so a transport must exchange ECE and call `set_ece` before RTR
-//! whenever [`Capabilities::ece`] is true, whatever `NCCL_IB_ECE_ENABLE` says.
+//! When [`Capabilities::ece_required`] is true (the soft provider: its ECE value carries the
+//! callee QP's admission secret), a transport must exchange ECE and call `set_ece` before RTR on
+//! every QP, whatever `NCCL_IB_ECE_ENABLE` says.
 //!
-//! # Testing hooks
-//! [`Context::inject_port_down`], [`Qp::inject_cut`] and friends ([`fault`]) reach the soft
-//! provider's fault injection, in process or through the `soft-ibverbs` cdylib; on real
-//! libibverbs they answer [`VerbsError::Unsupported`].
+//! # Features
+//! `fault-injection` (tests only): `Context::inject_port_down`, `Qp::inject_cut` and
+//! friends, which reach a provider's fault hooks, in process or exported by a loaded library;
+//! a provider without hooks (real libibverbs) answers [`VerbsError::Unsupported`]. Without the
+//! feature none of this is compiled, and a loaded library's hooks are not looked up.
 
 mod cq;
 mod device;
 mod discover;
 mod error;
-pub mod fault;
+#[cfg(feature = "fault-injection")]
+mod fault;
 pub mod ib;
 mod memory;
+mod provider;
 mod qp;
-pub mod soft;
 mod sysfs;
 pub mod table;
+mod wr;
 
 pub use cq::{Completion, Cq, WcOpcode, WcStatus};
-pub use device::{
-    AsyncEvent, AsyncEventKind, Capabilities, Context, DeviceAttr, Fabric, IbOptions, PortAttr,
-};
+pub use device::{AsyncEvent, AsyncEventKind, Context, DeviceAttr, Fabric, IbOptions, PortAttr};
 pub use error::{Result, VerbsError};
 pub use memory::{Access, DmaBuf, ForeignMemory, Memory, Mr, Pd};
-pub use qp::{
-    Ece, Grh, InitAttr, Mtu, Qp, QpCaps, QpState, RecvWr, Remote, RtrAttr, RtsAttr, SendOp, SendWr,
-    Sge,
-};
+pub use provider::{Capabilities, Provider, ProviderCaps};
+pub use qp::{Ece, Grh, InitAttr, Mtu, Qp, QpCaps, QpState, RtrAttr, RtsAttr};
+#[cfg(feature = "fault-injection")]
+pub use table::FaultTable;
 pub use table::VerbsTable;
+pub use wr::{RecvWr, Remote, SendOp, SendWr, Sge};

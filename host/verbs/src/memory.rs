@@ -13,7 +13,7 @@ use rdma_sys::{ibv_mr, ibv_pd};
 
 use crate::device::Context;
 use crate::error::{Result, VerbsError, check, last_errno};
-use crate::qp::Sge;
+use crate::wr::Sge;
 
 /// `ibv_access_flags` of an MR or a QP.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

@@ -10,97 +10,10 @@ use rdma_sys::{
 };
 
 use crate::cq::Cq;
+use crate::device::mtu_bytes;
 use crate::error::{Result, VerbsError, check, last_errno};
 use crate::memory::{Access, Pd};
-
-/// One scatter/gather entry: `len` bytes at `addr` under `lkey`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Sge {
-    addr: u64,
-    len: u32,
-    lkey: u32,
-    /// Built by [`crate::Mr::sge`] over CPU-addressed memory, so an inline send may read it.
-    inline_ok: bool,
-}
-
-impl Sge {
-    pub(crate) fn new(addr: u64, len: u32, lkey: u32, inline_ok: bool) -> Sge {
-        Sge {
-            addr,
-            len,
-            lkey,
-            inline_ok,
-        }
-    }
-
-    /// An unchecked entry (e.g. to provoke a protection error); the device validates the lkey
-    /// and bounds, so it cannot touch memory outside a registration. Not usable inline.
-    pub fn raw(addr: u64, len: u32, lkey: u32) -> Sge {
-        Sge {
-            addr,
-            len,
-            lkey,
-            inline_ok: false,
-        }
-    }
-
-    pub fn addr(&self) -> u64 {
-        self.addr
-    }
-
-    pub fn len(&self) -> u32 {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn to_sys(self) -> ibv_sge {
-        ibv_sge {
-            addr: self.addr,
-            length: self.len,
-            lkey: self.lkey,
-        }
-    }
-}
-
-/// The remote side of an RDMA operation: an address in the peer's MR and its rkey.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Remote {
-    pub addr: u64,
-    pub rkey: u32,
-}
-
-/// What a send work request does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SendOp {
-    Write(Remote),
-    /// Write, then consume a receive at the peer carrying `imm` (host order).
-    WriteImm(Remote, u32),
-    Read(Remote),
-    Send,
-}
-
-/// A send work request.
-#[derive(Clone, Copy, Debug)]
-pub struct SendWr<'a> {
-    pub wr_id: u64,
-    pub op: SendOp,
-    pub sges: &'a [Sge],
-    /// Produce a completion on success (`IBV_SEND_SIGNALED`).
-    pub signaled: bool,
-    /// Copy the payload at post time (`IBV_SEND_INLINE`); needs `Mr::sge` entries whose total
-    /// fits `max_inline_data`.
-    pub inline: bool,
-}
-
-/// A receive work request (NCCL posts them without SGEs for WRITE_WITH_IMM).
-#[derive(Clone, Copy, Debug)]
-pub struct RecvWr<'a> {
-    pub wr_id: u64,
-    pub sges: &'a [Sge],
-}
+use crate::wr::{RecvWr, Remote, SendOp, SendWr};
 
 /// Queue sizes of a QP (`ibv_qp_cap`): requested on creation, granted afterwards.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -161,7 +74,7 @@ impl Mtu {
     }
 
     pub fn bytes(self) -> u32 {
-        crate::device::mtu_bytes(self as u32)
+        mtu_bytes(self as u32)
     }
 }
 
@@ -329,6 +242,8 @@ impl Qp {
         &self.pd
     }
 
+    /// For the fault hooks, which take the provider's QP.
+    #[cfg(feature = "fault-injection")]
     pub(crate) fn as_ptr(&self) -> *mut ibv_qp {
         self.qp.as_ptr()
     }
@@ -463,8 +378,8 @@ impl Qp {
         s.sends.clear();
         for (i, wr) in wrs.iter().enumerate() {
             if wr.inline {
-                let total: u64 = wr.sges.iter().map(|g| u64::from(g.len)).sum();
-                if wr.sges.iter().any(|g| !g.inline_ok)
+                let total: u64 = wr.sges.iter().map(|g| u64::from(g.len())).sum();
+                if wr.sges.iter().any(|g| !g.inline_ok())
                     || total > u64::from(self.caps.max_inline_data)
                 {
                     return Err(VerbsError::Invalid(format!(

@@ -1,4 +1,5 @@
-//! The symbol table: every libibverbs entry point the wrapper calls, as data.
+//! The symbol table and the rest of the C ABI a provider offers: every libibverbs entry point the
+//! wrapper calls, as data, plus the extension symbols a loaded library may add.
 //!
 //! # Backend contract (read this before writing a provider)
 //!
@@ -6,8 +7,25 @@
 //! through a [`VerbsTable`], a struct of `unsafe extern "C" fn` pointers with **exactly the C
 //! signatures libibverbs exports** (rdma-sys types), so one table can be filled from
 //! `dlvsym(libibverbs.so.1, …)` (the `ib` backend, [`crate::ib`]) and another from Rust
-//! functions (the `soft` provider, `crate::soft`). Like mio's selector contract, this is the
-//! whole list of what a backend owes the wrapper; nothing else is assumed.
+//! functions (an in-process provider crate such as `ncclwasm-soft`). Like mio's selector
+//! contract, this is the whole list of what a backend owes the wrapper; nothing else is assumed.
+//!
+//! ## What a provider crate hands over
+//! A [`crate::Provider`], passed to [`crate::Fabric::from_provider`]:
+//! - its name (for messages), its [`VerbsTable`] (below) and the root of its sysfs-shaped tree
+//!   (see Discovery);
+//! - its [`crate::ProviderCaps`]: promises the table cannot express. Today one:
+//!   [`crate::ProviderCaps::ECE_REQUIRED`], "this provider admits a QP's peer only after
+//!   `set_ece` with the peer's `query_ece` value, so the transport must always exchange ECE";
+//!   it surfaces as [`crate::Capabilities::ece_required`];
+//! - with the `fault-injection` feature, optionally its `FaultTable` (the hooks behind
+//!   `Context::inject_*` and `Qp::inject_*`).
+//!
+//! The same provider may also be built as a library exporting libibverbs' names, for the `ib`
+//! fabric to `dlopen` (how CI runs the `ib` table without a NIC). What the in-process
+//! [`crate::Provider`] passes as values, such a library exports as the extension symbols below,
+//! which the `ib` fabric looks up with `dlsym` when it loads the library; a library without
+//! them (rdma-core's) gets `/sys`, no [`crate::ProviderCaps`] and no fault hooks.
 //!
 //! ## Slow path: the table
 //! Every non-optional field must be a working function. The `Option` fields are entry points
@@ -79,8 +97,9 @@
 //! ## Discovery extras: a sysfs-shaped tree
 //! What verbs do not say (PCI path, NUMA node, GID types, the netdev behind a RoCE GID, the
 //! driver) is read from sysfs **through cap-std, relative to a root directory** (`sysfs.rs`):
-//! `/sys` for `ib`, and a tree the `soft` provider materialises for its topology in a temp dir, so
-//! the very same discovery code runs in CI. Paths, relative to the root:
+//! `/sys` for real libibverbs, and a tree a userspace provider materialises for its devices (the
+//! soft provider: for its topology, in a temp dir), so the very same discovery code runs in CI.
+//! Paths, relative to the root:
 //! - `class/infiniband/<dev>/device` → a symlink (relative) to a PCI function directory, e.g.
 //!   `../../../devices/pci0000:00/0000:00:02.0/0000:17:00.1`, resolved inside the root. The
 //!   reported path is `/sys/` joined with the resolved path relative to the root (for both
@@ -101,20 +120,23 @@
 //! reports "unknown" (empty path, NUMA -1, [`ncclwasm_model::GidType::Unknown`], prefix 0)
 //! instead of failing.
 //!
-//! ## What the `soft` module provides (agreed with its author through this comment)
-//! - `pub fn table() -> &'static VerbsTable` — its entry points (`Option` ones may be `Some`).
-//! - `pub fn sysfs_root() -> std::io::Result<std::path::PathBuf>` — materialises (once per process)
-//!   the tree above for its current topology and returns the root.
-//! - Configuration before the first `get_device_list` through the environment
-//!   (`NCCL_WASM_TOPOLOGY`), so the same code works when it is loaded as `libibverbs.so.1` by the
-//!   `host/soft-ibverbs` cdylib, plus whatever Rust API it prefers for in-process tests.
-//! - Fault injection (port down/up, cut connection, …) as plain Rust functions;
-//!   [`crate::fault`] wraps the ones the conformance suite uses in a C-ABI `FaultTable` that the
-//!   cdylib exports under `ncclwasm_soft_*` names (with `ncclwasm_soft_sysfs_root`), so the `ib`
-//!   fabric finds the tree and the hooks when it has loaded the cdylib.
-//! - Its per-QP secret travels as the ECE value (`query_ece` / `set_ece` before RTR), the
-//!   exchange NCCL's handshake already carries.
+//! ## Extension symbols of a loaded library
+//! Looked up with `dlsym` (unversioned) when the `ib` fabric loads a library. rdma-core has none
+//! of them; a provider library that has a tree or capabilities must export the first two, or the
+//! `ib` fabric over it would not behave as the provider does in process.
+//! - [`SYSFS_ROOT_SYMBOL`] (`ncclwasm_verbs_sysfs_root`, [`SysfsRootFn`]): writes the root of
+//!   the library's sysfs-shaped tree into the caller's buffer, NUL-terminated, and returns its
+//!   length, or -1 when it does not fit or cannot be built. Absent or -1: `/sys`.
+//! - [`CAPABILITIES_SYMBOL`] (`ncclwasm_verbs_capabilities`, [`CapabilitiesFn`]): the bits of
+//!   the provider's [`crate::ProviderCaps`], the same value its in-process [`crate::Provider`]
+//!   declares. Absent: none.
+//! - With the `fault-injection` feature, `FAULT_SYMBOLS`: the `FaultTable` hooks, in field
+//!   order, used only when all of them resolve. Test tooling: a library may leave them out.
+//!
+//! The provider's environment (`NCCL_WASM_TOPOLOGY` for the soft provider) configures it before
+//! the first `get_device_list`, the same way in both shapes.
 
+use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_uint, c_void};
 
 use rdma_sys::{
@@ -207,3 +229,47 @@ pub struct VerbsTable {
     /// `IBVERBS_1.10`.
     pub set_ece: Option<unsafe extern "C" fn(qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_int>,
 }
+
+/// `ncclwasm_verbs_sysfs_root`: where a loaded library's sysfs-shaped tree is (see the module
+/// documentation).
+pub const SYSFS_ROOT_SYMBOL: &CStr = c"ncclwasm_verbs_sysfs_root";
+
+/// Writes the root (NUL-terminated) into `buf` of `len` bytes; returns its length, or -1 when it
+/// does not fit or cannot be built.
+pub type SysfsRootFn = unsafe extern "C" fn(buf: *mut c_char, len: usize) -> isize;
+
+/// `ncclwasm_verbs_capabilities`: what a loaded library's provider promises.
+pub const CAPABILITIES_SYMBOL: &CStr = c"ncclwasm_verbs_capabilities";
+
+/// Returns the bits of the provider's [`crate::ProviderCaps`].
+pub type CapabilitiesFn = unsafe extern "C" fn() -> u64;
+
+/// The hooks of a fault-capable provider (C ABI, so a library can export them): the failures a
+/// NIC and its fabric produce, on demand, for tests.
+#[cfg(feature = "fault-injection")]
+#[derive(Clone, Copy, Debug)]
+pub struct FaultTable {
+    /// Port down: `IBV_EVENT_PORT_ERR`, QPs on the port to ERR; 1 if the state changed.
+    pub port_down: unsafe extern "C" fn(context: *mut ibv_context, port: u8) -> c_int,
+    /// Port up again: `IBV_EVENT_PORT_ACTIVE`; 1 if the state changed.
+    pub port_up: unsafe extern "C" fn(context: *mut ibv_context, port: u8) -> c_int,
+    /// Breaks the QP's connections without a goodbye.
+    pub cut_connection: unsafe extern "C" fn(qp: *mut ibv_qp),
+    /// Makes the QP's responder silent for `micros` µs.
+    pub stall: unsafe extern "C" fn(qp: *mut ibv_qp, micros: u64),
+    /// Device fatal: `IBV_EVENT_DEVICE_FATAL`, every QP to ERR, later verbs fail (for good).
+    pub kill_device: unsafe extern "C" fn(context: *mut ibv_context),
+    /// Connections the context's listeners refused as strangers.
+    pub refused_connections: unsafe extern "C" fn(context: *mut ibv_context) -> u64,
+}
+
+/// Exported names of the [`FaultTable`] hooks, in field order.
+#[cfg(feature = "fault-injection")]
+pub const FAULT_SYMBOLS: [&CStr; 6] = [
+    c"ncclwasm_verbs_fault_port_down",
+    c"ncclwasm_verbs_fault_port_up",
+    c"ncclwasm_verbs_fault_cut_connection",
+    c"ncclwasm_verbs_fault_stall",
+    c"ncclwasm_verbs_fault_kill_device",
+    c"ncclwasm_verbs_fault_refused_connections",
+];

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use ncclwasm_policy::PolicyHost;
 use ncclwasm_transport::{
-    CommConfig, Done, FabricChoice, MemHandle, Net, NetConfig, RecvBuf, RecvComm, ReqId, SendComm,
+    CommConfig, Done, MemHandle, Net, NetConfig, RecvBuf, RecvComm, ReqId, SendComm,
 };
 use ncclwasm_verbs::DmaBuf;
 
@@ -24,11 +24,12 @@ pub fn net() -> Net {
 pub fn net_and_policy() -> (Net, Arc<PolicyHost>) {
     let policy = Arc::new(PolicyHost::from_env(4).expect("policy settings"));
     let net = Net::new(NetConfig {
-        fabric: FabricChoice::Soft,
+        fabric: ncclwasm_soft::fabric().expect("soft fabric"),
+        require_active_port: false,
         max_devs_per_nic: 4,
         decisions: Arc::clone(&policy) as _,
     })
-    .expect("soft fabric");
+    .expect("a context on the soft fabric");
     (net, policy)
 }
 

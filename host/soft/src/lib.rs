@@ -1,10 +1,20 @@
 //! `soft`: a userspace verbs provider written in Rust — RC over TCP.
 //!
-//! It implements the libibverbs entry points of [`crate::table::VerbsTable`] and fills each
+//! It implements the libibverbs entry points of [`ncclwasm_verbs::VerbsTable`] and fills each
 //! `ibv_context.ops` (`post_send`, `post_recv`, `poll_cq`, `req_notify_cq`) the way a provider
 //! library (mlx5, rxe) does, so every line of the wrapper and the transport that runs on a real
 //! NIC also runs here. **It is the embedded default fabric of the demo and of CI; production
 //! runs on IB/RoCE NICs** through the `ib` table.
+//!
+//! # How it plugs in
+//! This crate depends on `ncclwasm-verbs` the way a crypto provider crate depends on rustls:
+//! [`fabric`] describes the provider as an [`ncclwasm_verbs::Provider`] (its [`table`], its
+//! [`sysfs_root`], its [`CAPABILITIES`] and, with the `fault-injection` feature, the hooks of
+//! its `fault` module) and returns the [`ncclwasm_verbs::Fabric`] made from it. The same
+//! provider is also built as `libibverbs.so.1` (the `host/soft-ibverbs` cdylib), which exports
+//! the same description through the extension symbols of [`ncclwasm_verbs::table`], so the `ib`
+//! fabric over that library behaves as [`fabric`] does. Nothing above the verbs layer names
+//! this crate except the place that picks a fabric (the plugin) and tests.
 //!
 //! # Devices, ports, addressing
 //! Devices and ports come from the topology file named by `NCCL_WASM_TOPOLOGY`, or from an
@@ -27,13 +37,14 @@
 //! - `set_ece(qp, peer_ece)` stores the peer's secret, which `qp` presents when it connects.
 //!
 //! This is exactly NCCL's ECE exchange (`ncclIbConnect` queries and sends its ECE, the acceptor
-//! `set_ece`s it and answers with its own, the connector `set_ece`s that), so **the transport
-//! must carry the ECE of every QP in its handshake and call `set_ece` with the peer's value
-//! before RTR whenever the fabric is soft, even if `NCCL_IB_ECE_ENABLE=0`** (on soft the value
-//! is an address, not a feature negotiation). A QP without a peer secret knocks without proof
-//! and is refused like any stranger; its WRs complete with `IBV_WC_RETRY_EXC_ERR` and a WARN
-//! names the cause. Callers with an unknown QPN, a wrong secret, a wrong source address, or a
-//! second connection for one QP are refused and counted ([`fault::refused_connections`]).
+//! `set_ece`s it and answers with its own, the connector `set_ece`s that). The provider says so
+//! with [`ncclwasm_verbs::ProviderCaps::ECE_REQUIRED`] ([`CAPABILITIES`]): **a transport must
+//! carry the ECE of every QP in its handshake and call `set_ece` with the peer's value before
+//! RTR, even if `NCCL_IB_ECE_ENABLE=0`** (here the value is an admission ticket, not a feature
+//! negotiation). A QP without a peer secret knocks without proof and is refused like any
+//! stranger; its WRs complete with `IBV_WC_RETRY_EXC_ERR` and a WARN names the cause. Callers
+//! with an unknown QPN, a wrong secret, a wrong source address, or a second connection for one
+//! QP are refused and counted (`fault::refused_connections`).
 //!
 //! # What it enforces (as hardware does)
 //! - lkey/rkey validity, PD, bounds and access flags on every local and remote access; no byte
@@ -99,6 +110,7 @@ mod abi;
 mod ctx;
 mod event;
 mod fabric;
+#[cfg(feature = "fault-injection")]
 pub mod fault;
 mod mr;
 mod qp;
@@ -108,10 +120,11 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
-pub use abi::SOFT_ECE_VENDOR;
-pub use sysfs::sysfs_root;
+use std::sync::Arc;
 
-use crate::table::VerbsTable;
+use ncclwasm_verbs::{Fabric, Provider, ProviderCaps, VerbsError, VerbsTable};
+
+pub use sysfs::sysfs_root;
 
 static TABLE: VerbsTable = VerbsTable {
     get_device_list: abi::get_device_list,
@@ -141,9 +154,28 @@ static TABLE: VerbsTable = VerbsTable {
     set_ece: Some(abi::set_ece),
 };
 
-/// The soft provider's entry points, for the wrapper and for the `libibverbs.so.1` cdylib.
+/// The soft provider's entry points, for [`fabric`] and for the `libibverbs.so.1` cdylib.
 pub fn table() -> &'static VerbsTable {
     &TABLE
+}
+
+/// What the provider promises beyond its table: the peer's ECE carries the admission secret
+/// (see "The secret" above). The cdylib reports the same bits through
+/// `ncclwasm_verbs_capabilities`.
+pub const CAPABILITIES: ProviderCaps = ProviderCaps::ECE_REQUIRED;
+
+/// The soft fabric in process: this provider's table, its sysfs tree (materialised on the first
+/// call) and its capabilities, plus its fault hooks with the `fault-injection` feature. Devices
+/// come from `NCCL_WASM_TOPOLOGY` (default: the embedded loopback machine).
+pub fn fabric() -> Result<Arc<Fabric>, VerbsError> {
+    let root = sysfs_root().map_err(|e| VerbsError::Load {
+        path: "soft".to_owned(),
+        reason: e.to_string(),
+    })?;
+    let provider = Provider::new("soft", TABLE, root, CAPABILITIES);
+    #[cfg(feature = "fault-injection")]
+    let provider = provider.with_faults(fault::HOOKS);
+    Ok(Fabric::from_provider(provider))
 }
 
 /// A random 32-bit value from the kernel (keys and secrets must not be guessable).

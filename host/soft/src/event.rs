@@ -80,7 +80,10 @@ pub(crate) enum Element {
     Cq(usize),
     /// Address of the `ibv_qp`.
     Qp(usize),
+    /// Port events and device-fatal come only from fault injection here.
+    #[cfg(feature = "fault-injection")]
     Port(u8),
+    #[cfg(feature = "fault-injection")]
     Device,
 }
 

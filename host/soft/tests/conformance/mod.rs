@@ -22,7 +22,7 @@ use ncclwasm_verbs::{
 /// Which table the suite runs against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
-    /// `Fabric::soft()`: the provider's Rust table, in process.
+    /// `ncclwasm_soft::fabric()`: the provider's Rust table, in process.
     Soft,
     /// `Fabric::ib()` over `libsoft_ibverbs.so`, resolved with dlopen/dlvsym.
     IbSoft,
@@ -51,7 +51,7 @@ impl Backend {
         static IB: OnceLock<Arc<Fabric>> = OnceLock::new();
         match self {
             Backend::Soft => SOFT
-                .get_or_init(|| Fabric::soft().expect("soft fabric"))
+                .get_or_init(|| ncclwasm_soft::fabric().expect("soft fabric"))
                 .clone(),
             Backend::IbSoft => IB
                 .get_or_init(|| {
@@ -70,7 +70,7 @@ impl Backend {
 }
 
 /// `libsoft_ibverbs.so` beside this test binary's profile directory, built on demand so
-/// `cargo test -p ncclwasm-verbs` alone works; `NCCL_WASM_IBVERBS_PATH` overrides.
+/// `cargo test -p ncclwasm-soft` alone works; `NCCL_WASM_IBVERBS_PATH` overrides.
 pub fn soft_ibverbs_path() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {

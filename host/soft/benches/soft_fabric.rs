@@ -7,7 +7,7 @@
 //! - Latency: 8-byte WRITE_WITH_IMM ping-pong (one-way = RTT/2) against an 8-byte TCP_NODELAY
 //!   ping-pong.
 //!
-//! `cargo bench -p ncclwasm-verbs --bench soft_fabric` (release). `NCCL_WASM_BENCH_MB` sets the
+//! `cargo bench -p ncclwasm-soft --bench soft_fabric` (release). `NCCL_WASM_BENCH_MB` sets the
 //! bytes moved per point (default 512), `NCCL_WASM_BENCH_ITERS` the ping-pongs (default 20000),
 //! `NCCL_WASM_BENCH_REPS` the alternating repetitions whose medians are reported (default 5);
 //! `NCCL_WASM_BENCH_WINDOW` / `NCCL_WASM_BENCH_SIGNAL_EVERY` change the WRs in flight per QP and

@@ -84,6 +84,7 @@ impl SoftDevice {
     }
 
     /// Changes a port's state; `false` if there is no such port or nothing changed.
+    #[cfg(feature = "fault-injection")]
     pub(crate) fn set_port_state(&self, num: u8, state: PortState) -> bool {
         let Some(i) = self.desc.ports.iter().position(|p| p.port == num) else {
             return false;

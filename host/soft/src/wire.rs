@@ -11,7 +11,7 @@ use std::io;
 use std::os::fd::RawFd;
 
 /// First bytes of a connection: who is calling, whom, and the proof that the caller learnt the
-/// callee's secret through the out-of-band handshake (see the `soft` module docs).
+/// callee's secret through the out-of-band handshake (see the crate docs).
 pub(crate) const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"SFT1");
 pub(crate) const HELLO_LEN: usize = 16;
 

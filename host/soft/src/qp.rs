@@ -1599,6 +1599,7 @@ impl Qp {
     }
 
     /// Fault injection: breaks both connections of this QP without a BYE, like a cable pull.
+    #[cfg(feature = "fault-injection")]
     pub(crate) fn cut(&self) {
         let st = self.lock();
         for c in [&st.req_conn, &st.resp_conn].into_iter().flatten() {
@@ -1607,11 +1608,13 @@ impl Qp {
     }
 
     /// Fault injection: this QP's responder goes silent for `d` (requests wait, no answers).
+    #[cfg(feature = "fault-injection")]
     pub(crate) fn stall(&self, d: Duration) {
         self.lock().stall_until = Some(Instant::now() + d);
     }
 
     /// Port down or device fatal: outstanding work fails as if the retries ran out.
+    #[cfg(feature = "fault-injection")]
     pub(crate) fn link_lost(&self, port: Option<u8>) {
         let mut st = self.lock();
         if port.is_some_and(|p| p != st.attrs.port) {

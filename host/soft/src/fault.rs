@@ -1,13 +1,17 @@
-//! Fault injection: the failures a NIC and its fabric produce, on demand, so error handling is
-//! testable without hardware. Each function takes the verbs object the test already holds.
+//! Fault injection (feature `fault-injection`): the failures a NIC and its fabric produce, on
+//! demand, so error handling is testable without hardware. Each function takes the verbs object
+//! the test already holds; [`HOOKS`] wraps them in the C-ABI [`FaultTable`] that [`crate::fabric`]
+//! hands the wrapper (behind `Context::inject_*` and `Qp::inject_*`) and the cdylib exports.
 //!
 //! Port and device faults act on the device (every context of it in this loaded copy sees
 //! them), exactly like a cable pull or a firmware crash would.
 
+use std::os::raw::c_int;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ncclwasm_model::PortState;
+use ncclwasm_verbs::FaultTable;
 use rdma_sys::{ibv_context, ibv_event_type, ibv_qp};
 
 use super::abi::{ctx_of, qp_of};
@@ -117,4 +121,44 @@ pub unsafe fn kill_device(context: *mut ibv_context) {
 pub unsafe fn refused_connections(context: *mut ibv_context) -> u64 {
     // SAFETY: per the function contract.
     unsafe { ctx_of(context) }.refused.load(Ordering::Relaxed)
+}
+
+/// The functions above with the [`FaultTable`] signatures.
+pub const HOOKS: FaultTable = FaultTable {
+    port_down: c_port_down,
+    port_up: c_port_up,
+    cut_connection: c_cut_connection,
+    stall: c_stall,
+    kill_device: c_kill_device,
+    refused_connections: c_refused_connections,
+};
+
+unsafe extern "C" fn c_port_down(context: *mut ibv_context, port: u8) -> c_int {
+    // SAFETY: the caller passes a live soft context (FaultTable contract).
+    c_int::from(unsafe { port_down(context, port) })
+}
+
+unsafe extern "C" fn c_port_up(context: *mut ibv_context, port: u8) -> c_int {
+    // SAFETY: as above.
+    c_int::from(unsafe { port_up(context, port) })
+}
+
+unsafe extern "C" fn c_cut_connection(qp: *mut ibv_qp) {
+    // SAFETY: the caller passes a live soft QP.
+    unsafe { cut_connection(qp) }
+}
+
+unsafe extern "C" fn c_stall(qp: *mut ibv_qp, micros: u64) {
+    // SAFETY: the caller passes a live soft QP.
+    unsafe { stall(qp, Duration::from_micros(micros)) }
+}
+
+unsafe extern "C" fn c_kill_device(context: *mut ibv_context) {
+    // SAFETY: the caller passes a live soft context.
+    unsafe { kill_device(context) }
+}
+
+unsafe extern "C" fn c_refused_connections(context: *mut ibv_context) -> u64 {
+    // SAFETY: the caller passes a live soft context.
+    unsafe { refused_connections(context) }
 }
