@@ -80,7 +80,7 @@ fn every_abi_version_across_two_processes() {
 fn auto_fabric_without_rdma_refuses_init() {
     let has_rdma = std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
     if has_rdma {
-        eprintln!("skipped: this host has RDMA devices");
+        ncclwasm_testkit::skip("this host has RDMA devices");
         return;
     }
     let out = std::env::temp_dir().join(format!("ncclwasm-harness-auto-{}", std::process::id()));

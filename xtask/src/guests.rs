@@ -54,6 +54,11 @@ pub fn build() -> Result<Vec<PathBuf>> {
     Ok(built)
 }
 
+/// The workspace's target directory, as cargo reports it.
+pub fn target_dir() -> Result<PathBuf> {
+    Ok(workspace()?.target_dir)
+}
+
 /// The cargo that runs this task (`CARGO`), so nested builds use the same toolchain.
 pub fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))

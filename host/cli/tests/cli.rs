@@ -453,16 +453,9 @@ fn check_refuses_what_the_plugin_would_not_load() {
 #[test]
 fn diff_builtin_and_nccl_default_agree_on_the_corpus() {
     let wasm = guest("nccl-default");
-    for t in [
-        "dgx-h100",
-        "roce-8nic",
-        "k8s-pod",
-        "dual-port",
-        "pf-vf",
-        "mixed-ib-roce",
-        "loopback",
-    ] {
-        let o = run(&["policy", "diff", "builtin", &wasm, "-t", &topology(t)]);
+    for t in ncclwasm_testkit::topologies() {
+        let t = t.display().to_string();
+        let o = run(&["policy", "diff", "builtin", &wasm, "-t", &t]);
         assert_ok(&o);
         assert!(
             stdout(&o).ends_with("\nno differences\n"),

@@ -69,7 +69,7 @@ pub fn select_devices(cfg: &IbConfig, ports: &[Port]) -> DeviceSelection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::{cfg, corpus, eth_ports};
+    use crate::testutil::{cfg, corpus, eth_ports, whole_corpus};
 
     fn names(sel: &DeviceSelection, ports: &[Port]) -> Vec<String> {
         sel.ports
@@ -182,16 +182,7 @@ mod tests {
 
     #[test]
     fn selections_pass_validation_on_the_whole_corpus() {
-        for file in [
-            "loopback.toml",
-            "dgx-h100.toml",
-            "roce-8nic.toml",
-            "k8s-pod.toml",
-            "dual-port.toml",
-            "pf-vf.toml",
-            "mixed-ib-roce.toml",
-        ] {
-            let ports = corpus(file);
+        for (file, ports) in whole_corpus() {
             let sel = select_devices(&cfg(&[]), &ports);
             ncclwasm_model::validate::check_selection(&sel, &ports)
                 .unwrap_or_else(|e| panic!("{file}: {e}"));

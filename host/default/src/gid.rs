@@ -192,7 +192,7 @@ mod tests {
     use ncclwasm_model::GidType::{Ib, RoceV1, RoceV2, Unknown};
 
     use super::*;
-    use crate::testutil::{cfg, corpus, named, port};
+    use crate::testutil::{cfg, corpus, named, port, whole_corpus};
 
     fn pick(pairs: &[(&str, &str)], p: &Port) -> u32 {
         select_gid(&cfg(pairs), p).index
@@ -402,16 +402,8 @@ mod tests {
 
     #[test]
     fn choices_pass_validation_on_the_whole_corpus() {
-        for file in [
-            "loopback.toml",
-            "dgx-h100.toml",
-            "roce-8nic.toml",
-            "k8s-pod.toml",
-            "dual-port.toml",
-            "pf-vf.toml",
-            "mixed-ib-roce.toml",
-        ] {
-            for p in corpus(file) {
+        for (file, ports) in whole_corpus() {
+            for p in ports {
                 let c = select_gid(&cfg(&[]), &p);
                 ncclwasm_model::validate::check_gid(&c, &p)
                     .unwrap_or_else(|e| panic!("{file} {}: {e}", p.device));

@@ -1,6 +1,6 @@
 //! Test fixtures shared by the rule tests: corpus ports, hand-built ports and configs.
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use ncclwasm_model::{Gid, GidType, LinkLayer, Port, PortState, Topology};
 
@@ -8,9 +8,21 @@ use crate::IbConfig;
 
 /// The ports of `topologies/<file>`.
 pub fn corpus(file: &str) -> Vec<Port> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../topologies")
-        .join(file);
+    ports_of(&ncclwasm_testkit::topology(file))
+}
+
+/// The ports of every topology file, with the file's name: the whole corpus, whatever it holds.
+pub fn whole_corpus() -> Vec<(String, Vec<Port>)> {
+    ncclwasm_testkit::topologies()
+        .iter()
+        .map(|path| {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            (name, ports_of(path))
+        })
+        .collect()
+}
+
+fn ports_of(path: &Path) -> Vec<Port> {
     Topology::load(path)
         .unwrap_or_else(|e| panic!("{e}"))
         .ports()

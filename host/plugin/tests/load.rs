@@ -7,7 +7,6 @@
 //! unsafe, so the test re-runs itself with the variables set.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use nccl_net_wasm::load::Plugin;
 
@@ -24,30 +23,19 @@ fn library() -> PathBuf {
 
 /// Runs `test` in a child of this test binary with the soft fabric selected.
 fn in_child(test: &str) {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([test, "--exact", "--nocapture"])
-        .env("LOAD_TEST_CHILD", "1")
+    let mut child = ncclwasm_testkit::child::command(test);
+    child
         .env("NCCL_WASM_FABRIC", "soft")
         .env_remove("NCCL_WASM_TOPOLOGY")
-        .env_remove("NCCL_WASM_POLICY")
-        .output()
-        .expect("re-run the test");
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn child() -> bool {
-    std::env::var_os("LOAD_TEST_CHILD").is_some()
+        .env_remove("NCCL_WASM_POLICY");
+    ncclwasm_testkit::child::run(child, test);
 }
 
 #[test]
 fn one_message_through_each_table_of_the_built_library() {
-    if !child() {
-        return in_child("one_message_through_each_table_of_the_built_library");
+    const TEST: &str = "one_message_through_each_table_of_the_built_library";
+    if !ncclwasm_testkit::child::enter(TEST) {
+        return in_child(TEST);
     }
     let plugin = Plugin::open(&library()).unwrap();
     assert_eq!(plugin.version(), 12);
@@ -56,6 +44,9 @@ fn one_message_through_each_table_of_the_built_library() {
         one_message(version);
     }
 }
+
+/// A bound for a hang, not a measurement: a debug build on a loaded machine is slow.
+const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Loads the library as an NCCL that knows `version` at most, and sends one message between
 /// two comms of this process.
@@ -80,18 +71,15 @@ fn one_message(version: u32) {
 
     let (listen, mut handle) = plugin.listen(0).unwrap();
     let (mut send, mut recv) = (None, None);
-    for _ in 0..100_000 {
+    ncclwasm_testkit::wait_until("connect and accept", TIMEOUT, || {
         if send.is_none() {
             send = plugin.connect(1, &mut handle).unwrap();
         }
         if recv.is_none() {
             recv = listen.accept().unwrap();
         }
-        if send.is_some() && recv.is_some() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_micros(50));
-    }
+        send.is_some() && recv.is_some()
+    });
     drop(listen);
     let (send, recv) = (send.expect("connected"), recv.expect("accepted"));
 
@@ -108,7 +96,7 @@ fn one_message(version: u32) {
 
     let (mut r, mut s) = (None, None);
     let (mut got, mut sent) = (None, None);
-    for _ in 0..1_000_000 {
+    ncclwasm_testkit::wait_until("the message is sent and received", TIMEOUT, || {
         if r.is_none() {
             r = recv.irecv(&into, 0..SIZE + 64, 7).unwrap();
         }
@@ -121,10 +109,8 @@ fn one_message(version: u32) {
         if let Some(s) = s.as_mut() {
             sent = sent.or(s.test().unwrap());
         }
-        if got.is_some() && sent.is_some() {
-            break;
-        }
-    }
+        got.is_some() && sent.is_some()
+    });
     assert_eq!((got, sent), (Some(SIZE), Some(SIZE)));
     let expected: Vec<u8> = (0..SIZE).map(|i| (i * 31 + (i >> 9)) as u8).collect();
     assert!(into.bytes()[..SIZE] == expected[..], "bytes differ");

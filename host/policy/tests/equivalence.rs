@@ -5,7 +5,7 @@ use ncclwasm_model::validate;
 use ncclwasm_model::{ConnPlan, Port, Topology};
 use ncclwasm_policy::{Decision, FailureCause, FailureMode, PolicyError, PolicyHost, Source};
 
-use crate::{connection, guest, settings, workspace};
+use crate::{connection, guest, settings};
 
 /// `NCCL_IB_*` settings that change the decisions (each row is one configuration).
 const SETTINGS: &[&[(&str, &str)]] = &[
@@ -172,14 +172,7 @@ fn compare(
 
 #[test]
 fn builtin_and_wasm_nccl_default_agree_on_the_corpus() {
-    let dir = workspace().join("topologies");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no topologies in {}", dir.display());
+    let files = ncclwasm_testkit::topologies();
     let mut failures = Vec::new();
     let mut compared = 0;
     for file in &files {

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use ncclwasm_model::{GidChoice, VnicAnswer};
+use ncclwasm_model::VnicAnswer;
 use ncclwasm_policy::{FailureCause, FailureMode, Hook, PolicyError, PolicyHost, Source};
 
 use crate::{capture_logs, connection, guest, host_with, logged, ports, settings};
@@ -14,6 +14,16 @@ fn fallback(source: &Source) -> (FailureCause, String) {
         Source::Fallback { cause, detail, .. } => (*cause, detail.clone()),
         other => panic!("expected a fallback, got {other}"),
     }
+}
+
+/// The built-in default's answer to `make_vnic`, under `host`'s settings.
+fn builtin_vnic(host: &PolicyHost, request: &[u32], ports: &[ncclwasm_model::Port]) -> VnicAnswer {
+    ncclwasm_default::make_vnic(
+        host.ib_config(),
+        request,
+        ports,
+        host.settings().max_devs_per_nic,
+    )
 }
 
 /// Under `closed`, the same fault is an error naming the hook and the cause.
@@ -53,6 +63,10 @@ fn endless_loop_is_stopped_within_the_deadline() {
     // The other hooks of the same policy still answer (a fresh instance, `init`-ed again).
     let gid = host.select_gid(&ports[0]).unwrap();
     assert!(matches!(gid.source, Source::NoOpinion(_)), "{}", gid.source);
+    assert_eq!(
+        gid.value,
+        ncclwasm_default::select_gid(host.ib_config(), &ports[0])
+    );
     assert_eq!(host.stats().faults[1], (FailureCause::Timeout, 2));
     assert!(
         logged().contains("hostile-loop@1 failed in select-devices: timeout"),
@@ -78,6 +92,10 @@ fn memory_bomb_is_capped() {
     let d = host.select_devices(&ports).unwrap();
     let (cause, detail) = fallback(&d.source);
     assert_eq!(cause, FailureCause::OutOfMemory, "{detail}");
+    assert_eq!(
+        d.value,
+        ncclwasm_default::select_devices(host.ib_config(), &ports)
+    );
     assert!(detail.contains("NCCL_WASM_POLICY_MEMORY_MB=32"), "{detail}");
     assert!(logged().contains("hostile-bomb@1 failed in select-devices: out of memory"));
     // Again: the faulted store was dropped, its memory returned, a fresh one made.
@@ -110,10 +128,16 @@ fn traps_fall_back_and_the_next_call_gets_a_fresh_instance() {
     );
     // After two traps the policy still serves the hooks that work.
     let conn = connection(&ports[0], 3);
-    assert!(matches!(
-        host.plan_connection(&conn).unwrap().source,
-        Source::NoOpinion(_)
-    ));
+    let plan = host.plan_connection(&conn).unwrap();
+    assert!(
+        matches!(plan.source, Source::NoOpinion(_)),
+        "{}",
+        plan.source
+    );
+    assert_eq!(
+        plan.value,
+        ncclwasm_default::plan_connection(host.ib_config(), &conn)
+    );
     let log = logged();
     assert!(
         log.contains("hostile-trap@1 failed in select-devices: trap"),
@@ -148,6 +172,10 @@ fn a_log_flood_is_capped() {
         "{}",
         groups.source
     );
+    assert_eq!(
+        groups.value,
+        ncclwasm_default::group_devices(host.ib_config(), &ports[..4])
+    );
     assert!(
         logged().contains("dropped 9984 log lines"),
         "the flood was not capped"
@@ -167,23 +195,26 @@ fn out_of_range_answers_are_refused() {
             "{detail:?} should mention {needle:?}"
         );
     };
-    invalid(&host.select_devices(&ports).unwrap().source, "port 99");
+    let ib = host.ib_config();
+    let devices = host.select_devices(&ports).unwrap();
+    invalid(&devices.source, "port 99");
+    assert_eq!(devices.value, ncclwasm_default::select_devices(ib, &ports));
     let gid = host.select_gid(&ports[0]).unwrap();
     invalid(&gid.source, "GID index 15 is not in the table");
+    assert_eq!(gid.value, ncclwasm_default::select_gid(ib, &ports[0]));
+    let groups = host.group_devices(&ports[..4]).unwrap();
+    invalid(&groups.source, "port 99");
     assert_eq!(
-        gid.value,
-        ncclwasm_default::select_gid(host.ib_config(), &ports[0])
+        groups.value,
+        ncclwasm_default::group_devices(ib, &ports[..4])
     );
-    invalid(&host.group_devices(&ports[..4]).unwrap().source, "port 99");
     let vnic = host.make_vnic(&[0, 1], &ports[..2]).unwrap();
     invalid(&vnic.source, "not requested");
-    invalid(
-        &host
-            .plan_connection(&connection(&ports[0], 3))
-            .unwrap()
-            .source,
-        "0 QPs",
-    );
+    assert_eq!(vnic.value, builtin_vnic(&host, &[0, 1], &ports[..2]));
+    let conn = connection(&ports[0], 3);
+    let plan = host.plan_connection(&conn).unwrap();
+    invalid(&plan.source, "0 QPs");
+    assert_eq!(plan.value, ncclwasm_default::plan_connection(ib, &conn));
     assert!(logged().contains("hostile-out-of-range@1 failed in select-devices: invalid answer"));
 
     for (case, needle) in [
@@ -249,16 +280,26 @@ fn contradictory_answers_are_refused() {
             .source,
         "stripe width 2",
     );
-    // Hooks it has no opinion on are unaffected.
+    // Hooks it has no opinion on are unaffected: the built-in default answers them.
     let gid = host.select_gid(&ports[0]).unwrap();
-    assert!(matches!(gid.source, Source::NoOpinion(_)));
-    assert!(matches!(gid.value, GidChoice { .. }));
+    assert!(matches!(gid.source, Source::NoOpinion(_)), "{}", gid.source);
+    assert_eq!(
+        gid.value,
+        ncclwasm_default::select_gid(host.ib_config(), &ports[0])
+    );
+    assert_eq!(gid.value.index, 3, "RoCEv2 IPv4: {}", gid.value.reason);
     let vnic = host.make_vnic(&[0, 1], &ports[..2]).unwrap();
-    assert!(matches!(vnic.source, Source::NoOpinion(_)));
-    assert!(matches!(
-        vnic.value,
-        VnicAnswer::Accept { .. } | VnicAnswer::Reshape { .. } | VnicAnswer::Refuse { .. }
-    ));
+    assert!(
+        matches!(vnic.source, Source::NoOpinion(_)),
+        "{}",
+        vnic.source
+    );
+    assert_eq!(vnic.value, builtin_vnic(&host, &[0, 1], &ports[..2]));
+    assert!(
+        matches!(vnic.value, VnicAnswer::Accept { .. }),
+        "two active RoCE ports fuse: {:?}",
+        vnic.value
+    );
 
     let overlap = host_with("hostile-contradictory", FailureMode::Open, Some("overlap"));
     invalid(

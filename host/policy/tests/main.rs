@@ -35,11 +35,6 @@ fn guest_bytes(package: &str) -> Vec<u8> {
     std::fs::read(guest(package)).expect("readable guest")
 }
 
-/// The workspace root, for `topologies/`.
-fn workspace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 /// Settings for a test host: small memory, the given failure mode, and a deadline so long that
 /// only a runaway guest meets it — tests run in parallel on a loaded 2-core machine, where an
 /// honest call can be descheduled for longer than a production deadline. The test of the

@@ -3,10 +3,11 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ncclwasm_model::Port;
 use ncclwasm_policy::{FailureMode, PolicyHost, Source};
+use ncclwasm_testkit::wait_until;
 
 use crate::{connection, guest_bytes, ports, settings};
 
@@ -149,22 +150,14 @@ fn the_watcher_publishes_a_changed_file_and_refuses_a_corrupt_one() {
     host.set_topology(ports());
     assert_eq!(host.policy().unwrap().version, "A");
 
-    let wait_for = |what: &str, done: &dyn Fn() -> bool| {
-        let start = Instant::now();
-        while !done() {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "the watcher never {what}"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    };
+    let wait_for =
+        |what: &str, done: &dyn Fn() -> bool| wait_until(what, Duration::from_secs(20), done);
     install(&b);
-    wait_for("published B", &|| {
+    wait_for("the watcher publishes B", &|| {
         host.policy().is_some_and(|p| p.version == "B")
     });
     install(b"\0asm garbage");
-    wait_for("refused the corrupt file", &|| {
+    wait_for("the watcher refuses the corrupt file", &|| {
         host.stats().swaps_refused == 1
     });
     assert_eq!(
@@ -174,7 +167,7 @@ fn the_watcher_publishes_a_changed_file_and_refuses_a_corrupt_one() {
     );
     assert_eq!(check_whole(&host, &ports()), Ok('B'));
     install(&a);
-    wait_for("published A again", &|| {
+    wait_for("the watcher publishes A again", &|| {
         host.policy().is_some_and(|p| p.version == "A")
     });
     drop(host); // Stops and joins the watcher and the epoch thread; must not hang.

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -106,14 +106,11 @@ fn swapping_the_policy_file_changes_only_new_connections() {
         let staged = dir.join("policy.wasm.new");
         std::fs::copy(guest("rail-aligned"), &staged).unwrap();
         std::fs::rename(&staged, &live).unwrap();
-        let end = Instant::now() + Duration::from_secs(30);
-        while policy.policy().is_none_or(|id| id.name != "rail-aligned") {
-            assert!(
-                Instant::now() < end,
-                "the watcher never published the new policy"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        ncclwasm_testkit::wait_until(
+            "the watcher publishes the new policy",
+            Duration::from_secs(30),
+            || policy.policy().is_some_and(|id| id.name == "rail-aligned"),
+        );
 
         let (s2, r2) = connect(&net, 0, 1);
         assert!(

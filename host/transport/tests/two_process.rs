@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::process::Command;
+use std::process::Stdio;
 use std::time::Instant;
 
 use common::*;
@@ -56,17 +56,15 @@ fn sender(hex: &str) {
 
 #[test]
 fn sizes_up_to_64_mib_between_two_processes() {
-    if let Ok(hex) = std::env::var(ROLE) {
-        return sender(&hex);
+    if ncclwasm_testkit::child::enter(TEST) {
+        return sender(&std::env::var(ROLE).expect("the listen handle"));
     }
     let net = net();
     let (mut listener, handle) = net.listen(0).unwrap();
     let hex: String = handle.iter().map(|b| format!("{b:02x}")).collect();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", TEST, "--nocapture"])
-        .env(ROLE, hex)
-        .spawn()
-        .expect("spawn the sender process");
+    let mut cmd = ncclwasm_testkit::child::command(TEST);
+    cmd.env(ROLE, hex).stdout(Stdio::piped());
+    let child = cmd.spawn().expect("spawn the sender process");
     let end = deadline();
     let r = loop {
         if let Some(r) = listener.accept().unwrap() {
@@ -94,5 +92,8 @@ fn sizes_up_to_64_mib_between_two_processes() {
         buf.read(0, &mut out);
         assert!(out == want, "message {k} of {size} bytes differs");
     }
-    assert!(child.wait().unwrap().success(), "the sender process failed");
+    let out = child
+        .wait_with_output()
+        .expect("wait for the sender process");
+    ncclwasm_testkit::child::assert_ran(TEST, &out);
 }

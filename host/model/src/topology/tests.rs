@@ -1,4 +1,4 @@
-use std::path::PathBuf;
+use ncclwasm_testkit::topology as corpus;
 
 use super::*;
 
@@ -11,22 +11,6 @@ port = 1
 link-layer = "ethernet"
 speed-mbps = 100000
 "#;
-
-fn corpus(file: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../topologies")
-        .join(file)
-}
-
-const CORPUS: [&str; 7] = [
-    "loopback.toml",
-    "dgx-h100.toml",
-    "roce-8nic.toml",
-    "k8s-pod.toml",
-    "dual-port.toml",
-    "pf-vf.toml",
-    "mixed-ib-roce.toml",
-];
 
 /// Parses `MINIMAL` with `from` replaced by `to` and returns the error as displayed.
 fn error(from: &str, to: &str) -> String {
@@ -47,10 +31,11 @@ fn with_gids(gids: &str) -> String {
 
 #[test]
 fn every_corpus_file_loads() {
-    for file in CORPUS {
-        let t = Topology::load(corpus(file)).unwrap_or_else(|e| panic!("{e}"));
-        assert!(!t.ports().is_empty(), "{file}");
-        assert_eq!(t.name, file.trim_end_matches(".toml"));
+    for path in ncclwasm_testkit::topologies() {
+        let t = Topology::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!t.ports().is_empty(), "{}", path.display());
+        let stem = path.file_stem().unwrap().to_string_lossy();
+        assert_eq!(t.name, stem, "a topology is named after its file");
     }
 }
 

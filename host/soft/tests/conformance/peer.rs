@@ -6,11 +6,13 @@
 use std::io::{BufRead, BufReader, Lines, StdinLock, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
 
 use super::*;
 
-/// Set in a child: its role, `writer` or `reader`.
+/// The test the children run (the `child` test of [`suite!`](super::suite)).
+const CHILD_TEST: &str = "child";
+/// Set in a child: its role, `writer`, `reader` or `discover`.
 const CHILD_ENV: &str = "NCCL_WASM_CONFORMANCE_CHILD";
 /// Odd, so neither the buffer nor the copy is a multiple of anything convenient.
 const LEN: usize = (4 << 20) + 3;
@@ -36,9 +38,10 @@ fn expect(lines: &mut Lines<StdinLock<'_>>, word: &str) -> String {
 
 /// The child's side: does nothing unless this process was spawned as a child.
 pub fn child_main() {
-    let Ok(role) = std::env::var(CHILD_ENV) else {
+    if !ncclwasm_testkit::child::enter(CHILD_TEST) {
         return;
-    };
+    }
+    let role = std::env::var(CHILD_ENV).expect("the child's role");
     let backend =
         Backend::from_name(&std::env::var(BACKEND_ENV).expect("backend")).expect("known backend");
     if role == "discover" {
@@ -125,14 +128,11 @@ pub fn child_main() {
 /// Spawns writer and reader (`command(role)` builds each), relays their `@@` lines to each
 /// other, and checks both finished their part.
 fn run_pair(b: Backend, command: impl Fn(&str) -> Command) {
-    let exe = std::env::current_exe().expect("test binary");
     let mut children: Vec<(String, Child)> = ["writer", "reader"]
         .into_iter()
         .map(|role| {
-            let mut cmd = command(role);
-            cmd.arg(&exe)
-                .args(["--exact", "child", "--nocapture", "--test-threads=1"])
-                .env(CHILD_ENV, role)
+            let mut cmd = ncclwasm_testkit::child::command_via(command(role), CHILD_TEST);
+            cmd.env(CHILD_ENV, role)
                 .env(BACKEND_ENV, b.name())
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
@@ -151,20 +151,16 @@ fn run_pair(b: Backend, command: impl Fn(&str) -> Command) {
         .map(|(_, c)| Mutex::new(c.stdin.take()))
         .collect();
     let pids: Vec<i32> = children.iter().map(|(_, c)| c.id() as i32).collect();
-    let finished = AtomicBool::new(false);
+    // Dropped once both relays are done (or this thread unwinds), which ends the watchdog.
+    let (finished, watchdog) = mpsc::channel::<()>();
     let outputs = std::thread::scope(|s| {
         // A stuck exchange must fail the test, not hang it: kill both children at the deadline.
-        s.spawn(|| {
-            let deadline = Instant::now() + TIMEOUT;
-            while !finished.load(Ordering::Acquire) {
-                if Instant::now() > deadline {
-                    for &pid in &pids {
-                        // SAFETY: kill(2) on the pids of our own (unreaped) children.
-                        unsafe { libc::kill(pid, libc::SIGKILL) };
-                    }
-                    return;
+        s.spawn(move || {
+            if let Err(RecvTimeoutError::Timeout) = watchdog.recv_timeout(TIMEOUT) {
+                for &pid in &pids {
+                    // SAFETY: kill(2) on the pids of our own (unreaped) children.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
                 }
-                std::thread::sleep(Duration::from_millis(20));
             }
         });
         let relays: Vec<_> = children
@@ -197,7 +193,7 @@ fn run_pair(b: Backend, command: impl Fn(&str) -> Command) {
             .into_iter()
             .map(|r| r.join().expect("relay"))
             .collect::<Vec<_>>();
-        finished.store(true, Ordering::Release);
+        drop(finished);
         outputs
     });
     for (role, child) in &mut children {
@@ -234,7 +230,7 @@ pub fn two_network_namespaces(b: Backend) {
     let _g = shared();
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        println!("skipped: two_network_namespaces needs root to create namespaces");
+        ncclwasm_testkit::skip("needs root to create network namespaces");
         return;
     }
     if !Command::new("ip")
@@ -242,7 +238,7 @@ pub fn two_network_namespaces(b: Backend) {
         .output()
         .is_ok_and(|o| o.status.success())
     {
-        println!("skipped: `ip netns` is unavailable");
+        ncclwasm_testkit::skip("`ip netns` is unavailable");
         return;
     }
     let tag = format!("{}{}", std::process::id() % 100_000, b as u8);
@@ -303,20 +299,10 @@ pub fn two_network_namespaces(b: Backend) {
 /// once per process.
 pub fn discovery_matches_every_topology_file(b: Backend) {
     let _g = shared();
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../topologies");
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no topology files in {dir}");
-    let exe = std::env::current_exe().expect("test binary");
     let mut failed = Vec::new();
-    for file in &files {
-        let mut cmd = Command::new(&exe);
-        cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, "discover")
+    for file in &ncclwasm_testkit::topologies() {
+        let mut cmd = ncclwasm_testkit::child::command(CHILD_TEST);
+        cmd.env(CHILD_ENV, "discover")
             .env(BACKEND_ENV, b.name())
             .env("NCCL_WASM_TOPOLOGY", file);
         if b == Backend::IbSoft {

@@ -560,6 +560,7 @@ pub fn send_queue_full_when_never_signaled(b: Backend) {
     let (a, peer) = pair(&b.fabric(), caps);
     let n = a.qp.caps().max_send_wr;
     let (src, dst) = (DmaBuf::new(8), DmaBuf::new(8 * (n as usize + 1)));
+    src.fill(0xA5);
     let (src_mr, dst_mr) = (a.reg(&src, ALL_ACCESS), peer.reg(&dst, ALL_ACCESS));
     let sge = [src_mr.sge(0, 8).unwrap()];
     for i in 0..n {
@@ -576,8 +577,10 @@ pub fn send_queue_full_when_never_signaled(b: Backend) {
         }])
         .unwrap_or_else(|e| panic!("unsignaled post {i} of {n}: {e}"));
     }
-    // Let them all execute: they still hold their slots.
-    std::thread::sleep(Duration::from_millis(200));
+    // Let them all execute (every write has landed): they still hold their slots.
+    ncclwasm_testkit::wait_until("the unsignaled writes land", TIMEOUT, || {
+        dst.to_vec()[..8 * n as usize].iter().all(|&b| b == 0xA5)
+    });
     let remote = Remote {
         addr: dst_mr.addr(),
         rkey: dst_mr.rkey(),
@@ -943,7 +946,7 @@ pub fn peer_without_secret_is_refused(b: Backend) {
     let _g = shared();
     let f = b.fabric();
     if !f.capabilities().ece {
-        println!("skipped: the {} fabric has no ECE", f.name());
+        ncclwasm_testkit::skip(&format!("the {} fabric has no ECE", f.name()));
         return;
     }
     let names = f.device_names();
@@ -1191,10 +1194,12 @@ pub fn cq_overrun_is_reported(b: Backend) {
         .map(|i| sig(i, SendOp::Write(remote), &sge))
         .collect();
     a.qp.post_send(&wrs).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // Waits for the report rather than a guessed time. Polling before the overrun would take
+    // completions out and prevent it, so the event is awaited first; a backend that only fails
+    // poll_cq still passes, once the deadline has passed.
+    let event = a.ctx.next_async_event(TIMEOUT).unwrap();
     let mut buf = [Completion::default(); 64];
     let polled = small.poll(&mut buf);
-    let event = a.ctx.next_async_event(Duration::from_millis(500)).unwrap();
     let reported = polled.is_err()
         || event
             .as_ref()
@@ -1212,7 +1217,7 @@ pub fn iova_and_dmabuf_registration(b: Backend) {
     let _g = shared();
     let f = b.fabric();
     if !f.capabilities().reg_mr_iova2 {
-        println!("skipped: the {} fabric has no reg_mr_iova2", f.name());
+        ncclwasm_testkit::skip(&format!("the {} fabric has no reg_mr_iova2", f.name()));
         return;
     }
     let (a, peer) = pair(&f, default_caps());

@@ -2,7 +2,6 @@
 //! endpoints as NCCL's proxy threads do, registered buffers, and spinning on requests.
 #![allow(dead_code)] // each test binary uses its own subset
 
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -166,26 +165,23 @@ pub fn sizes_suite(s: &SendComm, r: &RecvComm, b: &Bufs) {
     one(s, r, b, 3 * MIB, MIB + 3, 0);
 }
 
-const CHILD: &str = "NCCLWASM_TEST_CHILD";
-
 /// Whether this process is the child of [`rerun_with_env`].
 pub fn in_child() -> bool {
-    std::env::var_os(CHILD).is_some()
+    ncclwasm_testkit::child::is_child()
 }
 
 /// Runs the test `test` again in a child process with `vars` set — how one test gets its own
-/// environment without touching the parent's. Returns `true` in the parent (the child passed),
-/// `false` in the child, which then runs the test body.
+/// environment without touching the parent's. Returns `true` in the parent (the child ran the
+/// test and passed), `false` in the child, which then runs the test body.
 pub fn rerun_with_env(test: &str, vars: &[(&str, &str)]) -> bool {
-    if in_child() {
+    if ncclwasm_testkit::child::enter(test) {
         return false;
     }
-    let status = Command::new(std::env::current_exe().expect("test executable"))
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .envs(vars.iter().copied())
-        .env(CHILD, "1")
-        .status()
-        .expect("re-run the test in a child process");
-    assert!(status.success(), "{test} failed in its child process");
+    let mut child = ncclwasm_testkit::child::command(test);
+    child.envs(vars.iter().copied());
+    let out = ncclwasm_testkit::child::run(child, test);
+    // Shown with this test's own output (captured by libtest unless it fails or --nocapture).
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
     true
 }

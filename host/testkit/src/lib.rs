@@ -1,0 +1,22 @@
+//! Helpers for the workspace's tests, kept in one place so every test binary uses the same
+//! rules:
+//!
+//! - [`skip`]: a test that cannot run here says so (`SKIP: …`) and is counted by
+//!   `cargo xtask test`, instead of passing silently.
+//! - [`child`]: a test that re-runs itself in a child process gets proof that the child really
+//!   ran it (a renamed test would otherwise run zero tests and "pass").
+//! - [`topologies`]: the topology corpus, read from the directory, so a new file is covered by
+//!   every corpus test without editing a list.
+//! - [`wait_until`]: waiting on a condition with a deadline, never a bare sleep.
+//!
+//! Dev-only (`publish = false`) and free of workspace dependencies, so any crate's tests can use
+//! it.
+
+pub mod child;
+mod corpus;
+mod skip;
+mod wait;
+
+pub use corpus::{topologies, topology};
+pub use skip::{SKIP_LOG_ENV, skip};
+pub use wait::wait_until;
