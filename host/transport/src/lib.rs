@@ -92,7 +92,7 @@ pub use proto::handle::{HANDLE_SIZE, ListenHandle};
 pub use proto::handshake::{Acceptor, Connector};
 pub use proto::request::ReqId;
 pub use recv::{Listener, RecvBuf, RecvComm};
-pub use send::SendComm;
+pub use send::{SendComm, SendStats};
 
 /// NCCL calls a communicator from its proxy service and progress threads at once.
 const _: () = {
