@@ -17,7 +17,7 @@ fn target_dir() -> PathBuf {
 
 fn build(out: &Path) -> (PathBuf, PathBuf) {
     let dir = target_dir();
-    let lib = nccl_net_wasm::load::built_library(&dir)
+    let lib = ncclwasm_abi::load::built_library(&dir)
         .unwrap_or_else(|| panic!("no libnccl_net_wasm.so under {}", dir.display()));
     let installed = out.join("libnccl-net-wasm.so");
     std::fs::copy(&lib, &installed).expect("install the plugin");
@@ -115,7 +115,7 @@ fn auto_fabric_without_rdma_refuses_init() {
 #[test]
 fn exports_five_tables_and_needs_no_libibverbs() {
     let dir = target_dir();
-    let lib = nccl_net_wasm::load::built_library(&dir)
+    let lib = ncclwasm_abi::load::built_library(&dir)
         .unwrap_or_else(|| panic!("no libnccl_net_wasm.so under {}", dir.display()));
     let nm = Command::new("nm")
         .args(["-D", "--defined-only"])

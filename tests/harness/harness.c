@@ -1,7 +1,8 @@
 /* Drives libnccl-net-wasm.so exactly as NCCL's proxy does, for one ABI version, across two
  * processes: the parent receives (listen/accept/irecv/iflush), the forked child sends
  * (connect/isend); the listen handle and a few sync bytes travel over pipes. Every byte received
- * is checked. Written against the layouts of nccl-plugin-abi.md, not NCCL's headers.
+ * is checked. Written against the layouts the plugin exports (host/abi/src/layout.rs, with their
+ * sizes checked there), not against NCCL's headers.
  *
  * usage: harness <plugin.so> <version 8..12> [expect-init-failure]
  * exit 0 and "harness vN: OK" on success; any failure prints why and exits 1. */

@@ -1,12 +1,13 @@
 //! `ncclwasm bench`: two ranks (processes) send through the built plugin library exactly as NCCL
 //! drives it, then over a plain TCP socket, and the table compares the two.
 //!
-//! This process only orchestrates: it resolves the library, fabric, topology and policy, computes
-//! the plan the plugin will make (the same [`PolicyHost`](ncclwasm_policy::PolicyHost) code over
-//! the same topology and policy — the plugin's own INFO lines need a C-variadic logger, which
-//! stable Rust cannot define), starts the two ranks ([`crate::bench_rank`]) with the matching
-//! `NCCL_WASM_*` environment, relays the listen handle and the TCP port between them, and renders
-//! what the receiver timed. A rank that dies or stalls fails the run with one line, never a hang.
+//! This process only orchestrates: it resolves the library, fabric, topology and policy, picks the
+//! device as `policy explain` picks its sample connection's (the vNIC of NCCL core's default
+//! fusion when the policy accepts it), starts the two ranks ([`crate::bench_rank`]) with the
+//! matching `NCCL_WASM_*` environment, relays the listen handle and the TCP port between them,
+//! and renders what the receiver timed and what the sender's connection reported it ran — the
+//! plan and the bytes per QP, from the plugin itself rather than recomputed here. A rank that
+//! dies or stalls fails the run with one line, never a hang.
 
 use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
@@ -18,10 +19,10 @@ use clap::Args as ClapArgs;
 use ncclwasm_model::Topology;
 use serde::Serialize;
 
-use crate::bench_rank::{self, DeviceLine, Msg, Role, Timing};
+use crate::bench_rank::{self, DeviceLine, Msg, Observed, Role, Timing};
 use crate::fail::{Fail, Outcome};
 use crate::render::{self, Table, field};
-use crate::report::{self, PolicyView, Report, TopologyView, VnicValue};
+use crate::report::{self, PolicyView, TopologyView, VnicValue};
 use crate::setup::{self, ConfigArgs, PolicyArg};
 
 /// nccl-tests' default range: 8 B to 64 MiB, doubling.
@@ -60,7 +61,8 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub warmup: u32,
 
-    /// The plugin library [default: libnccl_net_wasm.so built with this binary]
+    /// The plugin library [default: libnccl_net_wasm.so or libnccl-net-wasm.so next to this
+    /// binary]
     #[arg(long, value_name = "SO")]
     pub plugin: Option<PathBuf>,
 
@@ -84,9 +86,11 @@ pub struct BenchReport {
     pub device_name: String,
     /// The devices as the plugin's `getProperties` reports them (after the fusion, if any).
     pub devices: Vec<DeviceLine>,
-    /// The policy's decisions for this machine (the `policy explain --json` report), computed
-    /// here with the plugin's code; absent on the `ib` fabric, whose ports are discovered.
-    pub plan: Option<Report>,
+    /// The physical devices the ranks asked `makeVDevice` to fuse, as NCCL core would (empty:
+    /// none); `devices[device].children` is what the plugin made of the request.
+    pub fuse_request: Vec<u32>,
+    /// What the sender's connection ran and carried, as the plugin reports it.
+    pub observed: Observed,
     pub warmup: u32,
     pub rows: Vec<Row>,
     /// Mean of `ratio` over the sizes of 1 MiB and more.
@@ -134,21 +138,34 @@ fn absolute(path: &Path) -> Result<PathBuf, Fail> {
     std::path::absolute(path).map_err(|e| Fail::trouble(format!("{}: {e}", path.display())))
 }
 
+/// How to build the plugin where this binary looks for it: cargo's directory of its profile.
+const BUILD_PLUGIN: &str = if cfg!(debug_assertions) {
+    "cargo build -p ncclwasm-plugin"
+} else {
+    "cargo build --release -p ncclwasm-plugin"
+};
+
+/// `--plugin`, else the library next to this binary (nothing builds it as a side effect of
+/// building the CLI: it is its own package).
 fn plugin_path(args: &Args) -> Result<PathBuf, Fail> {
     let path = match &args.plugin {
-        Some(p) => p.clone(),
+        Some(p) if p.is_file() => p.clone(),
+        Some(p) => {
+            return Err(Fail::trouble(format!(
+                "--plugin {} not found (to build the plugin: `{BUILD_PLUGIN}`)",
+                p.display()
+            )));
+        }
         None => {
             let dir = exe_dir()?;
-            nccl_net_wasm::load::built_library(&dir)
-                .unwrap_or_else(|| dir.join("libnccl_net_wasm.so"))
+            ncclwasm_abi::load::built_library(&dir).ok_or_else(|| {
+                Fail::trouble(format!(
+                    "no plugin library next to this binary (libnccl_net_wasm.so or libnccl-net-wasm.so in {}): build it with `{BUILD_PLUGIN}`, or pass --plugin PATH",
+                    dir.display()
+                ))
+            })?
         }
     };
-    if !path.is_file() {
-        return Err(Fail::trouble(format!(
-            "{} not found: build it with `cargo build -p ncclwasm-plugin` (same profile as this binary) or pass --plugin PATH",
-            path.display()
-        )));
-    }
     absolute(&path)
 }
 
@@ -227,15 +244,16 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
     let (topo, topo_path) = topology(args)?;
     let policy = policy_arg(args)?;
     let (host, view) = setup::host(setup::settings(&args.config)?, &policy)?;
-    let plan = if fabric.name == "soft" {
+    // The device of `policy explain`'s sample connection: a vNIC when the policy accepts the
+    // sample fusion (the ranks then ask `makeVDevice` for it, as NCCL core does), else NCCL
+    // device 0 — always device 0 on the `ib` fabric, whose ports are discovered, not read.
+    let sample = if fabric.name == "soft" {
         Some(report::evaluate(&host, view.clone(), &topo, None, &[])?)
     } else {
         None
     };
     drop(host);
-    // The plan's device: a vNIC when the sample fusion was accepted, made by the ranks as NCCL
-    // core does; NCCL device 0 otherwise.
-    let (device, fuse) = match plan
+    let (device, fuse) = match sample
         .as_ref()
         .and_then(|p| p.connection.as_ref().map(|c| (p, c)))
     {
@@ -297,6 +315,9 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
     }
     let measured = Ranks::start(&rank_args, &env)?.drive(args.sizes.len())?;
     let rows = rows(&measured.plugin, &measured.tcp)?;
+    let observed = measured
+        .observed
+        .ok_or_else(|| Fail::trouble("the sender did not report what its connection ran"))?;
     let report = BenchReport {
         plugin: PluginView {
             path: lib.display().to_string(),
@@ -311,7 +332,8 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
             .get(device as usize)
             .map_or_else(String::new, |d| d.name.clone()),
         devices: measured.devices,
-        plan,
+        fuse_request: fuse,
+        observed,
         warmup: args.warmup,
         large_message_ratio: large_ratio(&rows),
         rows,
@@ -335,6 +357,8 @@ struct Measured {
     devices: Vec<DeviceLine>,
     plugin: Vec<Timing>,
     tcp: Vec<Timing>,
+    /// From the sender.
+    observed: Option<Observed>,
 }
 
 /// The two rank processes; killed (and reaped) on drop unless they finished.
@@ -477,6 +501,7 @@ impl Ranks {
             devices: Vec::new(),
             plugin: Vec::new(),
             tcp: Vec::new(),
+            observed: None,
         };
         let progress = Progress::new(nsizes);
         let mut done = [false; 2];
@@ -502,6 +527,7 @@ impl Ranks {
                     m.devices = devices;
                 }
                 Some(Msg::Hello { .. }) => {}
+                Some(Msg::Observed(o)) => m.observed = Some(o),
                 Some(Msg::Handle(h)) => self.relay(&h)?,
                 Some(Msg::TcpPort(p)) => self.relay(&p.to_string())?,
                 Some(Msg::Plugin(t)) => {
@@ -594,6 +620,62 @@ fn rows(plugin: &[Timing], tcp: &[Timing]) -> Result<Vec<Row>, Fail> {
         .collect())
 }
 
+/// The plan the sender's connection ran and the bytes each QP carried.
+fn observed_section(o: &Observed) -> String {
+    let mut out = field(
+        "plan",
+        &format!(
+            "as the sender's connection ran it (the plugin's ncclwasm_send_comm_stats): {} QP(s)",
+            o.qps.len()
+        ),
+    );
+    out += &field("  source", &o.source);
+    out += &field("  why", &o.reason);
+    let stripe = (o.stripe_width.max(1) as usize).min(o.qps.len());
+    let mut t = Table::new(2, &["plan", "value"]);
+    for (label, value) in [
+        (
+            "stripe width",
+            format!("{stripe} of {} QPs per message", o.qps.len()),
+        ),
+        ("align", format!("{} bytes", o.align)),
+        (
+            "adaptive routing",
+            report::adaptive_routing_value(o.adaptive_routing, o.ar_threshold),
+        ),
+        (
+            "tc / sl / fifo tc",
+            format!("{} / {} / {}", o.tc, o.sl, o.fifo_tc),
+        ),
+        (
+            "ece / timeout / retry",
+            report::ece_timeout_retry_value(o.ece, o.timeout, o.retry_cnt),
+        ),
+    ] {
+        t.row(vec![label.to_owned(), value]);
+    }
+    out += &t.render();
+    let mut t = Table::new(2, &["qp", "local", "remote", "weight", "bytes", "share"]);
+    for (i, q) in o.qps.iter().enumerate() {
+        t.row(vec![
+            i.to_string(),
+            q.local.clone(),
+            q.remote.clone(),
+            q.weight.to_string(),
+            q.bytes.to_string(),
+            format!("{:.1}%", q.share * 100.0),
+        ]);
+    }
+    out += &t.render();
+    out + &field(
+        "  bytes",
+        &format!(
+            "{} posted over the QPs; the sender's test reported {} sent",
+            o.posted_bytes, o.sent_bytes
+        ),
+    )
+}
+
 fn large_ratio(rows: &[Row]) -> Option<f64> {
     let large: Vec<f64> = rows
         .iter()
@@ -603,7 +685,7 @@ fn large_ratio(rows: &[Row]) -> Option<f64> {
     (!large.is_empty()).then(|| large.iter().sum::<f64>() / large.len() as f64)
 }
 
-/// The run for people: setup, the policy's plan, then the nccl-tests-style table.
+/// The run for people: setup, the plan the connection ran, then the nccl-tests-style table.
 pub fn render(r: &BenchReport) -> String {
     let mut out = field(
         "bench",
@@ -636,22 +718,18 @@ pub fn render(r: &BenchReport) -> String {
         ]);
     }
     out += &t.render();
-    match &r.plan {
-        Some(plan) => {
-            out.push('\n');
-            out += &field(
-                "plan",
-                "computed here with PolicyHost over the same topology and policy: the code the plugin runs",
-            );
-            out += &crate::explain::plan_sections(plan);
-        }
-        None => {
-            out += &field(
-                "plan",
-                "not shown: the ib fabric discovers its ports (NCCL_DEBUG=INFO shows the plugin's decisions)",
-            );
-        }
+    if !r.fuse_request.is_empty() {
+        out += &field(
+            "vnic",
+            &format!(
+                "makeVDevice of devices {}, as NCCL core asks by default: device {}",
+                list(&r.fuse_request),
+                r.device
+            ),
+        );
     }
+    out.push('\n');
+    out += &observed_section(&r.observed);
     out.push('\n');
     out += &field(
         "results",

@@ -2,8 +2,9 @@
 //!
 //! It drives the plugin library as NCCL's proxy does — `init`, `devices`, `getProperties`,
 //! `makeVDevice` when the plan runs on a vNIC, `listen` / `connect` + `accept` loops with the
-//! 128-byte handle relayed by the parent, `regMr`, `isend`/`irecv`/`test` loops — then streams
-//! the same sizes over a plain TCP socket for the baseline. It talks to the parent in JSON lines
+//! 128-byte handle relayed by the parent, `regMr`, `isend`/`irecv`/`test` loops, and at the end
+//! the sender asks its connection what it ran (`ncclwasm_send_comm_stats`) — then streams the
+//! same sizes over a plain TCP socket for the baseline. It talks to the parent in JSON lines
 //! on stdout ([`Msg`]) and reads the handle and the TCP port from stdin. Every wait is bounded by
 //! [`STALL`], so a rank whose peer died stops by itself with one `error:` line.
 
@@ -14,7 +15,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::{Args as ClapArgs, ValueEnum};
-use nccl_net_wasm::load::{HANDLE_BYTES, Plugin, Request};
+use ncclwasm_abi::SendStats;
+use ncclwasm_abi::load::{HANDLE_BYTES, LoadError, Plugin, Request};
 use serde::{Deserialize, Serialize};
 
 use crate::fail::{Fail, Outcome};
@@ -69,6 +71,8 @@ pub enum Msg {
     Handle(String),
     /// The receiver's timing of one size through the plugin.
     Plugin(Timing),
+    /// The sender's connection after its last send through the plugin.
+    Observed(Observed),
     /// The receiver's TCP port for the baseline.
     TcpPort(u16),
     /// The receiver's timing of one size over TCP.
@@ -82,6 +86,82 @@ pub struct DeviceLine {
     pub speed_mbps: i32,
     /// The physical devices it is made of.
     pub children: Vec<i32>,
+}
+
+/// What the sender's connection ran and carried, as the plugin reports it
+/// (`ncclwasm_send_comm_stats`): the plan, who made it and why, and the bytes of each QP.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Observed {
+    /// The policy (`name@version`), the built-in default, or the built-in default standing in
+    /// for a policy's plan the handshake refused.
+    pub source: String,
+    pub reason: String,
+    /// QPs each message is striped over.
+    pub stripe_width: u32,
+    pub align: u32,
+    pub adaptive_routing: bool,
+    pub ar_threshold: u64,
+    pub tc: u8,
+    pub sl: u8,
+    pub fifo_tc: u8,
+    pub ece: bool,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub qps: Vec<ObservedQp>,
+    /// The QPs' bytes, summed.
+    pub posted_bytes: u64,
+    /// The bytes the sender's `test` reported sent through the plugin, every transfer counted.
+    pub sent_bytes: u64,
+}
+
+/// One QP of the plan the connection ran.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ObservedQp {
+    /// `device:port` on this side and on the peer's.
+    pub local: String,
+    pub remote: String,
+    pub weight: u32,
+    /// Payload bytes the plugin posted on it.
+    pub bytes: u64,
+    /// `bytes` / `posted_bytes` (0 when nothing was posted).
+    pub share: f64,
+}
+
+impl Observed {
+    fn new(stats: SendStats, sent_bytes: u64) -> Observed {
+        let posted_bytes = stats.qps.iter().map(|q| q.bytes).sum();
+        Observed {
+            source: stats.source,
+            reason: stats.reason,
+            stripe_width: stats.stripe_width,
+            align: stats.align,
+            adaptive_routing: stats.adaptive_routing,
+            ar_threshold: stats.ar_threshold,
+            tc: stats.tc,
+            sl: stats.sl,
+            fifo_tc: stats.fifo_tc,
+            ece: stats.ece,
+            timeout: stats.timeout,
+            retry_cnt: stats.retry_cnt,
+            qps: stats
+                .qps
+                .iter()
+                .map(|q| ObservedQp {
+                    local: q.local.to_string(),
+                    remote: q.remote.to_string(),
+                    weight: q.weight,
+                    bytes: q.bytes,
+                    share: if posted_bytes == 0 {
+                        0.0
+                    } else {
+                        q.bytes as f64 / posted_bytes as f64
+                    },
+                })
+                .collect(),
+            posted_bytes,
+            sent_bytes,
+        }
+    }
 }
 
 /// `iters` timed transfers of `size` bytes took `secs`.
@@ -130,7 +210,7 @@ fn read_line(stdin: &mut impl BufRead, what: &str) -> Result<String, Fail> {
     }
 }
 
-fn plugin_fail(e: nccl_net_wasm::load::LoadError) -> Fail {
+fn plugin_fail(e: LoadError) -> Fail {
     Fail::trouble(format!("plugin: {e}"))
 }
 
@@ -175,13 +255,13 @@ fn retry<T>(what: &str, mut attempt: impl FnMut() -> Result<Option<T>, Fail>) ->
 }
 
 /// `n` transfers posted by `post`, at most [`WINDOW`] in flight, each tested to completion;
-/// returns the size the last one reported.
+/// returns the sizes they reported, summed.
 fn stream<'m>(
     n: u32,
     mut post: impl FnMut() -> Result<Option<Request<'m>>, Fail>,
 ) -> Result<usize, Fail> {
     let mut inflight: VecDeque<Request<'m>> = VecDeque::new();
-    let (mut posted, mut last) = (0, 0);
+    let (mut posted, mut total) = (0, 0);
     let mut progress = Instant::now();
     while posted < n || !inflight.is_empty() {
         if posted < n
@@ -196,7 +276,7 @@ fn stream<'m>(
         if let Some(front) = inflight.front_mut()
             && let Some(size) = front.test().map_err(plugin_fail)?
         {
-            last = size;
+            total += size;
             inflight.pop_front();
             progress = Instant::now();
             continue;
@@ -209,7 +289,7 @@ fn stream<'m>(
         }
         std::thread::yield_now();
     }
-    Ok(last)
+    Ok(total)
 }
 
 fn plugin_run(args: &Args, max: usize, stdin: &mut impl BufRead) -> Result<(), Fail> {
@@ -287,6 +367,7 @@ fn plugin_run(args: &Args, max: usize, stdin: &mut impl BufRead) -> Result<(), F
                     .map_err(plugin_fail)
             })?;
             let mut mr = comm.reg_mr(max.max(1)).map_err(plugin_fail)?;
+            let mut sent = 0;
             for (k, &size) in args.sizes.iter().enumerate() {
                 let size = size as usize;
                 fill(&mut mr.bytes()[..size], k);
@@ -295,10 +376,13 @@ fn plugin_run(args: &Args, max: usize, stdin: &mut impl BufRead) -> Result<(), F
                     return Err(Fail::trouble(format!("{size} bytes sent as {got}")));
                 }
                 let iters = iterations(size as u64, args.iters);
-                stream(args.warmup + iters, || {
-                    comm.isend(&mr, 0..size, TAG).map_err(plugin_fail)
-                })?;
+                sent += got
+                    + stream(args.warmup + iters, || {
+                        comm.isend(&mr, 0..size, TAG).map_err(plugin_fail)
+                    })?;
             }
+            let stats = comm.stats().map_err(plugin_fail)?;
+            send(&Msg::Observed(Observed::new(stats, sent as u64)))?;
             // Close only once the receiver is done too, as NCCL tears a connection down only
             // after both sides' operations completed: the receiver's last clear-to-send writes
             // may not be acknowledged yet, and closing under them fails them (RC semantics).

@@ -78,23 +78,6 @@ pub fn render(r: &Report) -> String {
     out
 }
 
-/// What a connection's plan rests on, for `bench`: the devices, fusion (the plugin's and the
-/// sample vNIC) and the plan of the sample connection, as `explain` shows them.
-pub fn plan_sections(r: &Report) -> String {
-    let mut out = devices_section("devices", &r.devices);
-    out.push('\n');
-    out += &fused_section(r);
-    if let Some(v) = &r.vnic {
-        out.push('\n');
-        out += &vnic_section(v);
-    }
-    if let Some(c) = &r.connection {
-        out.push('\n');
-        out += &connection_section(c);
-    }
-    out
-}
-
 fn vnic_section(v: &report::VnicView) -> String {
     let answer = match &v.answer.value {
         VnicValue::Accept => "accept".to_owned(),

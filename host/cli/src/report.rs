@@ -810,31 +810,36 @@ pub fn plan_rows(plan: &PlanView) -> Vec<PlanRow> {
     rows
 }
 
-fn on_off(on: bool) -> &'static str {
-    if on { "on" } else { "off" }
-}
-
 fn plan_value(label: &str, p: &ConnPlan) -> String {
     match label {
         "qps" => p.qps.len().to_string(),
         "stripe width" => format!("{} of {} QPs per message", p.stripe_count(), p.qps.len()),
         "align" => format!("{} bytes", p.align),
-        "adaptive routing" if p.adaptive_routing => format!("on above {} bytes", p.ar_threshold),
-        "adaptive routing" => "off".into(),
+        "adaptive routing" => adaptive_routing_value(p.adaptive_routing, p.ar_threshold),
         "tc / sl / fifo tc" => format!("{} / {} / {}", p.tc, p.sl, p.fifo_tc),
-        "ece / timeout / retry" => {
-            // The QP timeout is 4.096 µs × 2^timeout.
-            let secs = 4.096e-6 * f64::from(1u32 << p.timeout.min(31));
-            format!(
-                "{} / {} ({}) / {}",
-                on_off(p.ece),
-                p.timeout,
-                crate::render::duration(secs),
-                p.retry_cnt
-            )
-        }
+        "ece / timeout / retry" => ece_timeout_retry_value(p.ece, p.timeout, p.retry_cnt),
         _ => String::new(),
     }
+}
+
+/// The "adaptive routing" value of a plan: `on above N bytes` or `off`.
+pub fn adaptive_routing_value(on: bool, threshold: u64) -> String {
+    if on {
+        format!("on above {threshold} bytes")
+    } else {
+        "off".into()
+    }
+}
+
+/// The "ece / timeout / retry" value of a plan, the timeout also as a duration.
+pub fn ece_timeout_retry_value(ece: bool, timeout: u8, retry_cnt: u8) -> String {
+    // The QP timeout is 4.096 µs × 2^timeout.
+    let secs = 4.096e-6 * f64::from(1u32 << timeout.min(31));
+    format!(
+        "{} / {timeout} ({}) / {retry_cnt}",
+        if ece { "on" } else { "off" },
+        crate::render::duration(secs)
+    )
 }
 
 /// Every fallback in a report: (decision, source).

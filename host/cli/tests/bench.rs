@@ -1,9 +1,11 @@
 //! `ncclwasm bench` end to end: two rank processes through the built plugin library on the soft
-//! fabric's loopback machine, the TCP baseline, and the JSON shape README.md documents. Speeds
-//! are never asserted, only that every part was measured.
+//! fabric's loopback machine, the TCP baseline, what the sender's connection reports it ran, and
+//! the JSON shape README.md documents. Speeds are never asserted, only that every part was
+//! measured; bytes are, exactly.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::OnceLock;
 
 use serde_json::Value;
 
@@ -15,15 +17,40 @@ fn target_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// The plugin library of this profile (cargo builds it as a dependency of the CLI).
+/// The plugin library of this profile. The CLI does not depend on the plugin package, so this
+/// builds it — `cargo build -p ncclwasm-plugin`, as the guards in tests/guards do, so the two
+/// share one build, and a no-op when it is fresh — once per test binary.
 fn plugin() -> PathBuf {
-    let dir = target_dir();
-    nccl_net_wasm::load::built_library(&dir).unwrap_or_else(|| {
-        panic!(
-            "no libnccl_net_wasm.so under {}: run `cargo build -p ncclwasm-plugin`",
-            dir.display()
-        )
-    })
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = target_dir();
+            let profile = match dir.file_name().and_then(|n| n.to_str()) {
+                Some("debug") => "dev",
+                Some(profile) => profile,
+                None => panic!("{} names no profile", dir.display()),
+            };
+            let target = dir.parent().expect("target/<profile>");
+            let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+                .args([
+                    "build",
+                    "--quiet",
+                    "-p",
+                    "ncclwasm-plugin",
+                    "--profile",
+                    profile,
+                ])
+                .arg("--target-dir")
+                .arg(target)
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .status()
+                .expect("run cargo");
+            assert!(status.success(), "cargo build -p ncclwasm-plugin failed");
+            ncclwasm_abi::load::built_library(&dir).unwrap_or_else(|| {
+                panic!("cargo built no libnccl_net_wasm.so under {}", dir.display())
+            })
+        })
+        .clone()
 }
 
 fn bench(args: &[&str]) -> Output {
@@ -35,6 +62,23 @@ fn bench(args: &[&str]) -> Output {
         .env_remove("NCCL_WASM_POLICY")
         .output()
         .expect("ncclwasm runs")
+}
+
+/// `observed.qps` as (local, remote, weight, bytes).
+fn observed_qps(v: &Value) -> Vec<(String, String, u64, u64)> {
+    v["observed"]["qps"]
+        .as_array()
+        .expect("observed.qps")
+        .iter()
+        .map(|q| {
+            (
+                q["local"].as_str().unwrap().to_owned(),
+                q["remote"].as_str().unwrap().to_owned(),
+                q["weight"].as_u64().unwrap(),
+                q["bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect()
 }
 
 #[test]
@@ -57,13 +101,6 @@ fn two_sizes_through_the_plugin_and_tcp_as_json() {
     assert_eq!(v["fabric"]["name"], "soft");
     assert_eq!(v["plugin"]["abi"], 12);
     assert_eq!(v["policy"]["kind"], "builtin");
-    let plan = &v["plan"]["connection"]["plan"];
-    assert!(
-        plan["value"]["qps"]
-            .as_array()
-            .is_some_and(|q| !q.is_empty()),
-        "{plan}"
-    );
     let device = v["device"].as_u64().unwrap() as usize;
     assert_eq!(v["devices"][device]["name"], v["device_name"]);
     let rows = v["rows"].as_array().unwrap();
@@ -82,6 +119,130 @@ fn two_sizes_through_the_plugin_and_tcp_as_json() {
         }
     }
     assert!(v["large_message_ratio"].as_f64().is_some_and(|x| x > 0.0));
+
+    // What the connection ran: every byte the sender sent went out on one of its QPs, once
+    // (each size: the checked transfer, 2 warmup, 2 timed).
+    let observed = &v["observed"];
+    let sent = 5 * (8 + (1 << 20));
+    assert_eq!(observed["sent_bytes"], sent, "{observed}");
+    assert_eq!(observed["posted_bytes"], sent, "{observed}");
+    let qps = observed_qps(&v);
+    assert_eq!(qps.iter().map(|q| q.3).sum::<u64>(), sent);
+    assert_eq!(observed["source"], "built-in default (no policy loaded)");
+    assert_eq!(observed["stripe_width"].as_u64(), Some(qps.len() as u64));
+
+    // ... and it is the plan `policy explain` predicts for the same machine and policy.
+    let loopback = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../topologies/loopback.toml");
+    let explain = Command::new(env!("CARGO_BIN_EXE_ncclwasm"))
+        .args(["policy", "explain", "builtin", "--json", "-t"])
+        .arg(&loopback)
+        .output()
+        .expect("ncclwasm runs");
+    assert!(explain.status.success());
+    let predicted: Value = serde_json::from_slice(&explain.stdout).expect("JSON");
+    let c = &predicted["connection"];
+    assert_eq!(c["device"], v["device"]);
+    let name = |list: &Value, i: &Value| list[i.as_u64().unwrap() as usize]["name"].clone();
+    let plan: Vec<(Value, Value, Value)> = c["plan"]["value"]["qps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| {
+            (
+                name(&c["local"], &q["local"]),
+                name(&c["peer"], &q["remote"]),
+                q["weight"].clone(),
+            )
+        })
+        .collect();
+    let ran: Vec<(Value, Value, Value)> = qps
+        .iter()
+        .map(|(l, r, w, _)| (l.as_str().into(), r.as_str().into(), (*w).into()))
+        .collect();
+    assert_eq!(ran, plan);
+    assert_eq!(observed["reason"], c["plan"]["value"]["reason"]);
+    for key in [
+        "stripe_width",
+        "align",
+        "adaptive_routing",
+        "tc",
+        "sl",
+        "ece",
+    ] {
+        assert_eq!(observed[key], c["plan"]["value"][key], "{key}");
+    }
+}
+
+/// A fused NIC of a 200G and a 100G port under weighted-stripe: the connection stripes each
+/// message 2:1, and the bytes each QP carried say so exactly (3 MiB splits into 2 MiB and 1 MiB,
+/// both multiples of the 128-byte alignment).
+#[test]
+fn the_bytes_per_qp_follow_the_plan_weights() {
+    let policy = target_dir().join("../guests/weighted-stripe.wasm");
+    assert!(
+        policy.is_file(),
+        "{} is missing: run `cargo xtask guests` first",
+        policy.display()
+    );
+    let loopback = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../topologies/loopback.toml"),
+    )
+    .unwrap();
+    // soft_0's port at 200G (4 lanes of 50G), soft_1's left at 100G.
+    let fast = loopback.replacen("speed-mbps = 100000", "speed-mbps = 200000", 1);
+    let topology = Path::new(env!("CARGO_TARGET_TMPDIR")).join("loopback-200g-100g.toml");
+    std::fs::write(&topology, fast).unwrap();
+    let lib = plugin();
+    let out = bench(&[
+        "--sizes",
+        "3M",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--json",
+        "--plugin",
+        lib.to_str().unwrap(),
+        "--policy",
+        policy.to_str().unwrap(),
+        "-t",
+        topology.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let observed = &v["observed"];
+    assert!(
+        observed["source"]
+            .as_str()
+            .is_some_and(|s| s.contains("weighted-stripe")),
+        "{observed}"
+    );
+    const MIB: u64 = 1 << 20;
+    let messages = 1 + 1 + 2;
+    assert_eq!(observed["sent_bytes"], messages * 3 * MIB);
+    assert_eq!(
+        observed_qps(&v),
+        [
+            (
+                String::from("soft_0:1"),
+                String::from("soft_0:1"),
+                2,
+                messages * 2 * MIB
+            ),
+            (
+                String::from("soft_1:1"),
+                String::from("soft_1:1"),
+                1,
+                messages * MIB
+            ),
+        ]
+    );
+    let share = observed["qps"][0]["share"].as_f64().unwrap();
+    assert!((share - 2.0 / 3.0).abs() < 1e-9, "{share}");
 }
 
 #[test]
@@ -114,7 +275,11 @@ fn the_shipped_policy_plans_a_fused_device_and_the_ranks_use_it() {
     for needle in [
         "fabric      soft",
         "policy      nccl-default",
-        "vnic        fuse devices 0,1",
+        "vnic        makeVDevice of devices 0,1",
+        "  source    policy nccl-default@",
+        "  0   soft_0:1  soft_0:1  1       4096   50.0%",
+        "  1   soft_1:1  soft_1:1  1       4096   50.0%",
+        "  bytes     8192 posted over the QPs; the sender's test reported 8192 sent",
         "results     device 2 (soft_0+soft_1)",
         "  4096  1024",
         "ratio       no message of 1 MiB or more",
@@ -138,6 +303,29 @@ fn a_missing_library_is_one_line_naming_the_build_command() {
         stderr.contains("cargo build -p ncclwasm-plugin"),
         "{stderr}"
     );
+
+    // Without --plugin: the library next to the binary, here absent (a link to the binary in
+    // an empty directory).
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("lone-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lone = dir.join("ncclwasm");
+    let _ = std::fs::remove_file(&lone);
+    std::fs::hard_link(env!("CARGO_BIN_EXE_ncclwasm"), &lone).unwrap();
+    let out = Command::new(&lone)
+        .args(["bench", "--policy", "builtin"])
+        .output()
+        .expect("ncclwasm runs");
+    let _ = std::fs::remove_dir_all(&dir);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    for needle in [
+        "libnccl_net_wasm.so or libnccl-net-wasm.so",
+        "`cargo build -p ncclwasm-plugin`",
+        "--plugin PATH",
+    ] {
+        assert!(stderr.contains(needle), "{needle:?} not in {stderr}");
+    }
 }
 
 #[test]

@@ -3,8 +3,9 @@
 //! This crate is the C edge and nothing else: it exports the `ncclNetPlugin_v8` … `_v12` tables
 //! (static data, as NCCL's loader expects), converts C arguments, writes every out-parameter on
 //! every path, catches panics, and maps errors to `ncclResult_t`. All behaviour lives in
-//! `ncclwasm-transport` ([`Net`]) and the crates under it. The other way round, [`load`] drives
-//! a built copy of this library through those same tables, for `ncclwasm bench` and tests.
+//! `ncclwasm-transport` ([`Net`]) and the crates under it. The layouts are `ncclwasm-abi`'s, whose
+//! `load` drives a built copy of this library through those same tables, for `ncclwasm bench` and
+//! tests; [`ncclwasm_send_comm_stats`] is an extension export for such drivers.
 //!
 //! # Install
 //! ```text
@@ -30,9 +31,7 @@
 //! pool index), so `test` finds the communicator and the request without a lookup, and nothing is
 //! allocated per message.
 
-mod abi;
 mod fabric;
-pub mod load;
 mod log;
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
@@ -41,13 +40,14 @@ use std::sync::{Arc, Mutex};
 
 use ncclwasm_policy::PolicyHost;
 use ncclwasm_transport::{
-    CommConfig, DeviceProps, Done, ErrorClass, HANDLE_SIZE, Listener, MAX_RECVS, MAX_REQUESTS,
-    MemHandle, Net, NetError, RecvBuf, RecvComm, RegionSource, ReqId, SendComm,
+    CommConfig, DeviceProps, Done, ErrorClass, HANDLE_SIZE, Listener, MAX_ENDPOINTS, MAX_QPS,
+    MAX_RECVS, MAX_REQUESTS, MemHandle, Net, NetError, RecvBuf, RecvComm, RegionSource, ReqId,
+    SendComm,
 };
 use ncclwasm_verbs::{ForeignMemory, Memory};
 
-use abi::*;
 use fabric::FabricChoice;
+use ncclwasm_abi::*;
 
 /// The plugin's name: `NCCL_NET=WASM` selects it.
 const NAME: &CStr = c"WASM";
@@ -981,6 +981,73 @@ unsafe extern "C" fn set_net_attr(_ctx: *mut c_void, _attr: *mut c_void) -> Nccl
     NCCL_SUCCESS
 }
 
+// Every connection fits the stats struct whole.
+const _: () = assert!(MAX_QPS <= STATS_MAX_QPS && MAX_ENDPOINTS <= STATS_MAX_ENDPOINTS);
+
+/// `ncclwasm_send_comm_stats` (layout and contract in `ncclwasm_abi::stats`): the plan a send
+/// communicator runs, who made it and why, and the payload bytes posted on each of its QPs. NCCL
+/// never calls it; `ncclwasm bench` does, to show what the connection did rather than what it
+/// should have done.
+///
+/// # Safety
+/// `send_comm` is NULL or a live communicator of this plugin; `out` is NULL or a struct whose
+/// first field, `version`, names its layout.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclwasm_send_comm_stats(
+    send_comm: *mut c_void,
+    out: *mut SendStatsV1,
+) -> NcclResult {
+    guard("ncclwasm_send_comm_stats", || {
+        // SAFETY: NULL or the caller's struct, whose first field is its `u32` version in every
+        // layout; nothing else is touched before the version says which layout it is.
+        let version = *unsafe { out.cast::<u32>().as_ref() }.ok_or_else(|| null_arg("out"))?;
+        if version != SEND_STATS_VERSION {
+            return Err(NetError::Usage(format!(
+                "stats layout version {version}; this plugin writes version {SEND_STATS_VERSION}"
+            )));
+        }
+        // SAFETY: the version says `out` is a `SendStatsV1`, and the caller owns it.
+        let out = unsafe { &mut *out };
+        *out = SendStatsV1::empty();
+        // SAFETY: NULL or a communicator from connect or accept, alive until close.
+        let Comm::Send(s) = (unsafe { which(send_comm) })? else {
+            return Err(NetError::Usage(
+                "ncclwasm_send_comm_stats of a receive communicator".into(),
+            ));
+        };
+        let st = s.comm.stats();
+        let p = st.plan;
+        out.nqps = p.qps.len() as u32;
+        out.nlocal = st.local.len() as u32;
+        out.npeer = st.peer.len() as u32;
+        out.stripe_width = p.stripe_width;
+        out.align = p.align;
+        out.ar_threshold = p.ar_threshold;
+        out.adaptive_routing = u8::from(p.adaptive_routing);
+        (out.tc, out.sl, out.fifo_tc) = (p.tc, p.sl, p.fifo_tc);
+        out.ece = u8::from(p.ece);
+        (out.timeout, out.retry_cnt) = (p.timeout, p.retry_cnt);
+        write_c_str(&mut out.source, st.source);
+        write_c_str(&mut out.reason, &p.reason);
+        for (list, ends) in [(&mut out.local, st.local), (&mut out.peer, st.peer)] {
+            for (e, ep) in list.iter_mut().zip(ends) {
+                write_c_str(&mut e.device, &ep.device);
+                e.port = u32::from(ep.port);
+            }
+        }
+        for ((q, plan), bytes) in out.qps.iter_mut().zip(&p.qps).zip(&st.posted) {
+            *q = StatsQp {
+                local: plan.local,
+                remote: plan.remote,
+                weight: plan.weight,
+                reserved: 0,
+                bytes: *bytes,
+            };
+        }
+        Ok(())
+    })
+}
+
 /// Drops the process-wide state when the image is unloaded without `finalize` (ABI v8–v10 have
 /// none), so no thread of ours outlives the code it runs.
 extern "C" fn unload() {
@@ -1121,3 +1188,39 @@ pub static ncclNetPlugin_v12: NetV12 = NetV12 {
     finalize: Some(finalize),
     set_net_attr: Some(set_net_attr),
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_refuse_what_is_not_a_send_comm_or_not_their_layout() {
+        let mut out = SendStatsV1::empty();
+        out.nqps = 7;
+        // SAFETY: a NULL communicator is refused before anything is read through it.
+        let rc = unsafe { ncclwasm_send_comm_stats(std::ptr::null_mut(), &mut out) };
+        assert_eq!(
+            (rc, out.nqps),
+            (NCCL_INTERNAL_ERROR, 0),
+            "cleared on error too"
+        );
+
+        let mut junk = [0u8; 16];
+        out.nqps = 7;
+        // SAFETY: only the first byte of a would-be communicator is read, and it is no kind.
+        let rc = unsafe { ncclwasm_send_comm_stats(junk.as_mut_ptr().cast(), &mut out) };
+        assert_eq!((rc, out.nqps), (NCCL_INTERNAL_ERROR, 0));
+
+        out.version = SEND_STATS_VERSION + 1;
+        out.nqps = 7;
+        // SAFETY: a layout of another version is refused before anything but its version is
+        // read or written.
+        let rc = unsafe { ncclwasm_send_comm_stats(junk.as_mut_ptr().cast(), &mut out) };
+        assert_eq!((rc, out.nqps), (NCCL_INTERNAL_ERROR, 7), "not written");
+
+        // SAFETY: a NULL struct is refused.
+        let rc =
+            unsafe { ncclwasm_send_comm_stats(junk.as_mut_ptr().cast(), std::ptr::null_mut()) };
+        assert_eq!(rc, NCCL_INTERNAL_ERROR);
+    }
+}

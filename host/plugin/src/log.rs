@@ -14,7 +14,7 @@ use tracing::{Event, Level, Metadata, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::prelude::*;
 
-use crate::abi::{LOG_INFO, LOG_WARN, Logger, NCCL_ALL, NCCL_NET};
+use ncclwasm_abi::{LOG_INFO, LOG_WARN, Logger, NCCL_ALL, NCCL_NET};
 
 /// The logger NCCL gave the last `init` (0 = none: events are dropped).
 static LOGGER: AtomicUsize = AtomicUsize::new(0);

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use nccl_net_wasm::load::Plugin;
+use ncclwasm_abi::load::Plugin;
 
 /// `target/<profile>/libnccl_net_wasm.so`, next to this test's `deps/` directory.
 fn library() -> PathBuf {
@@ -17,7 +17,7 @@ fn library() -> PathBuf {
         .parent()
         .and_then(Path::parent)
         .expect("target/<profile>/deps/<test>");
-    nccl_net_wasm::load::built_library(dir)
+    ncclwasm_abi::load::built_library(dir)
         .unwrap_or_else(|| panic!("no libnccl_net_wasm.so under {}", dir.display()))
 }
 

@@ -43,11 +43,11 @@ pub use decide::{Decided, DecisionError, Decisions};
 pub use mr_cache::RegionSource;
 pub use ncclwasm_proto::handle::HANDLE_SIZE;
 pub use ncclwasm_proto::request::ReqId;
-pub use ncclwasm_proto::{MAX_MESSAGE_BYTES, MAX_RECVS, MAX_REQUESTS};
+pub use ncclwasm_proto::{MAX_ENDPOINTS, MAX_MESSAGE_BYTES, MAX_QPS, MAX_RECVS, MAX_REQUESTS};
 pub use net::{CommConfig, DeviceProps, Net, NetConfig};
 pub use net_error::{ErrorClass, NetError};
 pub use recv::{Listener, RecvBuf, RecvComm};
-pub use send::SendComm;
+pub use send::{SendComm, SendStats};
 
 /// NCCL calls a communicator from its proxy service and progress threads at once.
 const _: () = {

@@ -158,6 +158,7 @@ impl Connecting {
             state: Mutex::new(SendState {
                 sender: Sender::new(&setup),
                 bufs: [SendBuf::default(); MAX_REQUESTS],
+                posted: vec![0; setup.plan.qps.len()].into_boxed_slice(),
             }),
             side,
             cts,
@@ -193,6 +194,22 @@ struct SendBuf {
 struct SendState {
     sender: Sender,
     bufs: [SendBuf; MAX_REQUESTS],
+    /// Payload bytes posted on each QP of the plan: plain integers under the lock `isend`
+    /// holds anyway, so counting costs an add per work request.
+    posted: Box<[u64]>,
+}
+
+/// What a send communicator runs and has done: the plugin's `ncclwasm_send_comm_stats`.
+#[derive(Debug)]
+pub struct SendStats<'a> {
+    pub plan: &'a ncclwasm_model::ConnPlan,
+    /// Who made the plan: the policy version, or why the built-in default did.
+    pub source: &'a str,
+    /// The endpoints the plan's QPs index (`QpPlan::local`, `QpPlan::remote`).
+    pub local: &'a [ncclwasm_model::Endpoint],
+    pub peer: &'a [ncclwasm_model::Endpoint],
+    /// Payload bytes posted on each QP so far, in plan order (requests in flight included).
+    pub posted: Vec<u64>,
 }
 
 /// A connected send communicator. NCCL's progress thread sends and tests while its service
@@ -218,6 +235,23 @@ impl SendComm {
     /// Who made the plan: the policy version, or why the built-in default did.
     pub fn plan_source(&self) -> &str {
         &self.source
+    }
+
+    /// The plan, who made it, its endpoints, and the payload bytes posted on each QP so far.
+    pub fn stats(&self) -> SendStats<'_> {
+        let posted = self
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .posted
+            .to_vec();
+        SendStats {
+            plan: &self.setup.plan,
+            source: &self.source,
+            local: &self.setup.local,
+            peer: &self.setup.peer,
+            posted,
+        }
     }
 
     /// Registers a buffer on every device of the connection (`regMr`).
@@ -250,7 +284,11 @@ impl SendComm {
             }
         };
         let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let SendState { sender, bufs } = &mut *guard;
+        let SendState {
+            sender,
+            bufs,
+            posted,
+        } = &mut *guard;
         self.side.poll(sender.requests(), self.side.all())?;
         let head = sender.head();
         let off = head.cts_offset() as usize;
@@ -286,10 +324,12 @@ impl SendComm {
             let local = post.route.local;
             let chain = post.wrs();
             let mut sges: Vec<Option<Sge>> = Vec::with_capacity(chain.len());
+            let mut payload = 0;
             for wr in chain {
                 sges.push(match wr.local {
                     LocalData::None => None,
                     LocalData::Send { r, offset, len } => {
+                        payload += len;
                         let b = &bufs[reqs[r].index()];
                         Some(Sge::raw(b.addr + offset, len as u32, b.lkeys[local]))
                     }
@@ -325,6 +365,7 @@ impl SendComm {
                 "posting a send on QP {}",
                 q.qp.qpn()
             )))?;
+            posted[post.qp] += payload;
         }
         Ok(Some(req))
     }

@@ -2,7 +2,8 @@
 //!
 //! `ncclwasm bench` (a `#![forbid(unsafe_code)]` crate) drives `libnccl_net_wasm.so` through
 //! exactly the C edge NCCL sees: `dlopen`, the newest exported `ncclNetPlugin_vN` table (v12 down
-//! to v8), and calls through its function pointers. All of that is `unsafe`, so it lives here,
+//! to v8), and calls through its function pointers — plus the plugin's own
+//! `ncclwasm_send_comm_stats` ([`SendComm::stats`]). All of that is `unsafe`, so it lives here,
 //! behind owned handles whose lifetimes encode NCCL's ordering rules: a communicator outlives its
 //! memory registrations, a registration outlives the requests on it, and closing consumes the
 //! handle. The logger passed to `init` is NULL (allowed by the ABI; a C-variadic logger cannot be
@@ -15,19 +16,21 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::ptr::{self, NonNull};
 
-use crate::abi::*;
+use crate::layout::*;
+use crate::stats::{SEND_STATS_SYMBOL, SendStats, SendStatsFn, SendStatsV1};
 
 /// `NCCL_NET_HANDLE_MAXSIZE`.
 pub const HANDLE_BYTES: usize = 128;
 
-/// The plugin library cargo built for one profile (`target/<profile>`): in `deps/` when the
-/// plugin was built as a dependency (of the CLI, or of its own tests) — fresh with whatever
+/// The plugin library in `dir`, a directory of binaries. For cargo's `target/<profile>`: in
+/// `deps/` when the plugin was built as a dependency (of its own tests) — fresh with whatever
 /// depends on it, hence first — else next to the binaries, where `cargo build -p
-/// ncclwasm-plugin` puts it.
-pub fn built_library(profile_dir: &Path) -> Option<PathBuf> {
+/// ncclwasm-plugin` puts it. Last, a copy installed under NCCL's name, `libnccl-net-wasm.so`.
+pub fn built_library(dir: &Path) -> Option<PathBuf> {
     [
-        profile_dir.join("deps/libnccl_net_wasm.so"),
-        profile_dir.join("libnccl_net_wasm.so"),
+        dir.join("deps/libnccl_net_wasm.so"),
+        dir.join("libnccl_net_wasm.so"),
+        dir.join("libnccl-net-wasm.so"),
     ]
     .into_iter()
     .find(|p| p.is_file())
@@ -90,6 +93,8 @@ pub struct Plugin {
     /// The v11+ per-communicator context from `init`.
     ctx: *mut c_void,
     initialised: bool,
+    /// `ncclwasm_send_comm_stats`, when the library exports it.
+    send_stats: Option<SendStatsFn>,
 }
 
 /// What `getProperties` reports, in every version's terms.
@@ -137,7 +142,7 @@ impl Plugin {
             if p.is_null() {
                 continue;
             }
-            // SAFETY: `ncclNetPlugin_vN` is a static `ncclNet_vN_t` (the layouts of `abi`) that
+            // SAFETY: `ncclNetPlugin_vN` is a static `ncclNet_vN_t` (the layouts of `layout`) that
             // lives until `dlclose`, which only `Drop` calls (see `Table`).
             let table = unsafe {
                 match version {
@@ -148,12 +153,19 @@ impl Plugin {
                     _ => Table::V8(&*p.cast::<NetV8>()),
                 }
             };
+            // SAFETY: `lib` is open and the name a valid C string.
+            let stats = unsafe { libc::dlsym(lib.as_ptr(), SEND_STATS_SYMBOL.as_ptr()) };
+            // SAFETY: when exported, the symbol is the function `crate::stats` declares, alive
+            // until `dlclose` (which only `Drop` calls).
+            let send_stats = (!stats.is_null())
+                .then(|| unsafe { std::mem::transmute::<*mut c_void, SendStatsFn>(stats) });
             return Ok(Plugin {
                 lib,
                 table,
                 version,
                 ctx: ptr::null_mut(),
                 initialised: false,
+                send_stats,
             });
         }
         // SAFETY: `lib` is open and nothing of it is in use.
@@ -593,6 +605,23 @@ impl SendComm<'_> {
         .ok_or_else(|| self.plugin.unusable("isend", size))?;
         check("isend", rc)?;
         Ok(Request::new(mr, req))
+    }
+
+    /// `ncclwasm_send_comm_stats`: the plan this connection runs, who made it and why, and the
+    /// payload bytes posted on each of its QPs so far (requests in flight included).
+    pub fn stats(&self) -> Result<SendStats> {
+        let f = self.plugin.send_stats.ok_or_else(|| {
+            LoadError(format!(
+                "the library does not export {}",
+                SEND_STATS_SYMBOL.to_string_lossy()
+            ))
+        })?;
+        let mut out = Box::new(SendStatsV1::empty());
+        // SAFETY: a live send comm of this plugin and a struct of the version it names.
+        check("ncclwasm_send_comm_stats", unsafe {
+            f(self.comm.as_ptr(), &mut *out)
+        })?;
+        Ok(out.read())
     }
 }
 

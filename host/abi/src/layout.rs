@@ -1,6 +1,6 @@
 //! The NCCL net plugin ABI, v8 … v12: `#[repr(C)]` mirrors of NCCL's structs and function tables
-//! with their x86-64 sizes and offsets checked at compile time (reference:
-//! `nccl-plugin-abi.md` §1). Values coming in from C are plain integers, never Rust enums.
+//! with their x86-64 sizes and offsets checked at compile time (the `ncclNet_vN_t` of NCCL's
+//! `net_vN.h` headers). Values coming in from C are plain integers, never Rust enums.
 
 use std::ffi::{c_char, c_int, c_ulong, c_void};
 use std::mem::{offset_of, size_of};
