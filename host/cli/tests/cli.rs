@@ -19,18 +19,9 @@ fn topology(name: &str) -> String {
         .to_string()
 }
 
-/// A built guest; fails with what to do when it is missing.
+/// A built guest, as a command-line argument.
 fn guest(package: &str) -> String {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target"));
-    let path = target.join("guests").join(format!("{package}.wasm"));
-    assert!(
-        path.is_file(),
-        "{} is missing: run `cargo xtask guests` first",
-        path.display()
-    );
-    path.display().to_string()
+    ncclwasm_testkit::guest(package).display().to_string()
 }
 
 /// Run `ncclwasm` with a clean environment (the test's own NCCL_* variables must not leak in)

@@ -7,29 +7,12 @@ mod load;
 mod swap;
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use ncclwasm_model::{Connection, Gid, GidType, LinkLayer, Port, PortState};
 use ncclwasm_policy::{FailureMode, PolicyHost, Settings};
 
-/// The workspace's target directory (honours `CARGO_TARGET_DIR`).
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"))
-}
-
-/// The path of a built guest; fails with what to do when it is missing.
-fn guest(package: &str) -> PathBuf {
-    let path = target_dir().join("guests").join(format!("{package}.wasm"));
-    assert!(
-        path.is_file(),
-        "{} is missing: run `cargo xtask guests` first",
-        path.display()
-    );
-    path
-}
+use ncclwasm_testkit::guest;
 
 fn guest_bytes(package: &str) -> Vec<u8> {
     std::fs::read(guest(package)).expect("readable guest")

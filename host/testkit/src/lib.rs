@@ -8,15 +8,18 @@
 //! - [`topologies`]: the topology corpus, read from the directory, so a new file is covered by
 //!   every corpus test without editing a list.
 //! - [`wait_until`]: waiting on a condition with a deadline, never a bare sleep.
+//! - [`guest`]: the path of a guest `cargo xtask guests` built.
 //!
 //! Dev-only (`publish = false`) and free of workspace dependencies, so any crate's tests can use
 //! it.
 
 pub mod child;
 mod corpus;
+mod guest;
 mod skip;
 mod wait;
 
 pub use corpus::{topologies, topology};
+pub use guest::guest;
 pub use skip::{SKIP_LOG_ENV, skip};
 pub use wait::wait_until;

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::*;
+use ncclwasm_testkit::guest;
 
 /// Everything logged, to check that the swap is visible where operators look.
 static LOG: Mutex<Vec<u8>> = Mutex::new(Vec::new());
@@ -37,19 +38,6 @@ fn plan_lines() -> Vec<String> {
         .filter(|l| l.contains("NET/WASM: plan for comm"))
         .map(str::to_owned)
         .collect()
-}
-
-fn guest(name: &str) -> PathBuf {
-    let dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"));
-    let path = dir.join("guests").join(format!("{name}.wasm"));
-    assert!(
-        path.is_file(),
-        "{} is missing: run `cargo xtask guests` first",
-        path.display()
-    );
-    path
 }
 
 #[test]
