@@ -18,6 +18,7 @@ use rdma_sys::{
 use super::ctx::{CqState, Ctx};
 use super::event::{Cq, Element};
 use super::fabric::{self, SoftDevice};
+use super::mr::FdMapping;
 use super::qp::{Attrs, Caps, MAX_MSG, Qp, RecvWqe, SendWqe, Sge};
 use super::wire::ReqOp;
 
@@ -49,6 +50,8 @@ struct SoftPd {
 struct SoftMr {
     ibv: ibv_mr,
     ctx: Arc<Ctx>,
+    /// The soft NIC's own mapping of a dma-buf registration; unmapped after the key is gone.
+    dmabuf: Option<FdMapping>,
 }
 
 #[repr(C)]
@@ -398,6 +401,22 @@ pub unsafe extern "C" fn reg_mr_iova2(
     }
     // SAFETY: a live soft PD.
     let sp = unsafe { &*pd.cast::<SoftPd>() };
+    register(sp, pd, addr as usize, addr, length, iova, access, None)
+}
+
+/// Registers `[host, host + length)` of this process under a fresh key, addressed by `iova`;
+/// `ibv_addr` is what `ibv_mr.addr` reports (the caller's address, or the dma-buf offset).
+#[allow(clippy::too_many_arguments)]
+fn register(
+    sp: &SoftPd,
+    pd: *mut ibv_pd,
+    host: usize,
+    ibv_addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_uint,
+    dmabuf: Option<FdMapping>,
+) -> *mut ibv_mr {
     if !fabric::alive(sp.ctx.dev) {
         return null(libc::EIO);
     }
@@ -409,11 +428,11 @@ pub unsafe extern "C" fn reg_mr_iova2(
     let key = sp
         .ctx
         .mrs
-        .register(sp.ibv.handle, addr as usize, length, iova, access);
+        .register(sp.ibv.handle, host, length, iova, access);
     let ibv = ibv_mr {
         context: sp.ibv.context,
         pd,
-        addr,
+        addr: ibv_addr,
         length,
         handle: key,
         lkey: key,
@@ -422,20 +441,53 @@ pub unsafe extern "C" fn reg_mr_iova2(
     Box::into_raw(Box::new(SoftMr {
         ibv,
         ctx: Arc::clone(&sp.ctx),
+        dmabuf,
     }))
     .cast()
 }
 
-/// `ibv_reg_dmabuf_mr`: there is no GPU memory on the soft fabric.
+/// `ibv_reg_dmabuf_mr`: any fd the soft NIC can map stands for a dma-buf (a `memfd` for a GPU
+/// buffer). The region is the fd's pages from `offset`, mapped by the provider itself and
+/// addressed by `iova`, so bytes moved through it appear in every mapping of the fd. fd -1 is
+/// `EBADF`, which is how NCCL's probe (`ncclIbDmaBufSupport`) learns the verb is supported; an
+/// fd that cannot be mapped is `EOPNOTSUPP`, as a kernel without dma-buf support answers.
 pub unsafe extern "C" fn reg_dmabuf_mr(
-    _pd: *mut ibv_pd,
-    _offset: u64,
-    _length: usize,
-    _iova: u64,
-    _fd: c_int,
-    _access: c_int,
+    pd: *mut ibv_pd,
+    offset: u64,
+    length: usize,
+    iova: u64,
+    fd: c_int,
+    access: c_int,
 ) -> *mut ibv_mr {
-    null(libc::EOPNOTSUPP)
+    if pd.is_null() {
+        return null(libc::EINVAL);
+    }
+    if fd < 0 {
+        return null(libc::EBADF);
+    }
+    if length == 0 {
+        return null(libc::EINVAL);
+    }
+    // SAFETY: a live soft PD.
+    let sp = unsafe { &*pd.cast::<SoftPd>() };
+    let mapping = match FdMapping::map(fd, offset, length) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::debug!("soft: reg_dmabuf_mr of fd {fd}: mmap errno {e}");
+            return null(libc::EOPNOTSUPP);
+        }
+    };
+    let host = mapping.addr();
+    register(
+        sp,
+        pd,
+        host,
+        offset as usize as *mut c_void,
+        length,
+        iova,
+        access as c_uint,
+        Some(mapping),
+    )
 }
 
 /// `ibv_dereg_mr`: the key stops working at once; returns when no access uses it any more.
@@ -446,6 +498,8 @@ pub unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
     // SAFETY: allocated by reg_mr_iova2, deregistered once.
     let sm = unsafe { Box::from_raw(mr.cast::<SoftMr>()) };
     sm.ctx.mrs.deregister(sm.ibv.lkey);
+    // The key is gone and no access holds it: now the dma-buf mapping (if any) may go.
+    drop(sm);
     0
 }
 

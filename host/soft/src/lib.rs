@@ -70,6 +70,10 @@
 //!   noticed at the next signaled WR.
 //! - `dereg_mr` with accesses in flight: the key stops working at once and the call returns
 //!   only when no emulated DMA touches the memory any more.
+//! - `reg_dmabuf_mr` of any fd the provider can `mmap` (a `memfd` stands in for a GPU's
+//!   dma-buf): the provider maps the pages itself (shared) and the data path reaches them by
+//!   IOVA through that mapping, so what arrives is visible in every mapping of the fd. fd -1 is
+//!   `EBADF` (NCCL's probe then says "supported"); an fd that does not map is `EOPNOTSUPP`.
 //!
 //! # Data path and performance
 //! One TCP connection per QP direction, served by dedicated threads (sender, ack reader,
@@ -88,8 +92,8 @@
 //!
 //! # Limits
 //! RC only (no UD/UC/XRC), no SRQ, no atomics, no memory windows, no completion channels
-//! (`req_notify_cq` is accepted, nothing is notified; NCCL polls), no dma-buf registration
-//! (EOPNOTSUPP), one P_Key (index 0), no path migration. Retransmission over a live connection
+//! (`req_notify_cq` is accepted, nothing is notified; NCCL polls), dma-buf registration only of
+//! fds that `mmap` (no GPU), one P_Key (index 0), no path migration. Retransmission over a live connection
 //! never happens (TCP is reliable): a retry timeout means the peer stalled or vanished.
 //! Async events about a destroyed object are dropped at destroy instead of waiting for acks.
 //!

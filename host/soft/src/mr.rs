@@ -6,6 +6,7 @@
 //! waits for the guards to drop, so no emulated DMA ever touches memory the owner has freed.
 
 use std::collections::HashMap;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -28,6 +29,68 @@ pub(crate) struct MrEntry {
     pub len: usize,
     pub access: u32,
     inflight: AtomicUsize,
+}
+
+/// The soft NIC's own mapping of a dma-buf (`ibv_reg_dmabuf_mr`): the fd's pages, mapped shared,
+/// so what the data path writes through it is what every other mapping of that fd sees. A
+/// registration over it is addressed by its IOVA only; the caller's virtual addresses play no
+/// part, as for a GPU buffer a real NIC reaches through the dma-buf's pages.
+#[derive(Debug)]
+pub(crate) struct FdMapping {
+    base: NonNull<u8>,
+    /// Bytes mapped from `base` (the requested range, widened down to a page boundary).
+    mapped: usize,
+    /// Where the requested offset lies in the mapping.
+    skew: usize,
+}
+
+// SAFETY: the mapping is owned; which thread unmaps it does not matter.
+unsafe impl Send for FdMapping {}
+// SAFETY: the mapping is only read and written through checked MR accesses.
+unsafe impl Sync for FdMapping {}
+
+impl FdMapping {
+    /// Maps `len` bytes at `offset` of `fd` (shared, read/write); the errno of `mmap` when the fd
+    /// cannot be mapped so (a pipe, a socket, `/dev/null`, a read-only file).
+    pub(crate) fn map(fd: i32, offset: u64, len: usize) -> Result<FdMapping, i32> {
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let skew = usize::try_from(offset).map_err(|_| libc::EINVAL)? % page;
+        let start = offset - skew as u64;
+        let mapped = len.checked_add(skew).ok_or(libc::EINVAL)?;
+        let file_off = libc::off_t::try_from(start).map_err(|_| libc::EINVAL)?;
+        // SAFETY: a fresh shared mapping chosen by the kernel; it aliases no Rust object.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                file_off,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL));
+        }
+        let base = NonNull::new(p.cast::<u8>()).ok_or(libc::EINVAL)?;
+        Ok(FdMapping { base, mapped, skew })
+    }
+
+    /// Host address of the registered range's first byte (the requested offset).
+    pub(crate) fn addr(&self) -> usize {
+        self.base.as_ptr() as usize + self.skew
+    }
+}
+
+impl Drop for FdMapping {
+    fn drop(&mut self) {
+        // SAFETY: mapped in `map` with this length; the MR over it was deregistered first, and
+        // deregistration waits until no access holds it.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.mapped) };
+    }
 }
 
 /// A checked access in progress: the memory stays registered until it drops.
@@ -205,5 +268,39 @@ mod tests {
         drop(g);
         assert!(h.join().expect("no panic"));
         assert!(!t.deregister(k));
+    }
+
+    #[test]
+    fn fd_mappings_share_pages_with_every_other_mapping() {
+        let fd = memfd(3 * 4096);
+        let m = FdMapping::map(fd, 4096 + 10, 100).expect("a memfd maps");
+        // SAFETY: inside the fresh 100-byte mapping.
+        unsafe { (m.addr() as *mut u8).add(5).write(0xAB) };
+        let other = FdMapping::map(fd, 0, 3 * 4096).expect("maps again");
+        // SAFETY: inside the second mapping.
+        assert_eq!(
+            unsafe { (other.addr() as *const u8).add(4096 + 15).read() },
+            0xAB
+        );
+        let pipe = [0i32; 2];
+        // SAFETY: a valid two-int array.
+        assert_eq!(unsafe { libc::pipe(pipe.as_ptr().cast_mut()) }, 0);
+        assert!(
+            FdMapping::map(pipe[0], 0, 4096).is_err(),
+            "a pipe does not map"
+        );
+        for f in [fd, pipe[0], pipe[1]] {
+            // SAFETY: fds this test opened.
+            unsafe { libc::close(f) };
+        }
+    }
+
+    fn memfd(len: i64) -> i32 {
+        // SAFETY: a NUL-terminated name; flags 0.
+        let fd = unsafe { libc::memfd_create(c"soft-mr-test".as_ptr(), 0) };
+        assert!(fd >= 0);
+        // SAFETY: the fd just made.
+        assert_eq!(unsafe { libc::ftruncate(fd, len) }, 0);
+        fd
     }
 }

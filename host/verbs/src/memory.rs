@@ -442,4 +442,25 @@ impl Pd {
         };
         self.finish(mr, "reg_dmabuf_mr", None, Some(iova))
     }
+
+    /// Whether the device registers dma-bufs, probed as `ncclIbDmaBufSupport` does: a
+    /// registration of fd -1 must fail, and the errno says why — `EOPNOTSUPP` or
+    /// `EPROTONOSUPPORT` when the kernel or provider has no dma-buf support, anything else (the
+    /// expected `EBADF`) when only the fd was wrong. A library without the entry point
+    /// (older than IBVERBS_1.12) does not support it either.
+    pub fn dmabuf_supported(self: &Arc<Self>) -> bool {
+        let Some(f) = self.ctx.table().reg_dmabuf_mr else {
+            return false;
+        };
+        // SAFETY: fd -1 with length 0 names no memory; the provider must refuse it.
+        let mr = unsafe { f(self.pd.as_ptr(), 0, 0, 0, -1, 0) };
+        if let Some(mr) = NonNull::new(mr) {
+            // A provider that accepted the bogus fd: undo, and do not trust it with dma-bufs.
+            // SAFETY: the registration just made, deregistered once.
+            unsafe { (self.ctx.table().dereg_mr)(mr.as_ptr()) };
+            return false;
+        }
+        let errno = last_errno();
+        !matches!(errno, libc::EOPNOTSUPP | libc::EPROTONOSUPPORT)
+    }
 }

@@ -426,7 +426,8 @@ macro_rules! suite {
             peer_without_secret_is_refused,
             cut_connection, rnr_retries_exhausted, retry_timeout_on_a_stalled_peer,
             send_into_posted_receive, send_longer_than_receive, cq_overrun_is_reported, two_processes, two_network_namespaces,
-            discovery_matches_every_topology_file, iova_and_dmabuf_registration);
+            discovery_matches_every_topology_file, iova_and_dmabuf_registration,
+            dmabuf_registration);
 
         /// Entry point of the child processes the multi-process tests spawn.
         #[test]

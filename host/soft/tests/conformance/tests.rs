@@ -1293,3 +1293,142 @@ pub fn iova_and_dmabuf_registration(b: Backend) {
 pub use super::peer::{
     discovery_matches_every_topology_file, two_network_namespaces, two_processes,
 };
+
+/// A memfd of `len` bytes and one shared mapping of it (the test's own view, as a GPU buffer's
+/// CPU mapping would be); the fd is closed and the mapping removed when the value drops.
+struct MemfdView {
+    fd: std::os::fd::OwnedFd,
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl MemfdView {
+    fn new(len: usize) -> MemfdView {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: a NUL-terminated name, no flags.
+        let raw = unsafe { libc::memfd_create(c"conformance-dmabuf".as_ptr(), 0) };
+        assert!(raw >= 0, "memfd_create");
+        // SAFETY: a fresh fd owned by nobody else.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        // SAFETY: the fd just made.
+        assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), len as i64) }, 0);
+        // SAFETY: a fresh shared mapping of the whole memfd.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "mmap of the memfd");
+        MemfdView {
+            fd,
+            ptr: p.cast(),
+            len,
+        }
+    }
+
+    fn read(&self, off: usize, n: usize) -> Vec<u8> {
+        assert!(off + n <= self.len);
+        // SAFETY: inside the mapping; the device writes were completed before.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(off), n) }.to_vec()
+    }
+
+    fn write(&self, off: usize, data: &[u8]) {
+        assert!(off + data.len() <= self.len);
+        // SAFETY: inside the mapping; no device access is in flight.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), data.len()) };
+    }
+}
+
+impl Drop for MemfdView {
+    fn drop(&mut self) {
+        // SAFETY: mapped in `new` with this length.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// A dma-buf registration (a memfd standing in for GPU memory): NCCL's fd -1 probe says
+/// "supported", bytes written by RDMA WRITE appear in the test's own mapping of the fd, bytes the
+/// test writes there are what an RDMA READ returns, and addressing is by the IOVA alone.
+pub fn dmabuf_registration(b: Backend) {
+    use std::os::fd::AsFd;
+    let _g = shared();
+    let f = b.fabric();
+    let (a, peer) = pair(&f, default_caps());
+    assert!(peer.pd.dmabuf_supported(), "the fd -1 probe");
+    let view = MemfdView::new(4 * 4096);
+    const IOVA: u64 = 0x5500_0000_1000;
+    const OFF: u64 = 4096;
+    const LEN: usize = 2 * 4096;
+    let mr = peer
+        .pd
+        .reg_dmabuf_mr(view.fd.as_fd(), OFF, LEN, IOVA, ALL_ACCESS)
+        .expect("a memfd registers as a dma-buf");
+    assert_eq!(mr.addr(), IOVA);
+    view.write(0, &vec![GUARD_BYTE; 4 * 4096]);
+
+    let data = pattern(77, 5000);
+    let src = DmaBuf::new(5000);
+    src.write(0, &data);
+    let src_mr = a.reg(&src, ALL_ACCESS);
+    let remote = Remote {
+        addr: IOVA + 100,
+        rkey: mr.rkey(),
+    };
+    let sge = [src_mr.sge(0, 5000).unwrap()];
+    a.qp.post_send(&[sig(1, SendOp::Write(remote), &sge)])
+        .unwrap();
+    assert_eq!(
+        wait(&a.cq, 1, "write into a dma-buf")[0].status,
+        WcStatus::Success
+    );
+    let at = OFF as usize + 100;
+    assert_bytes(
+        &view.read(at, 5000),
+        &data,
+        "dma-buf bytes seen through the fd",
+    );
+    assert_bytes(&view.read(at - 1, 1), &[GUARD_BYTE], "guard before");
+    assert_bytes(&view.read(at + 5000, 1), &[GUARD_BYTE], "guard after");
+
+    let back = pattern(78, 300);
+    view.write(OFF as usize + 7000, &back);
+    let dst = DmaBuf::new(300);
+    let dst_mr = a.reg(&dst, ALL_ACCESS);
+    let sge = [dst_mr.sge(0, 300).unwrap()];
+    let remote = Remote {
+        addr: IOVA + 7000,
+        rkey: mr.rkey(),
+    };
+    a.qp.post_send(&[sig(2, SendOp::Read(remote), &sge)])
+        .unwrap();
+    assert_eq!(
+        wait(&a.cq, 1, "read from a dma-buf")[0].status,
+        WcStatus::Success
+    );
+    assert_bytes(&dst.to_vec(), &back, "read from a dma-buf");
+
+    // Past the registered pages is out of bounds, like any MR.
+    let remote = Remote {
+        addr: IOVA + LEN as u64 - 10,
+        rkey: mr.rkey(),
+    };
+    a.qp.post_send(&[sig(3, SendOp::Write(remote), &sge)])
+        .unwrap();
+    assert_ne!(
+        wait(&a.cq, 1, "write past a dma-buf")[0].status,
+        WcStatus::Success
+    );
+    drop(mr);
+
+    // An fd the provider cannot map: as a kernel without dma-buf support.
+    let (r, _w) = std::io::pipe().unwrap();
+    match peer.pd.reg_dmabuf_mr(r.as_fd(), 0, 4096, 0, ALL_ACCESS) {
+        Err(VerbsError::Verb { errno, .. }) => assert_eq!(errno, libc::EOPNOTSUPP),
+        other => panic!("a pipe registered as a dma-buf: {other:?}"),
+    }
+}
