@@ -1,7 +1,8 @@
 //! Builds `harness.c` with the system C compiler and runs it against the freshly built
 //! `libnccl_net_wasm.so` (installed under NCCL's name, `libnccl-net-wasm.so`) for every exported
 //! ABI version, on the soft fabric's loopback topology (two ports, so NIC fusion is exercised).
-//! Each run is two processes exchanging the listen handle over a pipe; every byte is checked.
+//! Each run is two processes exchanging the listen handle over a pipe; every byte is checked,
+//! host buffers and dma-bufs (memfds) alike.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -40,14 +41,24 @@ fn every_abi_version_across_two_processes() {
     std::fs::create_dir_all(&out).unwrap();
     let (lib, exe) = build(&out);
     for version in 8..=12 {
-        let run = Command::new(&exe)
-            .arg(&lib)
+        // The soft fabric registers dma-bufs (any mappable fd) and there is no peer-memory
+        // module in its sysfs tree: ptrSupport = HOST | DMABUF, and receives are flushed —
+        // except on one version, where NCCL_IB_GDR_FLUSH_DISABLE turns flushing off.
+        let flush = version != 10;
+        let mut cmd = Command::new(&exe);
+        cmd.arg(&lib)
             .arg(version.to_string())
             .env("NCCL_WASM_FABRIC", "soft")
+            .env("HARNESS_PTR", "5")
+            .env("HARNESS_FLUSH", if flush { "1" } else { "0" })
             .env_remove("NCCL_WASM_TOPOLOGY")
-            .env_remove("NCCL_WASM_POLICY")
-            .output()
-            .expect("run the harness");
+            .env_remove("NCCL_WASM_POLICY");
+        if flush {
+            cmd.env_remove("NCCL_IB_GDR_FLUSH_DISABLE");
+        } else {
+            cmd.env("NCCL_IB_GDR_FLUSH_DISABLE", "1");
+        }
+        let run = cmd.output().expect("run the harness");
         let stdout = String::from_utf8_lossy(&run.stdout);
         let stderr = String::from_utf8_lossy(&run.stderr);
         assert!(

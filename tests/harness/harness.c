@@ -4,7 +4,13 @@
  * is checked. Written against the layouts the plugin exports (host/abi/src/layout.rs, with their
  * sizes checked there), not against NCCL's headers.
  *
+ * Both sides also move data between "GPU" buffers registered with regMrDmaBuf: a memfd mapped
+ * twice stands in for a dma-buf and its CPU mapping; the sender fills one mapping and sends from
+ * the other, the receiver receives into one and checks every byte through the other.
+ *
  * usage: harness <plugin.so> <version 8..12> [expect-init-failure]
+ * Environment: HARNESS_PTR = the ptrSupport every device must report (default 1, host only);
+ * HARNESS_FLUSH = 1 when iflush must issue a flush, 0 when it must not (default 0).
  * exit 0 and "harness vN: OK" on success; any failure prints why and exits 1. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -14,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -22,6 +29,10 @@
 #define BUF (64 * MIB + 8192)
 #define HANDLE 128
 #define MAX_N 8
+#define PTR_HOST 1
+#define PTR_CUDA 2
+#define PTR_DMABUF 4
+#define DMABUF_BYTES (4 * MIB + 8192)
 
 typedef struct {
   const char *name;
@@ -36,6 +47,7 @@ typedef void (*logger_t)(int, unsigned long, const char *, int, const char *, ..
 typedef struct { int trafficClass; } cfg_t;
 
 static int V;
+static int expect_ptr = PTR_HOST, expect_flush;
 static table_t *T;
 static void *ctx; /* v11+ */
 static const char *role = "recv";
@@ -123,7 +135,7 @@ static props_t props(int dev) {
     if (rail != -1 && rail < 0) FAIL("railId %d", rail);
   }
   if (!p.name || !p.name[0]) FAIL("device %d has no name", dev);
-  if (p.ptr != 1) FAIL("ptrSupport %d", p.ptr);
+  if (p.ptr != expect_ptr) FAIL("ptrSupport %#x, expected %#x", p.ptr, expect_ptr);
   if (p.maxRecvs != 8) FAIL("maxRecvs %d", p.maxRecvs);
   if (p.maxP2p == 0 || p.maxP2p > (1UL << 40)) FAIL("maxP2pBytes %zu", p.maxP2p);
   return p;
@@ -166,10 +178,49 @@ static void *do_accept(void *lc) {
   }
 }
 
+static int try_reg(void *comm, void *data, size_t size, int type, void **mh) {
+  *mh = (void *)0xdead;
+  int rc = ((int (*)(void *, void *, size_t, int, void **))T->regMr)(comm, data, size, type, mh);
+  if (*mh == (void *)0xdead) FAIL("regMr left mhandle unwritten");
+  if (rc == 0 && !*mh) FAIL("regMr returned no handle");
+  return rc;
+}
+
 static void *reg(void *comm, void *data, size_t size) {
+  void *mh;
+  CHECK(try_reg(comm, data, size, PTR_HOST, &mh));
+  return mh;
+}
+
+/* A "GPU buffer": a memfd (the dma-buf) mapped twice, as the device's and the CPU's view. */
+typedef struct {
+  int fd;
+  unsigned char *dev, *cpu;
+} gpubuf_t;
+
+static gpubuf_t gpu_alloc(void) {
+  gpubuf_t g;
+  g.fd = memfd_create("harness-dmabuf", 0);
+  if (g.fd < 0) FAIL("memfd_create");
+  if (ftruncate(g.fd, DMABUF_BYTES)) FAIL("ftruncate");
+  g.dev = mmap(NULL, DMABUF_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, g.fd, 0);
+  g.cpu = mmap(NULL, DMABUF_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, g.fd, 0);
+  if (g.dev == MAP_FAILED || g.cpu == MAP_FAILED) FAIL("mmap of the memfd");
+  return g;
+}
+
+static void gpu_free(gpubuf_t *g) {
+  munmap(g->dev, DMABUF_BYTES);
+  munmap(g->cpu, DMABUF_BYTES);
+  close(g->fd);
+}
+
+static void *reg_dmabuf(void *comm, gpubuf_t *g, int type) {
+  if (!T->regMrDmaBuf) FAIL("regMrDmaBuf is NULL");
   void *mh = (void *)0xdead;
-  CHECK(((int (*)(void *, void *, size_t, int, void **))T->regMr)(comm, data, size, 1, &mh));
-  if (!mh || mh == (void *)0xdead) FAIL("regMr returned no handle");
+  CHECK(((int (*)(void *, void *, size_t, int, uint64_t, int, void **))T->regMrDmaBuf)(
+      comm, g->dev, DMABUF_BYTES, type, 0, g->fd, &mh));
+  if (!mh || mh == (void *)0xdead) FAIL("regMrDmaBuf returned no handle");
   return mh;
 }
 
@@ -269,6 +320,7 @@ static void open_plugin(const char *path, void **lib) {
     if (v == V) T = t;
   }
   if (strcmp(T->name, "WASM") != 0) FAIL("plugin name %s", T->name);
+  if (!T->regMrDmaBuf) FAIL("v%d has a regMrDmaBuf slot, left NULL", V);
 }
 
 static int threads(void) {
@@ -356,7 +408,49 @@ static void receiver(const char *path) {
     CHECK(((int (*)(void *, int, void **, int *, void **, void **))T->iflush)(rc, 1, data, fsz,
                                                                               mhs, &freq));
     if (freq == (void *)0xdead) FAIL("iflush left request unwritten");
+    if (expect_flush != (freq != NULL) && want > 0)
+      FAIL("iflush of %zu bytes: %s", want, freq ? "flushed, flush disabled" : "no flush issued");
     if (freq) wait_req(freq, NULL);
+  }
+
+  /* GPU memory by type: regMr of NCCL_PTR_CUDA works exactly when ptrSupport has CUDA. */
+  {
+    void *cmh;
+    int rc_ = try_reg(rc, buf, 4096, PTR_CUDA, &cmh);
+    if ((rc_ == 0) != ((expect_ptr & PTR_CUDA) != 0))
+      FAIL("regMr of NCCL_PTR_CUDA returned %d with ptrSupport %#x", rc_, expect_ptr);
+    if (rc_ == 0) CHECK(((int (*)(void *, void *))T->deregMr)(rc, cmh));
+  }
+
+  /* DMA-BUF receives: into the device mapping, every byte checked through the CPU mapping. */
+  if (expect_ptr & PTR_DMABUF) {
+    gpubuf_t g = gpu_alloc();
+    void *gmh = reg_dmabuf(rc, &g, PTR_DMABUF);
+    static const size_t GSIZES[] = {1, 4097, 1 * MIB + 3, 4 * MIB};
+    for (size_t k = 0; k < sizeof GSIZES / sizeof GSIZES[0]; k++) {
+      size_t want = GSIZES[k], at = k * 8; /* unaligned starts too */
+      memset(g.cpu, 0xee, DMABUF_BYTES);
+      void *data[1] = {g.dev + at};
+      size_t sz[1] = {want + 64};
+      int tags[1] = {50};
+      void *mhs[1] = {gmh};
+      void *req = irecv(rc, 1, data, sz, tags, mhs, 0);
+      int got = -1;
+      wait_req(req, &got);
+      if ((size_t)got != want) FAIL("dma-buf receive of %zu arrived as %d", want, got);
+      void *freq = (void *)0xdead;
+      int fsz[1] = {(int)want};
+      CHECK(((int (*)(void *, int, void **, int *, void **, void **))T->iflush)(rc, 1, data, fsz,
+                                                                                mhs, &freq));
+      if (expect_flush != (freq != NULL)) FAIL("dma-buf iflush: flush %p", freq);
+      if (freq) wait_req(freq, NULL);
+      verify(g.cpu + at, want, 500 + (int)k, "dma-buf receive (CPU mapping)");
+      for (int i = 0; i < 64; i++)
+        if (g.cpu[at + want + i] != 0xee) FAIL("dma-buf byte past the message was written");
+      if (at && g.cpu[at - 1] != 0xee) FAIL("dma-buf byte before the message was written");
+    }
+    CHECK(((int (*)(void *, void *))T->deregMr)(rc, gmh));
+    gpu_free(&g);
   }
 
   /* Truncation: the sender sends 10000 bytes into a 5000-byte receive. */
@@ -457,6 +551,22 @@ static void sender(const char *path) {
     if (k % 3 != 0 && (size_t)got != size) FAIL("send size %d != %zu", got, size);
   }
 
+  if (expect_ptr & PTR_DMABUF) {
+    /* Sent from a dma-buf: filled through the CPU mapping, sent from the device mapping. */
+    gpubuf_t g = gpu_alloc();
+    void *gmh = reg_dmabuf(sc, &g, PTR_CUDA);
+    static const size_t GSIZES[] = {1, 4097, 1 * MIB + 3, 4 * MIB};
+    for (size_t k = 0; k < sizeof GSIZES / sizeof GSIZES[0]; k++) {
+      size_t off = 4096 + k * 3;
+      fill(g.cpu + off, GSIZES[k], 500 + (int)k);
+      int got = -1;
+      wait_req(isend(sc, g.dev + off, GSIZES[k], 50, gmh), &got);
+      if ((size_t)got != GSIZES[k]) FAIL("dma-buf send size %d", got);
+    }
+    CHECK(((int (*)(void *, void *))T->deregMr)(sc, gmh));
+    gpu_free(&g);
+  }
+
   fill(buf, 10000, 99);
   {
     void *req = isend(sc, buf, 10000, 43, mh);
@@ -529,6 +639,8 @@ int main(int argc, char **argv) {
   }
   V = atoi(argv[2]);
   if (V < 8 || V > 12) return 2;
+  if (getenv("HARNESS_PTR")) expect_ptr = atoi(getenv("HARNESS_PTR"));
+  if (getenv("HARNESS_FLUSH")) expect_flush = atoi(getenv("HARNESS_FLUSH"));
   if (argc == 4) {
     expect_init_failure(argv[1]);
     printf("harness v%d: OK (init refused)\n", V);

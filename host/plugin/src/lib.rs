@@ -35,14 +35,15 @@ mod fabric;
 mod log;
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::os::fd::BorrowedFd;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
 
 use ncclwasm_policy::PolicyHost;
 use ncclwasm_transport::{
     CommConfig, DeviceProps, Done, ErrorClass, HANDLE_SIZE, Listener, MAX_ENDPOINTS, MAX_QPS,
-    MAX_RECVS, MAX_REQUESTS, MemHandle, Net, NetError, RecvBuf, RecvComm, RegionSource, ReqId,
-    SendComm,
+    MAX_RECVS, MAX_REQUESTS, MemHandle, Net, NetError, PTR_CUDA, PTR_DMABUF, PTR_HOST, RecvBuf,
+    RecvComm, RegionSource, ReqId, SendComm,
 };
 use ncclwasm_verbs::{ForeignMemory, Memory};
 
@@ -290,7 +291,7 @@ unsafe extern "C" fn get_properties_v8(dev: c_int, out: *mut PropsV8) -> NcclRes
             name: c.name,
             pci_path: c.pci_path,
             guid: c.guid,
-            ptr_support: NCCL_PTR_HOST,
+            ptr_support: p.ptr_support as c_int,
             reg_is_global: 1,
             speed: c.speed,
             port: c.port,
@@ -311,9 +312,9 @@ fn props_v9(p: &DeviceProps) -> PropsV9 {
         name: c.name,
         pci_path: c.pci_path,
         guid: c.guid,
-        ptr_support: NCCL_PTR_HOST,
+        ptr_support: p.ptr_support as c_int,
         reg_is_global: 1,
-        force_flush: 0,
+        force_flush: c_int::from(p.force_flush),
         speed: c.speed,
         port: c.port,
         latency: 0.0,
@@ -512,12 +513,24 @@ unsafe extern "C" fn accept(
 }
 
 /// A communicator of either kind.
+#[derive(Clone, Copy)]
 enum Comm<'a> {
     Send(&'a PluginSend),
     Recv(&'a PluginRecv),
 }
 
-/// `regMr` on a send or receive communicator (host memory only: `ptrSupport` is HOST).
+impl Comm<'_> {
+    /// The `ptrSupport` of the device the communicator was made on.
+    fn ptr_support(self) -> u32 {
+        match self {
+            Comm::Send(s) => s.comm.ptr_support(),
+            Comm::Recv(r) => r.comm.ptr_support(),
+        }
+    }
+}
+
+/// `regMr` on a send or receive communicator: host memory, and GPU memory (`NCCL_PTR_CUDA`)
+/// when a peer-memory module lets `ibv_reg_mr` take it (`ptrSupport` says which).
 unsafe extern "C" fn reg_mr(
     comm: *mut c_void,
     data: *mut c_void,
@@ -529,22 +542,75 @@ unsafe extern "C" fn reg_mr(
         // SAFETY: NCCL passes a valid out-pointer.
         let out = unsafe { mh.as_mut() }.ok_or_else(|| null_arg("mhandle"))?;
         *out = std::ptr::null_mut();
-        if ty != NCCL_PTR_HOST {
-            return Err(NetError::Usage(format!(
-                "regMr of pointer type {ty:#x}: this plugin reports ptrSupport = NCCL_PTR_HOST \
-                 and registers host memory only"
-            )));
-        }
         // SAFETY: a communicator from connect/accept, alive until close.
         let comm = unsafe { which(comm) }?;
-        let (addr, len) = (data as u64, size as u64);
-        let h = match comm {
-            Comm::Send(s) => s.comm.reg_mr(addr, len, &NcclMemory)?,
-            Comm::Recv(r) => r.comm.reg_mr(addr, len, &NcclMemory)?,
-        };
-        *out = Box::into_raw(Box::new(h)).cast();
+        *out = Box::into_raw(Box::new(register(comm, data, size, ty, None)?)).cast();
         Ok(())
     })
+}
+
+/// `regMrDmaBuf`: GPU memory NCCL hands over as a dma-buf fd (`NCCL_PTR_DMABUF`); fd -1 is an
+/// ordinary `regMr`, as in net_ib.
+unsafe extern "C" fn reg_mr_dma_buf(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    ty: c_int,
+    offset: u64,
+    fd: c_int,
+    mh: *mut *mut c_void,
+) -> NcclResult {
+    guard("regMrDmaBuf", || {
+        // SAFETY: NCCL passes a valid out-pointer.
+        let out = unsafe { mh.as_mut() }.ok_or_else(|| null_arg("mhandle"))?;
+        *out = std::ptr::null_mut();
+        // SAFETY: a communicator from connect/accept, alive until close.
+        let comm = unsafe { which(comm) }?;
+        // SAFETY: NCCL keeps the fd open for the duration of the call; the kernel (or the
+        // provider) takes its own reference to the pages.
+        let fd = (fd >= 0).then(|| unsafe { BorrowedFd::borrow_raw(fd) });
+        let dmabuf = fd.map(|fd| (fd, offset));
+        *out = Box::into_raw(Box::new(register(comm, data, size, ty, dmabuf)?)).cast();
+        Ok(())
+    })
+}
+
+/// Registers NCCL's buffer of pointer type `ty`, from a dma-buf when `dmabuf` is given; a type
+/// the device did not advertise in `ptrSupport` is refused, naming it.
+fn register(
+    comm: Comm<'_>,
+    data: *mut c_void,
+    size: usize,
+    ty: c_int,
+    dmabuf: Option<(BorrowedFd<'_>, u64)>,
+) -> Result<MemHandle, NetError> {
+    let (addr, len) = (data as u64, size as u64);
+    if len == 0 {
+        return Err(NetError::Usage(format!("registering 0 bytes at {addr:#x}")));
+    }
+    let ptr_support = comm.ptr_support();
+    let wanted = u32::try_from(ty).unwrap_or(0);
+    let allowed = match dmabuf {
+        Some(_) => wanted & (PTR_CUDA | PTR_DMABUF) != 0 && ptr_support & PTR_DMABUF != 0,
+        None => matches!(wanted, PTR_HOST | PTR_CUDA) && ptr_support & wanted != 0,
+    };
+    if !allowed {
+        let how = if dmabuf.is_some() {
+            "regMrDmaBuf"
+        } else {
+            "regMr"
+        };
+        return Err(NetError::Usage(format!(
+            "{how} of {size} bytes at {addr:#x} with pointer type {ty:#x}: this device's \
+             ptrSupport is {ptr_support:#x}"
+        )));
+    }
+    match (comm, dmabuf) {
+        (Comm::Send(s), None) => s.comm.reg_mr(addr, len, &NcclMemory),
+        (Comm::Recv(r), None) => r.comm.reg_mr(addr, len, &NcclMemory),
+        (Comm::Send(s), Some((fd, off))) => s.comm.reg_mr_dmabuf(addr, len, fd, off),
+        (Comm::Recv(r), Some((fd, off))) => r.comm.reg_mr_dmabuf(addr, len, fd, off),
+    }
 }
 
 /// Tells a send from a receive communicator by its first byte.
@@ -1076,7 +1142,7 @@ pub static ncclNetPlugin_v8: NetV8 = NetV8 {
     connect: Some(connect),
     accept: Some(accept),
     reg_mr: Some(reg_mr),
-    reg_mr_dma_buf: None,
+    reg_mr_dma_buf: Some(reg_mr_dma_buf),
     dereg_mr: Some(dereg_mr),
     isend: Some(isend_v8),
     irecv: Some(irecv_v8),
@@ -1099,7 +1165,7 @@ pub static ncclNetPlugin_v9: NetV9 = NetV9 {
     connect: Some(connect),
     accept: Some(accept),
     reg_mr: Some(reg_mr),
-    reg_mr_dma_buf: None,
+    reg_mr_dma_buf: Some(reg_mr_dma_buf),
     dereg_mr: Some(dereg_mr),
     isend: Some(isend_v9),
     irecv: Some(irecv_v9),
@@ -1123,7 +1189,7 @@ pub static ncclNetPlugin_v10: NetV10 = NetV10 {
     connect: Some(connect_v10),
     accept: Some(accept),
     reg_mr: Some(reg_mr),
-    reg_mr_dma_buf: None,
+    reg_mr_dma_buf: Some(reg_mr_dma_buf),
     dereg_mr: Some(dereg_mr),
     isend: Some(isend_v10),
     irecv: Some(irecv_v10),
@@ -1147,7 +1213,7 @@ pub static ncclNetPlugin_v11: NetV11 = NetV11 {
     connect: Some(connect_v11),
     accept: Some(accept),
     reg_mr: Some(reg_mr),
-    reg_mr_dma_buf: None,
+    reg_mr_dma_buf: Some(reg_mr_dma_buf),
     dereg_mr: Some(dereg_mr),
     isend: Some(isend_v10),
     irecv: Some(irecv_v10),
@@ -1173,7 +1239,7 @@ pub static ncclNetPlugin_v12: NetV12 = NetV12 {
     connect: Some(connect_v11),
     accept: Some(accept),
     reg_mr: Some(reg_mr),
-    reg_mr_dma_buf: None,
+    reg_mr_dma_buf: Some(reg_mr_dma_buf),
     dereg_mr: Some(dereg_mr),
     isend: Some(isend_v10),
     irecv: Some(irecv_v10),

@@ -278,10 +278,8 @@ mod tests {
         unsafe { (m.addr() as *mut u8).add(5).write(0xAB) };
         let other = FdMapping::map(fd, 0, 3 * 4096).expect("maps again");
         // SAFETY: inside the second mapping.
-        assert_eq!(
-            unsafe { (other.addr() as *const u8).add(4096 + 15).read() },
-            0xAB
-        );
+        let seen = unsafe { (other.addr() as *const u8).add(4096 + 15).read() };
+        assert_eq!(seen, 0xAB);
         let pipe = [0i32; 2];
         // SAFETY: a valid two-int array.
         assert_eq!(unsafe { libc::pipe(pipe.as_ptr().cast_mut()) }, 0);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use ncclwasm_verbs::{Access, Completion, Cq, DmaBuf, Mr, WcOpcode, WcStatus};
 
 use crate::device::{DevCtx, PortCtx};
-use crate::mr_cache::RegionSource;
+use crate::mr_cache::Backing;
 use crate::net_error::NetError;
 use crate::qp::ConnQp;
 use ncclwasm_proto::request::{self, RequestPool};
@@ -108,17 +108,26 @@ impl Side {
         Ok(())
     }
 
+    /// `ptrSupport` of the device this side was made on (its first endpoint's, as the device's
+    /// own properties say).
+    pub(crate) fn ptr_support(&self) -> u32 {
+        self.ports
+            .first()
+            .map_or(crate::PTR_HOST, |p| p.dev.gpu.ptr_support())
+    }
+
     /// Every endpoint, to poll them all.
     pub(crate) fn all(&self) -> std::ops::Range<usize> {
         0..self.ports.len()
     }
 
-    /// Registers `len` bytes at `addr` on every local endpoint's device (through its cache).
+    /// Registers `len` bytes at `addr` on every local endpoint's device (through its cache), as
+    /// each device decided (relaxed ordering).
     pub(crate) fn reg_mr(
         &self,
         addr: u64,
         len: u64,
-        source: &dyn RegionSource,
+        backing: Backing<'_>,
     ) -> Result<MemHandle, NetError> {
         let mut handle = MemHandle {
             addr,
@@ -126,7 +135,8 @@ impl Side {
             mrs: Vec::with_capacity(self.ports.len()),
         };
         for p in &self.ports {
-            let mr = p.dev.mrs.acquire(&p.dev.pd, addr, len, source)?;
+            let relaxed = p.dev.gpu.relaxed_ordering.value;
+            let mr = p.dev.mrs.acquire(&p.dev.pd, relaxed, addr, len, backing)?;
             handle.mrs.push((Arc::clone(&p.dev), mr));
         }
         Ok(handle)

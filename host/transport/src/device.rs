@@ -1,5 +1,5 @@
-//! Per-device state shared by every communicator: the open context, the PD, the MR cache, and
-//! the async-event thread that turns fatal events into errors of the next call (as net_ib's
+//! Per-device state shared by every communicator: the open context, the PD, the MR cache, what
+//! was decided about GPU memory on it, and the async-event thread that turns fatal events into errors of the next call (as net_ib's
 //! `ncclIbAsyncThreadMain` and `devFatalError`).
 
 use std::collections::HashMap;
@@ -12,6 +12,7 @@ use ncclwasm_model::{Endpoint, Port, PortState};
 use ncclwasm_verbs::{AsyncEventKind, Context, DeviceAttr, Fabric, Pd};
 
 use crate::decide::Decisions;
+use crate::gpu::{self, GpuEnv, GpuFacts, GpuSupport};
 use crate::mr_cache::MrCache;
 use crate::net_error::NetError;
 
@@ -34,13 +35,23 @@ pub(crate) struct DevCtx {
     pub(crate) pd: Arc<Pd>,
     pub(crate) attr: DeviceAttr,
     pub(crate) mrs: MrCache,
+    /// Pointer types, relaxed ordering, flush and Data Direct on this device.
+    pub(crate) gpu: GpuSupport,
     /// Fast check before taking the lock: has any fatal event been seen?
     any_fault: AtomicBool,
     faults: Mutex<Faults>,
 }
 
 impl DevCtx {
-    pub(crate) fn open(fabric: &Arc<Fabric>, name: &str) -> Result<Arc<DevCtx>, NetError> {
+    /// Opens `name` and decides GPU memory on it: `peer_memory` is the host's peer-memory module
+    /// (one lookup per context), `mlx5` whether the device's driver is mlx5.
+    pub(crate) fn open(
+        fabric: &Arc<Fabric>,
+        name: &str,
+        env: &GpuEnv,
+        peer_memory: Option<String>,
+        mlx5: bool,
+    ) -> Result<Arc<DevCtx>, NetError> {
         let ctx = fabric
             .open(name)
             .map_err(NetError::verbs(format!("opening {name}")))?;
@@ -50,11 +61,42 @@ impl DevCtx {
         let pd = ctx
             .alloc_pd()
             .map_err(NetError::verbs(format!("allocating the PD of {name}")))?;
+        let dmabuf = pd.dmabuf_supported();
+        // Only an mlx5 device's context may be handed to libmlx5. net_ib makes the Data Direct
+        // function a second device (`<dev>_dma`); this plugin does not expose that device yet,
+        // so the device itself keeps the ordinary registration path and says what it found.
+        if let Some(path) = (mlx5 && dmabuf)
+            .then(|| ctx.data_direct_sysfs_path())
+            .flatten()
+        {
+            tracing::info!(
+                "NET/WASM: {name}: Data Direct function at /sys{path}; its {} device is not \
+                 exposed by this plugin",
+                ncclwasm_verbs::mlx5::device_name(name)
+            );
+        }
+        let facts = GpuFacts {
+            peer_memory,
+            dmabuf,
+            reg_mr_iova2: fabric.capabilities().reg_mr_iova2,
+            mlx5,
+            data_direct_path: None,
+        };
+        let gpu = gpu::decide(env, &facts);
+        tracing::info!(
+            "NET/WASM: {name}: GPU memory: {}; {}; relaxed ordering: {}; {}; flush: {}",
+            gpu.peer_memory.reason,
+            gpu.dmabuf.reason,
+            gpu.relaxed_ordering.reason,
+            gpu.data_direct.reason,
+            gpu.flush.reason
+        );
         Ok(Arc::new(DevCtx {
             ctx,
             pd,
             attr,
             mrs: MrCache::default(),
+            gpu,
             any_fault: AtomicBool::new(false),
             faults: Mutex::new(Faults::default()),
         }))

@@ -28,6 +28,7 @@ mod decide;
 mod device;
 #[cfg(test)]
 mod fault_tests;
+mod gpu;
 mod mr_cache;
 mod net;
 mod net_error;
@@ -40,6 +41,7 @@ mod socket;
 
 pub use comm::{Done, MemHandle};
 pub use decide::{Decided, DecisionError, Decisions};
+pub use gpu::{GpuSupport, PTR_CUDA, PTR_DMABUF, PTR_HOST, Reasoned};
 pub use mr_cache::RegionSource;
 pub use ncclwasm_proto::handle::HANDLE_SIZE;
 pub use ncclwasm_proto::request::ReqId;

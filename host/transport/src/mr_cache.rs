@@ -2,10 +2,15 @@
 //!
 //! As `ncclIbRegMrDmaBufInternal`, a registration covers whole pages, and registering a range
 //! already covered on that device reuses the region and counts one more user; the region is
-//! deregistered when its last user is gone. NCCL registers the same buffers from several
+//! deregistered when its last user is gone. Host (and peer-memory GPU) buffers go to
+//! `ibv_reg_mr`, or to `ibv_reg_mr_iova2` with the buffer's address as IOVA when relaxed
+//! ordering is on; a dma-buf goes to `ibv_reg_dmabuf_mr` with the fd, NCCL's offset, the
+//! page-rounded length and the page-rounded buffer address as IOVA, so the peer addresses it by
+//! NCCL's pointer as any other buffer. NCCL registers the same buffers from several
 //! communicators (and channels share buffers), so the cache lives with the device's PD, shared by
 //! every communicator on it.
 
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::{Arc, Mutex};
 
 use ncclwasm_verbs::{Access, DmaBuf, Memory, Mr, Pd};
@@ -44,10 +49,28 @@ pub(crate) const DATA_ACCESS: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_WRITE)
     .union(Access::REMOTE_READ);
 
+/// Where the pages of a registration come from.
+#[derive(Clone, Copy)]
+pub(crate) enum Backing<'a> {
+    /// Memory this process can address (host memory, or GPU memory under a peer-memory module).
+    Host(&'a dyn RegionSource),
+    /// A dma-buf: the pages of `fd` from `offset` (NCCL's `regMrDmaBuf`).
+    DmaBuf { fd: BorrowedFd<'a>, offset: u64 },
+}
+
+impl Backing<'_> {
+    fn is_dmabuf(&self) -> bool {
+        matches!(self, Backing::DmaBuf { .. })
+    }
+}
+
 #[derive(Debug)]
 struct Entry {
     mr: Arc<Mr>,
     users: usize,
+    /// A dma-buf region is never handed out for host memory at the same addresses, nor the
+    /// reverse: the two are different pages.
+    dmabuf: bool,
 }
 
 /// The registrations of one device.
@@ -58,30 +81,55 @@ pub(crate) struct MrCache {
 
 impl MrCache {
     /// A region covering `[addr, addr + len)`: a cached one when one covers it, else a new
-    /// page-rounded registration.
+    /// page-rounded registration (with `IBV_ACCESS_RELAXED_ORDERING` when `relaxed`).
     pub(crate) fn acquire(
         &self,
         pd: &Arc<Pd>,
+        relaxed: bool,
         addr: u64,
         len: u64,
-        source: &dyn RegionSource,
+        backing: Backing<'_>,
     ) -> Result<Arc<Mr>, NetError> {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let end = addr.saturating_add(len);
-        if let Some(e) = entries
-            .iter_mut()
-            .find(|e| e.mr.addr() <= addr && end <= e.mr.addr() + e.mr.len())
-        {
+        if let Some(e) = entries.iter_mut().find(|e| {
+            e.dmabuf == backing.is_dmabuf()
+                && e.mr.addr() <= addr
+                && end <= e.mr.addr() + e.mr.len()
+        }) {
             e.users += 1;
             return Ok(Arc::clone(&e.mr));
         }
         let (start, span) = page_span(addr, len);
-        let mr = pd
-            .reg_mr(source.memory(start, span), DATA_ACCESS)
-            .map_err(NetError::verbs(format!(
-                "registering {span} bytes at {start:#x} on {}",
-                pd.context().name()
-            )))?;
+        let dev = pd.context().name();
+        let access = if relaxed {
+            DATA_ACCESS | Access::RELAXED_ORDERING
+        } else {
+            DATA_ACCESS
+        };
+        let mr = match backing {
+            Backing::Host(source) => {
+                let memory = source.memory(start, span);
+                let what = format!("registering {span} bytes at {start:#x} on {dev}");
+                if relaxed {
+                    pd.reg_mr_iova2(memory, start, access)
+                } else {
+                    pd.reg_mr(memory, access)
+                }
+                .map_err(NetError::verbs(what))?
+            }
+            Backing::DmaBuf { fd, offset } => {
+                let what = format!(
+                    "registering the dma-buf of buffer {addr:#x} ({len} bytes; fd {}, offset \
+                     {offset}, {span} bytes at IOVA {start:#x}) on {dev}",
+                    fd.as_raw_fd()
+                );
+                let span = usize::try_from(span)
+                    .map_err(|_| NetError::Usage(format!("{what}: too large")))?;
+                pd.reg_dmabuf_mr(fd, offset, span, start, access)
+                    .map_err(NetError::verbs(what))?
+            }
+        };
         if !(mr.addr() <= addr && end <= mr.addr() + mr.len()) {
             return Err(NetError::Usage(format!(
                 "the memory given for [{addr:#x}, {end:#x}) registered as [{:#x}, +{})",
@@ -93,6 +141,7 @@ impl MrCache {
         entries.push(Entry {
             mr: Arc::clone(&mr),
             users: 1,
+            dmabuf: backing.is_dmabuf(),
         });
         Ok(mr)
     }

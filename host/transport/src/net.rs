@@ -16,6 +16,7 @@ use ncclwasm_verbs::Fabric;
 
 use crate::decide::Decisions;
 use crate::device::{DevCtx, EventThread, PortCtx};
+use crate::gpu::{GpuEnv, GpuSupport};
 use crate::net_error::NetError;
 use crate::qp::random_u64;
 use crate::recv::Listener;
@@ -75,6 +76,10 @@ pub struct DeviceProps {
     pub link_layer: LinkLayer,
     /// The physical NCCL devices it is made of (`vProps`): itself for a physical device.
     pub children: Vec<u32>,
+    /// `ptrSupport`: `NCCL_PTR_*` bits ([`crate::PTR_HOST`] …), from [`Net::gpu_support`].
+    pub ptr_support: u32,
+    /// `forceFlush`: NCCL must flush receives on this device (mlx5 Data Direct).
+    pub force_flush: bool,
 }
 
 #[derive(Debug)]
@@ -122,6 +127,8 @@ impl Net {
         );
         let decisions = config.decisions;
         decisions.live_ports(&ports);
+        let gpu_env = GpuEnv::from_env()?;
+        let peer_memory = fabric.peer_memory_module();
 
         // The decision maker logs each decision with its reason and source; the lines here add
         // what the plugin made of it.
@@ -154,7 +161,9 @@ impl Net {
             let dev = match devs.get(&port.device) {
                 Some(d) => Arc::clone(d),
                 None => {
-                    let d = DevCtx::open(&fabric, &port.device)?;
+                    let mlx5 = port.provider == "mlx5";
+                    let d =
+                        DevCtx::open(&fabric, &port.device, &gpu_env, peer_memory.clone(), mlx5)?;
                     events.push(EventThread::start(Arc::clone(&d), Arc::clone(&decisions))?);
                     devs.insert(port.device.clone(), Arc::clone(&d));
                     d
@@ -280,6 +289,13 @@ impl Net {
     /// `getProperties`.
     pub fn properties(&self, dev: i64) -> Result<DeviceProps, NetError> {
         self.device(dev).map(|(p, _)| p)
+    }
+
+    /// What was decided about GPU memory on device `dev` (a vNIC: its first device's, as
+    /// net_ib's `ncclIbDmaBufSupport` looks at the first physical device), each with its reason.
+    pub fn gpu_support(&self, dev: i64) -> Result<GpuSupport, NetError> {
+        let (_, ports) = self.device(dev)?;
+        Ok(ports[0].dev.gpu.clone())
     }
 
     /// `makeVDevice`: NCCL core asks to fuse physical devices; the policy's `make-vnic` accepts,
@@ -456,6 +472,7 @@ fn props_of(
     children: Vec<u32>,
 ) -> DeviceProps {
     let first = &ports[members[0]].port;
+    let gpu = &ports[members[0]].dev.gpu;
     let name = name.unwrap_or_else(|| {
         members
             .iter()
@@ -476,6 +493,8 @@ fn props_of(
             .unwrap_or(0),
         link_layer: first.link_layer,
         children,
+        ptr_support: gpu.ptr_support(),
+        force_flush: gpu.force_flush(),
     }
 }
 

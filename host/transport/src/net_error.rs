@@ -80,6 +80,9 @@ pub enum NetError {
     /// NCCL core's fusion request was refused.
     #[error("cannot make a virtual NIC of devices {devices:?}: {reason}")]
     Vnic { devices: Vec<u32>, reason: String },
+    /// A setting (an `NCCL_IB_*` variable the transport reads) has a value it cannot use.
+    #[error("configuration: {0}")]
+    Config(String),
     /// The caller used the API in a way it does not support.
     #[error("invalid use: {0}")]
     Usage(String),
@@ -107,7 +110,9 @@ impl NetError {
             | NetError::Io { .. }
             | NetError::NoDevice(_)
             | NetError::Fatal { .. } => ErrorClass::System,
-            NetError::Decision(_) | NetError::Vnic { .. } => ErrorClass::InvalidUsage,
+            NetError::Decision(_) | NetError::Vnic { .. } | NetError::Config(_) => {
+                ErrorClass::InvalidUsage
+            }
             NetError::BadDevice { .. } | NetError::Usage(_) => ErrorClass::Internal,
             NetError::Completion { .. } => ErrorClass::Remote,
         }

@@ -2,13 +2,15 @@
 //! communicator (`ncclIbListen`, `ncclIbAccept`, `ncclIbIrecv`, `ncclIbPostFifo`, `ncclIbIflush`).
 
 use std::net::TcpListener;
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ncclwasm_verbs::{Access, Cq, RecvWr, Remote, SendOp, SendWr};
 
 use crate::comm::{Done, MemHandle, OwnedRegion, Side};
 use crate::device::PortCtx;
-use crate::mr_cache::RegionSource;
+use crate::mr_cache::{Backing, RegionSource};
 use crate::net_error::NetError;
 use crate::qp::{self, ConnQp};
 use crate::send::describe;
@@ -36,15 +38,20 @@ pub struct Listener {
     listener: TcpListener,
     config: AcceptorConfig,
     ports: Vec<PortCtx>,
+    /// Whether connections accepted here flush GPU receives: the listening device's decision
+    /// (its first port's device, as net_ib asks `ncclIbDmaBufSupport(lComm->dev)`).
+    flush: bool,
     accepting: Option<Accepting>,
 }
 
 impl Listener {
     pub(crate) fn new(listener: TcpListener, config: AcceptorConfig, ports: Vec<PortCtx>) -> Self {
+        let flush = ports.first().is_some_and(|p| p.dev.gpu.flush.value);
         Listener {
             listener,
             config,
             ports,
+            flush,
             accepting: None,
         }
     }
@@ -57,7 +64,12 @@ impl Listener {
             };
             let machine = Acceptor::new(self.config.clone())
                 .map_err(NetError::protocol("accepting a connection"))?;
-            self.accepting = Some(Accepting::new(machine, stream, self.ports.clone()));
+            self.accepting = Some(Accepting::new(
+                machine,
+                stream,
+                self.ports.clone(),
+                self.flush,
+            ));
         }
         let Some(a) = self.accepting.as_mut() else {
             return Ok(None);
@@ -82,6 +94,7 @@ struct Accepting {
     machine: Acceptor,
     stream: Stream,
     ports: Vec<PortCtx>,
+    flush: bool,
     cqs: Vec<Arc<Cq>>,
     qps: Vec<ConnQp>,
     regions: Option<RecvRegions>,
@@ -94,17 +107,24 @@ struct RecvRegions {
     cts_stage: OwnedRegion,
     /// Written by the sender for multi-receives.
     sizes: OwnedRegion,
-    /// The flush QP of each endpoint and the buffer its READs land in.
-    flush_qps: Vec<ConnQp>,
-    flush_buf: OwnedRegion,
+    /// Only when the connection flushes.
+    flush: Option<FlushTarget>,
+}
+
+/// The flush QP of each endpoint and the buffer its READs land in.
+#[derive(Debug)]
+struct FlushTarget {
+    qps: Vec<ConnQp>,
+    buf: OwnedRegion,
 }
 
 impl Accepting {
-    fn new(machine: Acceptor, stream: Stream, ports: Vec<PortCtx>) -> Self {
+    fn new(machine: Acceptor, stream: Stream, ports: Vec<PortCtx>, flush: bool) -> Self {
         Accepting {
             machine,
             stream,
             ports,
+            flush,
             cqs: Vec::new(),
             qps: Vec::new(),
             regions: None,
@@ -152,21 +172,25 @@ impl Accepting {
             rkeys: sizes.rkeys(),
         };
         let cts_stage = OwnedRegion::new(&self.ports, CTS_FIFO_BYTES, Access::LOCAL_WRITE)?;
-        let flush_buf = OwnedRegion::new(&self.ports, FLUSH_BYTES, Access::LOCAL_WRITE)?;
-        let flush_qps = self
-            .ports
-            .iter()
-            .enumerate()
-            .map(|(ep, p)| qp::loopback(p, ep, &self.cqs[ep], FLUSH_TIMEOUT, FLUSH_RETRY))
-            .collect::<Result<Vec<_>, _>>()?;
+        let flush = if self.flush {
+            let buf = OwnedRegion::new(&self.ports, FLUSH_BYTES, Access::LOCAL_WRITE)?;
+            let qps = self
+                .ports
+                .iter()
+                .enumerate()
+                .map(|(ep, p)| qp::loopback(p, ep, &self.cqs[ep], FLUSH_TIMEOUT, FLUSH_RETRY))
+                .collect::<Result<Vec<_>, _>>()?;
+            Some(FlushTarget { qps, buf })
+        } else {
+            None
+        };
         self.regions = Some(RecvRegions {
             cts_stage,
             sizes,
-            flush_qps,
-            flush_buf,
+            flush,
         });
         self.machine
-            .qps_created(&locals, window, true)
+            .qps_created(&locals, window, self.flush)
             .map_err(NetError::protocol("accept handshake"))
     }
 
@@ -179,7 +203,9 @@ impl Accepting {
         tracing::info!("NET/WASM: accepted {desc}: {} QP(s)", setup.plan.qps.len());
         let qps = std::mem::take(&mut self.qps);
         let mut qpns: Vec<u32> = qps.iter().map(|q| q.qp.qpn()).collect();
-        qpns.extend(regions.flush_qps.iter().map(|q| q.qp.qpn()));
+        if let Some(f) = &regions.flush {
+            qpns.extend(f.qps.iter().map(|q| q.qp.qpn()));
+        }
         let side = Side {
             qpns,
             ports: self.ports.clone(),
@@ -192,6 +218,7 @@ impl Accepting {
             side,
             regions,
             setup,
+            flushes: AtomicU64::new(0),
         })
     }
 }
@@ -213,12 +240,24 @@ pub struct RecvComm {
     pub(crate) side: Side,
     regions: RecvRegions,
     setup: RecvSetup,
+    /// Flushes posted (`iflush` calls that issued RDMA READs), for tests and diagnostics.
+    flushes: AtomicU64,
 }
 
 impl RecvComm {
     /// The plan this connection follows (the connecting side's).
     pub fn plan(&self) -> &ncclwasm_model::ConnPlan {
         &self.setup.plan
+    }
+
+    /// Whether this connection flushes GPU receives (see `GpuSupport::flush`).
+    pub fn flush_enabled(&self) -> bool {
+        self.regions.flush.is_some()
+    }
+
+    /// How many flushes `iflush` has issued on this connection.
+    pub fn flushes(&self) -> u64 {
+        self.flushes.load(Ordering::Relaxed)
     }
 
     /// Registers a buffer on every device of the connection (`regMr`).
@@ -228,7 +267,24 @@ impl RecvComm {
         len: u64,
         source: &dyn RegionSource,
     ) -> Result<MemHandle, NetError> {
-        self.side.reg_mr(addr, len, source)
+        self.side.reg_mr(addr, len, Backing::Host(source))
+    }
+
+    /// The `NCCL_PTR_*` types `reg_mr` and `reg_mr_dmabuf` accept on this connection.
+    pub fn ptr_support(&self) -> u32 {
+        self.side.ptr_support()
+    }
+
+    /// Registers a dma-buf on every device of the connection (`regMrDmaBuf`): NCCL's buffer at
+    /// `addr` is the pages of `fd` from `offset`.
+    pub fn reg_mr_dmabuf(
+        &self,
+        addr: u64,
+        len: u64,
+        fd: BorrowedFd<'_>,
+        offset: u64,
+    ) -> Result<MemHandle, NetError> {
+        self.side.reg_mr(addr, len, Backing::DmaBuf { fd, offset })
     }
 
     fn rkeys(b: &RecvBuf<'_>) -> Result<[u32; MAX_ENDPOINTS], NetError> {
@@ -311,7 +367,7 @@ impl RecvComm {
 
     /// `iflush`: an RDMA READ of one byte of the last non-empty buffer over each endpoint's
     /// loopback QP, so that data written by the NIC is visible before NCCL reads it.
-    /// `Ok(None)`: nothing to flush.
+    /// `Ok(None)`: nothing to flush (every size is zero, or the connection does not flush).
     pub fn iflush(&self, bufs: &[RecvBuf<'_>]) -> Result<Option<ReqId>, NetError> {
         self.side.check()?;
         let sizes: Vec<u64> = bufs.iter().map(|b| b.size).collect();
@@ -322,14 +378,12 @@ impl RecvComm {
         else {
             return Ok(None);
         };
+        let target = self.regions.flush.as_ref().ok_or_else(|| {
+            NetError::Usage("a flush on a connection set up without flush QPs".into())
+        })?;
         let b = &bufs[f.recv];
         let rkeys = Self::rkeys(b)?;
-        let targets = self
-            .regions
-            .flush_buf
-            .mrs
-            .iter()
-            .zip(&self.regions.flush_qps);
+        let targets = target.buf.mrs.iter().zip(&target.qps);
         for (d, (mr, flush)) in targets.enumerate().take(f.endpoints) {
             let sge = mr.sge(0, 1).map_err(NetError::verbs("flush target"))?;
             let qp = &flush.qp;
@@ -348,6 +402,7 @@ impl RecvComm {
                 qp.qpn()
             )))?;
         }
+        self.flushes.fetch_add(1, Ordering::Relaxed);
         Ok(Some(f.req))
     }
 

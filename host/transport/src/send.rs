@@ -1,6 +1,7 @@
 //! The sending side: the connect shell around [`Connector`] and the send communicator
 //! (`ncclIbConnect`, `ncclIbIsend`, `ncclIbMultiSend`).
 
+use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex};
 
 use ncclwasm_model::Connection;
@@ -9,7 +10,7 @@ use ncclwasm_verbs::{Access, Remote, SendOp, SendWr, Sge};
 use crate::comm::{Done, MemHandle, OwnedRegion, Side};
 use crate::decide::Decisions;
 use crate::device::PortCtx;
-use crate::mr_cache::RegionSource;
+use crate::mr_cache::{Backing, RegionSource};
 use crate::net_error::NetError;
 use crate::qp::{self, ConnQp};
 use crate::socket::Stream;
@@ -261,7 +262,24 @@ impl SendComm {
         len: u64,
         source: &dyn RegionSource,
     ) -> Result<MemHandle, NetError> {
-        self.side.reg_mr(addr, len, source)
+        self.side.reg_mr(addr, len, Backing::Host(source))
+    }
+
+    /// The `NCCL_PTR_*` types `reg_mr` and `reg_mr_dmabuf` accept on this connection.
+    pub fn ptr_support(&self) -> u32 {
+        self.side.ptr_support()
+    }
+
+    /// Registers a dma-buf on every device of the connection (`regMrDmaBuf`): NCCL's buffer at
+    /// `addr` is the pages of `fd` from `offset`.
+    pub fn reg_mr_dmabuf(
+        &self,
+        addr: u64,
+        len: u64,
+        fd: BorrowedFd<'_>,
+        offset: u64,
+    ) -> Result<MemHandle, NetError> {
+        self.side.reg_mr(addr, len, Backing::DmaBuf { fd, offset })
     }
 
     /// `isend`: `Ok(None)` when the receiver has not posted a matching receive yet (NCCL calls

@@ -31,6 +31,7 @@
 //! memory, cq                Pd, Mr, DmaBuf / Cq, completions              (device, wr)
 //! qp                        Qp, transitions, posting, ECE                 (memory, cq, wr)
 //! discover                  Fabric::discover                              (device, sysfs)
+//! gpu, mlx5                 peer memory, relaxed ordering / Data Direct   (device, memory, sysfs)
 //! fault                     the inject_* extension [fault-injection]      (device, qp, table)
 //! ```
 //! Objects never reach up: a parent does not name its children's modules, and the fault
@@ -60,8 +61,10 @@ mod discover;
 mod error;
 #[cfg(feature = "fault-injection")]
 mod fault;
+mod gpu;
 pub mod ib;
 mod memory;
+pub mod mlx5;
 mod provider;
 mod qp;
 mod sysfs;
@@ -71,6 +74,7 @@ mod wr;
 pub use cq::{Completion, Cq, WcOpcode, WcStatus};
 pub use device::{AsyncEvent, AsyncEventKind, Context, DeviceAttr, Fabric, IbOptions, PortAttr};
 pub use error::{Result, VerbsError};
+pub use gpu::{PEER_MEMORY_MODULES, RelaxedOrderingMode};
 pub use memory::{Access, DmaBuf, ForeignMemory, Memory, Mr, Pd};
 pub use provider::{Capabilities, Provider, ProviderCaps};
 pub use qp::{Ece, Grh, InitAttr, Mtu, Qp, QpCaps, QpState, RtrAttr, RtsAttr};

@@ -342,7 +342,7 @@ impl Pd {
     /// Wraps a fresh registration. `iova` is the MR's address space when the caller chose one:
     /// libibverbs leaves `ibv_mr.addr` at the CPU address (or the dma-buf offset) even then,
     /// while SGEs and remote accesses use the IOVA.
-    fn finish(
+    pub(crate) fn finish(
         self: &Arc<Self>,
         mr: *mut ibv_mr,
         verb: &'static str,

@@ -35,6 +35,11 @@ impl Sysfs {
         Some(s.trim().to_owned())
     }
 
+    /// Whether `rel` exists (as `access(F_OK)`), e.g. a kernel module's `version` file.
+    pub(crate) fn exists(&self, rel: &str) -> bool {
+        self.dir.as_ref().is_some_and(|d| d.exists(rel))
+    }
+
     /// The device's PCI function directory as `/sys/devices/…` (unmerged), as the `realpath` in
     /// `ncclIbGetPciPath`; `None` when the link is missing or leaves the root.
     pub(crate) fn pci_path(&self, dev: &str) -> Option<String> {
