@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Guard: nothing built on the verbs crate may depend on libibverbs/librdmacm at link time.
-# The `ib` table dlopen()s libibverbs.so.1 at run time, so the plugin must load on hosts without
-# rdma-core. Any reference to an exported rdma-sys verb would bring back `NEEDED
-# libibverbs.so.1`; this script catches that.
+# Guard: nothing built on the verbs crate may depend on libibverbs/librdmacm/libmlx5 at link
+# time. The `ib` table dlopen()s libibverbs.so.1 (and Data Direct libmlx5.so.1) at run time, so
+# the plugin must load on hosts without rdma-core. Any reference to an exported rdma-sys verb or
+# mlx5dv function would bring back a `NEEDED` entry; this script catches that.
 #
 # Checks (each printed): the ib_probe cdylib (verbs crate + ib table + discovery, built like the
 # plugin), the conformance test binaries of the soft provider crate, and any extra libraries
 # given as arguments (pass the plugin's .so; the script builds and checks
-# target/debug/libnccl_net_wasm.so itself): no NEEDED libibverbs/librdmacm, no undefined
-# ibv_*/rdma_* dynamic symbols.
+# target/debug/libnccl_net_wasm.so itself): no NEEDED libibverbs/librdmacm/libmlx5, no undefined
+# ibv_*/rdma_*/mlx5dv_* dynamic symbols.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -30,15 +30,15 @@ for f in "${targets[@]}"; do
         continue
     fi
     needed=$(readelf -d "$f" | grep NEEDED | grep -oE '\[[^]]*\]' | tr -d '[]' | tr '\n' ' ')
-    bad_needed=$(readelf -d "$f" | grep NEEDED | grep -E 'libibverbs|librdmacm' || true)
-    bad_undef=$(nm -D --undefined-only "$f" | grep -E ' (ibv_|rdma_)' || true)
+    bad_needed=$(readelf -d "$f" | grep NEEDED | grep -E 'libibverbs|librdmacm|libmlx5' || true)
+    bad_undef=$(nm -D --undefined-only "$f" | grep -E ' (ibv_|rdma_|mlx5dv_)' || true)
     if [ -n "$bad_needed" ] || [ -n "$bad_undef" ]; then
         echo "FAIL: $f"
         [ -n "$bad_needed" ] && echo "  link-time dependency: $bad_needed"
         [ -n "$bad_undef" ] && echo "  undefined verbs symbols:" && echo "$bad_undef" | sed 's/^/    /'
         fail=1
     else
-        echo "ok: $f — NEEDED: $needed; no undefined ibv_*/rdma_* symbols"
+        echo "ok: $f — NEEDED: $needed; no undefined ibv_*/rdma_*/mlx5dv_* symbols"
     fi
 done
 exit $fail
