@@ -19,6 +19,14 @@
 //! TCP, devices from `NCCL_WASM_TOPOLOGY`); `NCCL_WASM_POLICY*` configure the policy engine.
 //! Every decision is logged at INFO under the NET subsystem with its reason and source.
 //!
+//! # GPU memory
+//! `ptrSupport` is `NCCL_PTR_HOST`, plus `NCCL_PTR_CUDA` when a peer-memory module is loaded and
+//! `NCCL_PTR_DMABUF` when the device registers dma-bufs; `forceFlush` is set for mlx5 Data
+//! Direct devices. `regMr` takes host and (with peer memory) CUDA pointers, `regMrDmaBuf` (in
+//! every table version) dma-buf fds; a type the device did not advertise is refused with a WARN
+//! naming it. The rules are net_ib's and live in the transport (`Net::gpu_support` says what was
+//! decided and why; `docs/architecture.md`, "GPU memory").
+//!
 //! # Lifetime
 //! The [`Net`] context is process-wide (NCCL reads devices once). ABI v8–v10 initialise once per
 //! load; v11/v12 call `init`/`finalize` per communicator, and the last `finalize` drops the
