@@ -85,6 +85,50 @@ fn every_abi_version_across_two_processes() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// A host with a peer-memory module (the soft fabric's sysfs tree, copied, plus
+/// `module/nvidia_peermem/version`, given through `NCCL_WASM_SYSFS_ROOT`): every device reports
+/// `NCCL_PTR_CUDA` too, and a CUDA-typed `regMr` succeeds (the harness checks both, and without
+/// the module that the same `regMr` is refused).
+#[test]
+fn a_peer_memory_module_adds_cuda_pointers() {
+    let out = std::env::temp_dir().join(format!("ncclwasm-harness-cuda-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    let (lib, exe) = build(&out);
+    let tree = out.join("sysfs");
+    let soft_tree = ncclwasm_soft::sysfs_root().expect("the soft fabric's sysfs tree");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(&soft_tree)
+        .arg(&tree)
+        .status()
+        .expect("cp");
+    assert!(copied.success(), "copying {}", soft_tree.display());
+    std::fs::create_dir_all(tree.join("module/nvidia_peermem")).unwrap();
+    std::fs::write(tree.join("module/nvidia_peermem/version"), "1.0\n").unwrap();
+    for version in [8, 12] {
+        let run = Command::new(&exe)
+            .arg(&lib)
+            .arg(version.to_string())
+            .env("NCCL_WASM_FABRIC", "soft")
+            .env(ncclwasm_verbs::SYSFS_ROOT_ENV, &tree)
+            .env("HARNESS_PTR", "7")
+            .env("HARNESS_FLUSH", "1")
+            .env("HARNESS_QUIET", "1")
+            .env_remove("NCCL_WASM_TOPOLOGY")
+            .env_remove("NCCL_WASM_POLICY")
+            .env_remove("NCCL_IB_GDR_FLUSH_DISABLE")
+            .output()
+            .expect("run the harness");
+        assert!(
+            run.status.success(),
+            "harness v{version} with a peer-memory module:\n{}\n{}",
+            String::from_utf8_lossy(&run.stdout),
+            String::from_utf8_lossy(&run.stderr)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// `auto` without an active RDMA port: every version's `init` fails cleanly (NCCL then falls
 /// back to its own transports). Only meaningful on hosts without RDMA hardware.
 #[test]

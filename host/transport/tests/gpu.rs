@@ -55,16 +55,26 @@ fn soft_fabric_offers_dmabuf_and_flushes_gpu_receives() {
     assert!(gpu.peer_memory.reason.contains("nvidia_peermem"));
     assert!(gpu.flush.value, "{}", gpu.flush.reason);
     // NCCL_IB_PCI_RELAXED_ORDERING defaults to 2 (auto) and soft has reg_mr_iova2.
-    assert!(gpu.relaxed_ordering.value, "{}", gpu.relaxed_ordering.reason);
+    assert!(
+        gpu.relaxed_ordering.value,
+        "{}",
+        gpu.relaxed_ordering.reason
+    );
     assert_eq!(gpu.data_direct.value, None);
 
     let (s, r) = connect(&net, 0, 1);
     assert!(r.flush_enabled());
     assert_eq!(r.ptr_support(), PTR_HOST | PTR_DMABUF);
     let b = bufs(&s, &r);
-    assert!(receive_and_flush(&s, &r, &b, 1000), "a flush after a receive");
+    assert!(
+        receive_and_flush(&s, &r, &b, 1000),
+        "a flush after a receive"
+    );
     assert_eq!(r.flushes(), 1);
-    assert!(!receive_and_flush(&s, &r, &b, 0), "nothing to flush after an empty receive");
+    assert!(
+        !receive_and_flush(&s, &r, &b, 0),
+        "nothing to flush after an empty receive"
+    );
     assert_eq!(r.flushes(), 1);
 }
 
@@ -106,7 +116,10 @@ fn invalid_gpu_variables_are_refused_by_name() {
         decisions: policy as _,
     })
     .unwrap_err();
-    assert!(e.to_string().contains("NCCL_IB_PCI_RELAXED_ORDERING"), "{e}");
+    assert!(
+        e.to_string().contains("NCCL_IB_PCI_RELAXED_ORDERING"),
+        "{e}"
+    );
 }
 
 /// The soft fabric's own sysfs tree, copied, with `extra` files added: a host as the test wants.
@@ -216,11 +229,18 @@ fn dmabuf_receives_land_in_the_fds_pages() {
     let sreq = isend(&s, send.addr(), 5000, 4, &smr);
     wait_send(&s, sreq);
     wait_recv(&r, rreq);
-    assert!(r.iflush(&[buf]).unwrap().is_some(), "dma-buf receives are flushed");
+    assert!(
+        r.iflush(&[buf]).unwrap().is_some(),
+        "dma-buf receives are flushed"
+    );
     let mut got = vec![0u8; 5002];
     file.read_exact_at(&mut got, OFFSET + 9).unwrap();
     assert_eq!(got[0], 0xee, "byte before the receive");
-    assert_eq!(&got[1..5001], &send.to_vec()[..], "received bytes in the fd's pages");
+    assert_eq!(
+        &got[1..5001],
+        &send.to_vec()[..],
+        "received bytes in the fd's pages"
+    );
     assert_eq!(got[5001], 0xee, "byte after the receive");
 
     // A failure names the buffer, the fd and the errno.
