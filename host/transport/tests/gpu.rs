@@ -146,7 +146,7 @@ fn sysfs_copy(name: &str, extra: &[&str]) -> std::path::PathBuf {
 fn net_on(root: std::path::PathBuf) -> Net {
     let provider = Provider::new(
         "soft",
-        ncclwasm_soft::table().clone(),
+        *ncclwasm_soft::table(),
         root,
         ncclwasm_soft::CAPABILITIES,
     );
