@@ -6,7 +6,7 @@ use std::sync::Arc;
 use ncclwasm_verbs::{Access, Completion, Cq, DmaBuf, Mr, WcOpcode, WcStatus};
 
 use crate::device::{DevCtx, PortCtx};
-use crate::mr_cache::Backing;
+use crate::mr_cache::{Backing, RegMode};
 use crate::net_error::NetError;
 use crate::qp::ConnQp;
 use ncclwasm_proto::request::{self, RequestPool};
@@ -122,7 +122,7 @@ impl Side {
     }
 
     /// Registers `len` bytes at `addr` on every local endpoint's device (through its cache), as
-    /// each device decided (relaxed ordering).
+    /// each device decided (relaxed ordering, Data Direct).
     pub(crate) fn reg_mr(
         &self,
         addr: u64,
@@ -135,8 +135,11 @@ impl Side {
             mrs: Vec::with_capacity(self.ports.len()),
         };
         for p in &self.ports {
-            let relaxed = p.dev.gpu.relaxed_ordering.value;
-            let mr = p.dev.mrs.acquire(&p.dev.pd, relaxed, addr, len, backing)?;
+            let mode = RegMode {
+                relaxed_ordering: p.dev.gpu.relaxed_ordering.value,
+                data_direct: p.dev.gpu.data_direct.value.is_some(),
+            };
+            let mr = p.dev.mrs.acquire(&p.dev.pd, mode, addr, len, backing)?;
             handle.mrs.push((Arc::clone(&p.dev), mr));
         }
         Ok(handle)

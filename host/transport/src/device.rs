@@ -19,7 +19,14 @@ use crate::net_error::NetError;
 /// How long the event thread waits per poll, i.e. how quickly it notices it should stop.
 const EVENT_POLL: Duration = Duration::from_millis(50);
 
-/// What the async-event thread recorded.
+/// What the async-event thread recorded, shared by a device and its Data Direct twin.
+#[derive(Debug, Default)]
+struct FaultState {
+    /// Fast check before taking the lock: has any fatal event been seen?
+    any: AtomicBool,
+    faults: Mutex<Faults>,
+}
+
 #[derive(Debug, Default)]
 struct Faults {
     /// The whole device is gone.
@@ -37,9 +44,12 @@ pub(crate) struct DevCtx {
     pub(crate) mrs: MrCache,
     /// Pointer types, relaxed ordering, flush and Data Direct on this device.
     pub(crate) gpu: GpuSupport,
-    /// Fast check before taking the lock: has any fatal event been seen?
-    any_fault: AtomicBool,
-    faults: Mutex<Faults>,
+    /// What the decisions were made from, kept to decide for the Data Direct twin.
+    env: GpuEnv,
+    facts: GpuFacts,
+    /// The Data Direct sysfs path mlx5 reported for this context (see [`DevCtx::data_direct_twin`]).
+    data_direct_path: Option<String>,
+    faults: Arc<FaultState>,
 }
 
 impl DevCtx {
@@ -62,19 +72,11 @@ impl DevCtx {
             .alloc_pd()
             .map_err(NetError::verbs(format!("allocating the PD of {name}")))?;
         let dmabuf = pd.dmabuf_supported();
-        // Only an mlx5 device's context may be handed to libmlx5. net_ib makes the Data Direct
-        // function a second device (`<dev>_dma`); this plugin does not expose that device yet,
-        // so the device itself keeps the ordinary registration path and says what it found.
-        if let Some(path) = (mlx5 && dmabuf)
+        // Only an mlx5 device's context may be handed to libmlx5. The device itself keeps the
+        // ordinary path; its Data Direct function becomes a twin device, as in net_ib.
+        let data_direct_path = (mlx5 && dmabuf)
             .then(|| ctx.data_direct_sysfs_path())
-            .flatten()
-        {
-            tracing::info!(
-                "NET/WASM: {name}: Data Direct function at /sys{path}; its {} device is not \
-                 exposed by this plugin",
-                ncclwasm_verbs::mlx5::device_name(name)
-            );
-        }
+            .flatten();
         let facts = GpuFacts {
             peer_memory,
             dmabuf,
@@ -83,23 +85,56 @@ impl DevCtx {
             data_direct_path: None,
         };
         let gpu = gpu::decide(env, &facts);
-        tracing::info!(
-            "NET/WASM: {name}: GPU memory: {}; {}; relaxed ordering: {}; {}; flush: {}",
-            gpu.peer_memory.reason,
-            gpu.dmabuf.reason,
-            gpu.relaxed_ordering.reason,
-            gpu.data_direct.reason,
-            gpu.flush.reason
-        );
+        log_gpu(name, &gpu);
         Ok(Arc::new(DevCtx {
             ctx,
             pd,
             attr,
             mrs: MrCache::default(),
             gpu,
-            any_fault: AtomicBool::new(false),
-            faults: Mutex::new(Faults::default()),
+            env: *env,
+            facts,
+            data_direct_path,
+            faults: Arc::default(),
         }))
+    }
+
+    /// net_ib's `<dev>_dma` device for an mlx5 NIC with a Data Direct function (unless
+    /// `NCCL_IB_DATA_DIRECT=0`): the same context and fatal events, its own PD and MR cache,
+    /// dma-bufs registered with `mlx5dv_reg_dmabuf_mr`, and `forceFlush`. `None` otherwise.
+    pub(crate) fn data_direct_twin(&self) -> Result<Option<Arc<DevCtx>>, NetError> {
+        let facts = GpuFacts {
+            data_direct_path: self.data_direct_path.clone(),
+            ..self.facts.clone()
+        };
+        let gpu = gpu::decide(&self.env, &facts);
+        if gpu.data_direct.value.is_none() {
+            if let Some(path) = &self.data_direct_path {
+                tracing::info!(
+                    "NET/WASM: {}: {} ({path})",
+                    self.name(),
+                    gpu.data_direct.reason
+                );
+            }
+            return Ok(None);
+        }
+        let name = ncclwasm_verbs::mlx5::device_name(self.name());
+        let pd = self
+            .ctx
+            .alloc_pd()
+            .map_err(NetError::verbs(format!("allocating the PD of {name}")))?;
+        log_gpu(&name, &gpu);
+        Ok(Some(Arc::new(DevCtx {
+            ctx: Arc::clone(&self.ctx),
+            pd,
+            attr: self.attr.clone(),
+            mrs: MrCache::default(),
+            gpu,
+            env: self.env,
+            facts,
+            data_direct_path: None,
+            faults: Arc::clone(&self.faults),
+        })))
     }
 
     pub(crate) fn name(&self) -> &str {
@@ -108,10 +143,10 @@ impl DevCtx {
 
     /// The error a call must return because of a fatal event on this device or on one of `qps`.
     pub(crate) fn check(&self, qps: &[u32]) -> Result<(), NetError> {
-        if !self.any_fault.load(Ordering::Acquire) {
+        if !self.faults.any.load(Ordering::Acquire) {
             return Ok(());
         }
-        let f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        let f = self.faults.faults.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(event) = &f.device {
             return Err(NetError::Fatal {
                 object: format!("device {}", self.name()),
@@ -129,7 +164,7 @@ impl DevCtx {
 
     fn record(&self, kind: AsyncEventKind, qp: Option<u32>, description: String) {
         use AsyncEventKind as K;
-        let mut f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        let mut f = self.faults.faults.lock().unwrap_or_else(|p| p.into_inner());
         match (kind, qp) {
             (K::DeviceFatal, _) => f.device = Some(description),
             (K::QpFatal | K::QpReqErr | K::QpAccessErr | K::PathMigErr, Some(q)) => {
@@ -137,8 +172,20 @@ impl DevCtx {
             }
             _ => return,
         }
-        self.any_fault.store(true, Ordering::Release);
+        self.faults.any.store(true, Ordering::Release);
     }
+}
+
+/// One INFO line with every GPU decision of device `name` and its reason.
+fn log_gpu(name: &str, gpu: &GpuSupport) {
+    tracing::info!(
+        "NET/WASM: {name}: GPU memory: {}; {}; relaxed ordering: {}; {}; flush: {}",
+        gpu.peer_memory.reason,
+        gpu.dmabuf.reason,
+        gpu.relaxed_ordering.reason,
+        gpu.data_direct.reason,
+        gpu.flush.reason
+    );
 }
 
 /// The async-event thread of one device; stopped and joined on drop.

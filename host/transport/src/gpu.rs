@@ -70,7 +70,7 @@ impl GpuSupport {
 }
 
 /// NCCL's variables behind these decisions, read once per context.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct GpuEnv {
     /// `NCCL_IB_PCI_RELAXED_ORDERING` (default 2, auto).
     pub(crate) relaxed_ordering: RelaxedOrderingMode,
@@ -78,6 +78,17 @@ pub(crate) struct GpuEnv {
     pub(crate) flush_disable: bool,
     /// `NCCL_IB_DATA_DIRECT` (default 1).
     pub(crate) data_direct: bool,
+}
+
+/// NCCL's defaults.
+impl Default for GpuEnv {
+    fn default() -> Self {
+        GpuEnv {
+            relaxed_ordering: RelaxedOrderingMode::Auto,
+            flush_disable: false,
+            data_direct: true,
+        }
+    }
 }
 
 impl GpuEnv {
@@ -157,7 +168,11 @@ pub(crate) fn decide(env: &GpuEnv, facts: &GpuFacts) -> GpuSupport {
             None,
             format!("Data Direct function at {p} not used: NCCL_IB_DATA_DIRECT=0"),
         ),
-        _ => reasoned(None, "no mlx5 Data Direct function (or no libmlx5.so.1)"),
+        _ => reasoned(
+            None,
+            "not a Data Direct device (an mlx5 NIC's Data Direct function, found through \
+             libmlx5.so.1, is its own <dev>_dma device)",
+        ),
     };
     let gpu = facts.peer_memory.is_some() || facts.dmabuf;
     let flush = match (gpu, env.flush_disable) {
@@ -197,6 +212,7 @@ mod tests {
                 data_direct: true,
             }
         );
+        assert_eq!(env(&[]).unwrap(), GpuEnv::default());
         let e = env(&[
             ("NCCL_IB_GDR_FLUSH_DISABLE", "1"),
             ("NCCL_IB_DATA_DIRECT", "0"),

@@ -64,6 +64,15 @@ impl Backing<'_> {
     }
 }
 
+/// How a device registers, as decided for it ([`crate::GpuSupport`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RegMode {
+    /// `IBV_ACCESS_RELAXED_ORDERING`, through `ibv_reg_mr_iova2` for host memory.
+    pub(crate) relaxed_ordering: bool,
+    /// Dma-bufs through `mlx5dv_reg_dmabuf_mr` (an mlx5 Data Direct device).
+    pub(crate) data_direct: bool,
+}
+
 #[derive(Debug)]
 struct Entry {
     mr: Arc<Mr>,
@@ -81,11 +90,11 @@ pub(crate) struct MrCache {
 
 impl MrCache {
     /// A region covering `[addr, addr + len)`: a cached one when one covers it, else a new
-    /// page-rounded registration (with `IBV_ACCESS_RELAXED_ORDERING` when `relaxed`).
+    /// page-rounded registration made as `mode` says.
     pub(crate) fn acquire(
         &self,
         pd: &Arc<Pd>,
-        relaxed: bool,
+        mode: RegMode,
         addr: u64,
         len: u64,
         backing: Backing<'_>,
@@ -102,6 +111,7 @@ impl MrCache {
         }
         let (start, span) = page_span(addr, len);
         let dev = pd.context().name();
+        let relaxed = mode.relaxed_ordering;
         let access = if relaxed {
             DATA_ACCESS | Access::RELAXED_ORDERING
         } else {
@@ -126,8 +136,12 @@ impl MrCache {
                 );
                 let span = usize::try_from(span)
                     .map_err(|_| NetError::Usage(format!("{what}: too large")))?;
-                pd.reg_dmabuf_mr(fd, offset, span, start, access)
-                    .map_err(NetError::verbs(what))?
+                if mode.data_direct {
+                    pd.reg_dmabuf_mr_data_direct(fd, offset, span, start, access)
+                } else {
+                    pd.reg_dmabuf_mr(fd, offset, span, start, access)
+                }
+                .map_err(NetError::verbs(what))?
             }
         };
         if !(mr.addr() <= addr && end <= mr.addr() + mr.len()) {

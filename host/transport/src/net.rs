@@ -225,6 +225,8 @@ impl Net {
             });
         }
         uniquify(&mut table);
+        let mut table = with_data_direct_twins(table, &mut port_ctxs)?;
+        uniquify(&mut table);
         for (i, d) in table.iter().enumerate() {
             tracing::info!(
                 "NET/WASM: device {i}: {} ({} Mb/s, {} port(s), guid {:#x})",
@@ -496,6 +498,54 @@ fn props_of(
         ptr_support: gpu.ptr_support(),
         force_flush: gpu.force_flush(),
     }
+}
+
+/// net_ib's device list: each device whose NIC has an mlx5 Data Direct function is followed by
+/// that function's own device (`<dev>_dma`, see `DevCtx::data_direct_twin`), whose port is
+/// appended to `ports`. A device the policy fused from several ports gets none. Every physical
+/// device's `children` is its new index.
+fn with_data_direct_twins(
+    table: Vec<NetDevice>,
+    ports: &mut Vec<PortCtx>,
+) -> Result<Vec<NetDevice>, NetError> {
+    let mut twins: HashMap<String, Option<Arc<DevCtx>>> = HashMap::new();
+    let mut out = Vec::with_capacity(table.len());
+    for d in table {
+        let base = match d.ports.as_slice() {
+            [p] => Some(ports[*p].clone()),
+            _ => None,
+        };
+        out.push(d);
+        let Some(base) = base else { continue };
+        let twin = match twins.get(base.dev.name()) {
+            Some(t) => t.clone(),
+            None => {
+                let t = base.dev.data_direct_twin()?;
+                twins.insert(base.dev.name().to_owned(), t.clone());
+                t
+            }
+        };
+        let Some(dev) = twin else { continue };
+        let mut port = base.port.clone();
+        port.device = ncclwasm_verbs::mlx5::device_name(&base.port.device);
+        if let Some(path) = &dev.gpu.data_direct.value {
+            port.pci_path = path.clone();
+        }
+        ports.push(PortCtx {
+            port,
+            endpoint: base.endpoint.clone(),
+            dev,
+        });
+        let index = ports.len() - 1;
+        out.push(NetDevice {
+            props: props_of(ports, &[index], None, Vec::new()),
+            ports: vec![index],
+        });
+    }
+    for (i, d) in out.iter_mut().enumerate() {
+        d.props.children = vec![i as u32];
+    }
+    Ok(out)
 }
 
 /// Device names must be unique (they key NCCL's topology): a second port of one device is

@@ -13,8 +13,9 @@ pub enum VerbsError {
     /// The library lacks a mandatory `IBVERBS_1.1` entry point: it is not a usable libibverbs.
     #[error("{path} does not export {symbol}; it is not a usable libibverbs")]
     MissingSymbol { path: String, symbol: &'static str },
-    /// A verb returned an error.
-    #[error("ibv_{verb} on {object} failed: {}", Errno(*errno))]
+    /// A verb returned an error (`verb` without its `ibv_` prefix; a direct-verbs function such
+    /// as `mlx5dv_reg_dmabuf_mr` by its full name).
+    #[error("{} on {object} failed: {}", VerbName(verb), Errno(*errno))]
     Verb {
         verb: &'static str,
         object: String,
@@ -30,7 +31,8 @@ pub enum VerbsError {
     },
     /// The verbs library is too old for this entry point (or the provider lacks the op).
     #[error(
-        "ibv_{verb} is not provided by the {fabric} verbs library; use the classic entry point"
+        "{} is not provided by the {fabric} verbs library; use the classic entry point",
+        VerbName(verb)
     )]
     Unsupported {
         verb: &'static str,
@@ -59,6 +61,19 @@ pub type Result<T, E = VerbsError> = std::result::Result<T, E>;
 
 /// Displays an errno as `strerror (os error n)`.
 struct Errno(i32);
+
+/// A verb's C name: libibverbs' `ibv_` prefix, unless it is a provider's direct verb.
+struct VerbName<'a>(&'a str);
+
+impl fmt::Display for VerbName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.starts_with("mlx5dv_") {
+            f.write_str(self.0)
+        } else {
+            write!(f, "ibv_{}", self.0)
+        }
+    }
+}
 
 impl fmt::Display for Errno {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

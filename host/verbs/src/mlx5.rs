@@ -163,4 +163,18 @@ mod tests {
             "NCCL_IB_DATA_DIRECT=0"
         );
     }
+
+    #[test]
+    fn errors_name_the_direct_verb_as_it_is_called() {
+        let e = |verb| {
+            VerbsError::Verb {
+                verb,
+                object: "PD of mlx5_0".into(),
+                errno: libc::EINVAL,
+            }
+            .to_string()
+        };
+        assert!(e("mlx5dv_reg_dmabuf_mr").starts_with("mlx5dv_reg_dmabuf_mr on PD of mlx5_0"));
+        assert!(e("reg_dmabuf_mr").starts_with("ibv_reg_dmabuf_mr on PD of mlx5_0"));
+    }
 }
