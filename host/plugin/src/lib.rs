@@ -593,8 +593,10 @@ fn register(
     dmabuf: Option<(BorrowedFd<'_>, u64)>,
 ) -> Result<MemHandle, NetError> {
     let (addr, len) = (data as u64, size as u64);
-    if len == 0 {
-        return Err(NetError::Usage(format!("registering 0 bytes at {addr:#x}")));
+    if len == 0 && dmabuf.is_some() {
+        return Err(NetError::Usage(format!(
+            "regMrDmaBuf of 0 bytes at {addr:#x}"
+        )));
     }
     let ptr_support = comm.ptr_support();
     let wanted = u32::try_from(ty).unwrap_or(0);

@@ -18,7 +18,7 @@ use rdma_sys::{
 use super::ctx::{CqState, Ctx};
 use super::event::{Cq, Element};
 use super::fabric::{self, SoftDevice};
-use super::mr::FdMapping;
+use super::mr::{FdMapping, MapError};
 use super::qp::{Attrs, Caps, MAX_MSG, Qp, RecvWqe, SendWqe, Sge};
 use super::wire::ReqOp;
 
@@ -450,7 +450,8 @@ fn register(
 /// buffer). The region is the fd's pages from `offset`, mapped by the provider itself and
 /// addressed by `iova`, so bytes moved through it appear in every mapping of the fd. fd -1 is
 /// `EBADF`, which is how NCCL's probe (`ncclIbDmaBufSupport`) learns the verb is supported; an
-/// fd that cannot be mapped is `EOPNOTSUPP`, as a kernel without dma-buf support answers.
+/// fd that cannot be mapped is `EOPNOTSUPP`, as a kernel without dma-buf support answers; a
+/// range past the end of the fd is `EINVAL`.
 pub unsafe extern "C" fn reg_dmabuf_mr(
     pd: *mut ibv_pd,
     offset: u64,
@@ -472,7 +473,8 @@ pub unsafe extern "C" fn reg_dmabuf_mr(
     let sp = unsafe { &*pd.cast::<SoftPd>() };
     let mapping = match FdMapping::map(fd, offset, length) {
         Ok(m) => m,
-        Err(e) => {
+        Err(MapError::Range) => return null(libc::EINVAL),
+        Err(MapError::Unmappable(e)) => {
             tracing::debug!("soft: reg_dmabuf_mr of fd {fd}: mmap errno {e}");
             return null(libc::EOPNOTSUPP);
         }

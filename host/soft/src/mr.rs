@@ -50,15 +50,26 @@ unsafe impl Send for FdMapping {}
 unsafe impl Sync for FdMapping {}
 
 impl FdMapping {
-    /// Maps `len` bytes at `offset` of `fd` (shared, read/write); the errno of `mmap` when the fd
-    /// cannot be mapped so (a pipe, a socket, `/dev/null`, a read-only file).
-    pub(crate) fn map(fd: i32, offset: u64, len: usize) -> Result<FdMapping, i32> {
+    /// Maps `len` bytes at `offset` of `fd` (shared, read/write). A range past the end of a file
+    /// is refused ([`MapError::Range`]: touching such pages would kill the process with SIGBUS,
+    /// where a kernel refuses to register past a dma-buf's end); an fd that cannot be mapped so
+    /// (a pipe, a socket, `/dev/null`, a read-only file) gives `mmap`'s errno.
+    pub(crate) fn map(fd: i32, offset: u64, len: usize) -> Result<FdMapping, MapError> {
         // SAFETY: sysconf has no preconditions.
         let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-        let skew = usize::try_from(offset).map_err(|_| libc::EINVAL)? % page;
+        let skew = usize::try_from(offset).map_err(|_| MapError::Range)? % page;
         let start = offset - skew as u64;
-        let mapped = len.checked_add(skew).ok_or(libc::EINVAL)?;
-        let file_off = libc::off_t::try_from(start).map_err(|_| libc::EINVAL)?;
+        let mapped = len.checked_add(skew).ok_or(MapError::Range)?;
+        let file_off = libc::off_t::try_from(start).map_err(|_| MapError::Range)?;
+        // SAFETY: an all-zero stat is a valid value for fstat to overwrite.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `st` is a valid out-pointer; a bad fd only makes fstat fail.
+        if unsafe { libc::fstat(fd, &mut st) } == 0
+            && st.st_mode & libc::S_IFMT == libc::S_IFREG
+            && offset.saturating_add(len as u64) > u64::try_from(st.st_size).unwrap_or(0)
+        {
+            return Err(MapError::Range);
+        }
         // SAFETY: a fresh shared mapping chosen by the kernel; it aliases no Rust object.
         let p = unsafe {
             libc::mmap(
@@ -71,11 +82,13 @@ impl FdMapping {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EINVAL));
+            return Err(MapError::Unmappable(
+                std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EINVAL),
+            ));
         }
-        let base = NonNull::new(p.cast::<u8>()).ok_or(libc::EINVAL)?;
+        let base = NonNull::new(p.cast::<u8>()).ok_or(MapError::Unmappable(libc::EINVAL))?;
         Ok(FdMapping { base, mapped, skew })
     }
 
@@ -83,6 +96,15 @@ impl FdMapping {
     pub(crate) fn addr(&self) -> usize {
         self.base.as_ptr() as usize + self.skew
     }
+}
+
+/// Why an fd could not be mapped as a dma-buf.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MapError {
+    /// The range does not lie inside the file.
+    Range,
+    /// `mmap` refused the fd (its errno).
+    Unmappable(i32),
 }
 
 impl Drop for FdMapping {
@@ -284,8 +306,16 @@ mod tests {
         // SAFETY: a valid two-int array.
         assert_eq!(unsafe { libc::pipe(pipe.as_ptr().cast_mut()) }, 0);
         assert!(
-            FdMapping::map(pipe[0], 0, 4096).is_err(),
+            matches!(
+                FdMapping::map(pipe[0], 0, 4096),
+                Err(MapError::Unmappable(_))
+            ),
             "a pipe does not map"
+        );
+        assert_eq!(
+            FdMapping::map(fd, 2 * 4096, 4097).err(),
+            Some(MapError::Range),
+            "past the end of the memfd"
         );
         for f in [fd, pipe[0], pipe[1]] {
             // SAFETY: fds this test opened.

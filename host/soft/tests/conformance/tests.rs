@@ -1425,6 +1425,15 @@ pub fn dmabuf_registration(b: Backend) {
     );
     drop(mr);
 
+    // Past the end of the dma-buf: refused, as the kernel refuses it.
+    match peer
+        .pd
+        .reg_dmabuf_mr(view.fd.as_fd(), 3 * 4096, 2 * 4096, 0, ALL_ACCESS)
+    {
+        Err(VerbsError::Verb { errno, .. }) => assert_eq!(errno, libc::EINVAL),
+        other => panic!("a registration past the memfd's end: {other:?}"),
+    }
+
     // An fd the provider cannot map: as a kernel without dma-buf support.
     let (r, _w) = std::io::pipe().unwrap();
     match peer.pd.reg_dmabuf_mr(r.as_fd(), 0, 4096, 0, ALL_ACCESS) {
