@@ -602,7 +602,7 @@ fn register(
     let wanted = u32::try_from(ty).unwrap_or(0);
     let allowed = match dmabuf {
         Some(_) => wanted & (PTR_CUDA | PTR_DMABUF) != 0 && ptr_support & PTR_DMABUF != 0,
-        None => matches!(wanted, PTR_HOST | PTR_CUDA) && ptr_support & wanted != 0,
+        None => (wanted == PTR_HOST || wanted == PTR_CUDA) && ptr_support & wanted != 0,
     };
     if !allowed {
         let how = if dmabuf.is_some() {
