@@ -107,6 +107,7 @@
 //! runs once the last context is closed.
 
 mod abi;
+mod choice;
 mod ctx;
 mod event;
 mod fabric;
@@ -124,6 +125,7 @@ use std::sync::Arc;
 
 use ncclwasm_verbs::{Fabric, Provider, ProviderCaps, VerbsError, VerbsTable};
 
+pub use choice::{ENV_FABRIC, FabricChoice, Settled};
 pub use sysfs::sysfs_root;
 
 static TABLE: VerbsTable = VerbsTable {
