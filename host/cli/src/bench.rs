@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use clap::Args as ClapArgs;
 use ncclwasm_model::Topology;
+use ncclwasm_soft::FabricChoice;
 use serde::Serialize;
 
 use crate::bench_rank::{self, DeviceLine, Msg, Observed, Role, Timing};
@@ -190,36 +191,14 @@ fn policy_arg(args: &Args) -> Result<PolicyArg, Fail> {
     }
 }
 
-/// `NCCL_WASM_FABRIC` as the plugin reads it; `auto` means the real NICs when there are any
-/// (the plugin then refuses to start if none of their ports is active), else the soft fabric.
+/// `NCCL_WASM_FABRIC` as the plugin reads it (`ncclwasm_soft::FabricChoice`), with `auto` on a
+/// host without RDMA devices settled to the soft fabric, as `ncclwasm devices` shows it.
 fn fabric() -> Result<FabricView, Fail> {
-    let set = std::env::var("NCCL_WASM_FABRIC").unwrap_or_default();
-    let view = |name: &str, why: &str| FabricView {
-        name: name.to_owned(),
-        why: why.to_owned(),
-    };
-    match set.to_ascii_lowercase().as_str() {
-        "soft" => Ok(view("soft", "NCCL_WASM_FABRIC=soft")),
-        "ib" => Ok(view("ib", "NCCL_WASM_FABRIC=ib")),
-        "" | "auto" => {
-            let rdma =
-                std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
-            Ok(if rdma {
-                view(
-                    "auto",
-                    "NCCL_WASM_FABRIC=auto and an RDMA device is present: libibverbs",
-                )
-            } else {
-                view(
-                    "soft",
-                    "NCCL_WASM_FABRIC=auto and no RDMA device: the userspace fabric over TCP",
-                )
-            })
-        }
-        _ => Err(Fail::trouble(format!(
-            "NCCL_WASM_FABRIC={set:?} is invalid: use auto, ib or soft"
-        ))),
-    }
+    let settled = FabricChoice::from_env().map_err(Fail::trouble)?.settle();
+    Ok(FabricView {
+        name: settled.choice.name().to_owned(),
+        why: settled.why,
+    })
 }
 
 /// `--topology`, else `NCCL_WASM_TOPOLOGY`, else the embedded loopback machine (`None`: the
