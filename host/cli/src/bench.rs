@@ -22,6 +22,7 @@ use serde::Serialize;
 
 use crate::bench_rank::{self, DeviceLine, Msg, Observed, Role, Timing};
 use crate::fail::{Fail, Outcome};
+use crate::live::FabricView;
 use crate::render::{self, Table, field};
 use crate::report::{self, PolicyView, TopologyView, VnicValue};
 use crate::setup::{self, ConfigArgs, PolicyArg};
@@ -103,14 +104,6 @@ pub struct PluginView {
     pub path: String,
     /// The `ncclNetPlugin_vN` table used.
     pub abi: u32,
-}
-
-#[derive(Debug, Serialize)]
-pub struct FabricView {
-    /// `soft` or `ib`, as `NCCL_WASM_FABRIC` was given to the ranks (`auto` when an RDMA device
-    /// is present and the variable was unset or `auto`).
-    pub name: String,
-    pub why: String,
 }
 
 #[derive(Debug, PartialEq, Serialize)]
@@ -195,10 +188,7 @@ fn policy_arg(args: &Args) -> Result<PolicyArg, Fail> {
 /// host without RDMA devices settled to the soft fabric, as `ncclwasm devices` shows it.
 fn fabric() -> Result<FabricView, Fail> {
     let settled = FabricChoice::from_env().map_err(Fail::trouble)?.settle();
-    Ok(FabricView {
-        name: settled.choice.name().to_owned(),
-        why: settled.why,
-    })
+    Ok(FabricView::new(settled))
 }
 
 /// `--topology`, else `NCCL_WASM_TOPOLOGY`, else the embedded loopback machine (`None`: the

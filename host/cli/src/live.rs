@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use ncclwasm_model::{Port, Topology};
-use ncclwasm_soft::FabricChoice;
+use ncclwasm_soft::{FabricChoice, Settled};
 use ncclwasm_verbs::{ENV_SYSFS_ROOT, Fabric};
 use serde::Serialize;
 
@@ -27,6 +27,18 @@ pub struct FabricView {
     /// `NCCL_WASM_SYSFS_ROOT`, when discovery read sysfs from another tree.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sysfs_root: Option<String>,
+}
+
+impl FabricView {
+    /// The view of a settled choice, before anything is opened.
+    pub fn new(settled: Settled) -> FabricView {
+        FabricView {
+            name: settled.choice.name().to_owned(),
+            why: settled.why,
+            library: None,
+            sysfs_root: std::env::var(ENV_SYSFS_ROOT).ok().filter(|s| !s.is_empty()),
+        }
+    }
 }
 
 /// What discovery found on this host.
@@ -51,13 +63,12 @@ pub fn discover() -> Result<Live, Fail> {
     // As the transport's `Net::new`: NCCL_IB_MERGE_VFS, default 1.
     let merge_vfs = std::env::var("NCCL_IB_MERGE_VFS").map_or(true, |v| v.trim() != "0");
     let ports = fabric.discover(merge_vfs);
+    let soft = settled.choice == FabricChoice::Soft;
     let view = FabricView {
-        name: settled.choice.name().to_owned(),
-        why: settled.why,
         library: fabric
             .library_path()
             .map(|p| resolved_library(p).unwrap_or(p.to_owned())),
-        sysfs_root: std::env::var(ENV_SYSFS_ROOT).ok().filter(|s| !s.is_empty()),
+        ..FabricView::new(settled)
     };
     let mut topology = Topology::from_ports(
         &hostname(),
@@ -69,7 +80,7 @@ pub fn discover() -> Result<Live, Fail> {
         &ports,
     );
     topology.origin = format!("discovered on the {} fabric", view.name);
-    if settled.choice == FabricChoice::Soft {
+    if soft {
         soft_addresses(&mut topology)?;
     }
     Ok(Live {
