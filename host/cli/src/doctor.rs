@@ -15,7 +15,6 @@ use serde::Serialize;
 
 use crate::fail::{Exit, Fail, Outcome};
 use crate::live::{self, Live};
-use crate::render::Table;
 
 #[derive(Debug, ClapArgs)]
 pub struct Args {
@@ -132,28 +131,33 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
     })
 }
 
+/// Width of the status and name columns.
+const STATUS_WIDTH: usize = 6;
+const NAME_WIDTH: usize = 12;
+
+/// One line per check; the fix on the next line, under the detail.
 pub fn render(d: &Doctor) -> String {
-    let mut t = Table::new(0, &["", "", ""]);
+    let mut out = String::new();
     for c in &d.checks {
         let status = match c.status {
             Status::Ok => "OK",
             Status::Warn => "WARN",
             Status::Fail => "FAIL",
         };
-        t.row(vec![status.into(), c.name.into(), c.detail.clone()]);
+        out += &format!(
+            "{status:<STATUS_WIDTH$}{:<NAME_WIDTH$}{}\n",
+            c.name, c.detail
+        );
         if !c.fix.is_empty() {
-            t.row(vec![
-                String::new(),
-                String::new(),
-                format!("fix: {}", c.fix),
-            ]);
+            out += &format!(
+                "{:indent$}fix: {}\n",
+                "",
+                c.fix,
+                indent = STATUS_WIDTH + NAME_WIDTH
+            );
         }
     }
-    // The header row of the table is empty: drop it.
-    let table = t.render();
-    table
-        .split_once('\n')
-        .map_or(table.clone(), |(_, rest)| rest.to_owned())
+    out
 }
 
 /// libibverbs opened as the `ib` fabric opens it; its version from the file the loader mapped
