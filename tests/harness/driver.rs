@@ -110,7 +110,7 @@ fn a_peer_memory_module_adds_cuda_pointers() {
             .arg(&lib)
             .arg(version.to_string())
             .env("NCCL_WASM_FABRIC", "soft")
-            .env(ncclwasm_verbs::SYSFS_ROOT_ENV, &tree)
+            .env(ncclwasm_verbs::ENV_SYSFS_ROOT, &tree)
             .env("HARNESS_PTR", "7")
             .env("HARNESS_FLUSH", "1")
             .env("HARNESS_QUIET", "1")

@@ -17,10 +17,12 @@ use std::time::Duration;
 
 use clap::Args as ClapArgs;
 use ncclwasm_model::Topology;
+use ncclwasm_soft::FabricChoice;
 use serde::Serialize;
 
 use crate::bench_rank::{self, DeviceLine, Msg, Observed, Role, Timing};
 use crate::fail::{Fail, Outcome};
+use crate::live::FabricView;
 use crate::render::{self, Table, field};
 use crate::report::{self, PolicyView, TopologyView, VnicValue};
 use crate::setup::{self, ConfigArgs, PolicyArg};
@@ -104,14 +106,6 @@ pub struct PluginView {
     pub abi: u32,
 }
 
-#[derive(Debug, Serialize)]
-pub struct FabricView {
-    /// `soft` or `ib`, as `NCCL_WASM_FABRIC` was given to the ranks (`auto` when an RDMA device
-    /// is present and the variable was unset or `auto`).
-    pub name: String,
-    pub why: String,
-}
-
 #[derive(Debug, PartialEq, Serialize)]
 pub struct Row {
     pub size: u64,
@@ -190,36 +184,11 @@ fn policy_arg(args: &Args) -> Result<PolicyArg, Fail> {
     }
 }
 
-/// `NCCL_WASM_FABRIC` as the plugin reads it; `auto` means the real NICs when there are any
-/// (the plugin then refuses to start if none of their ports is active), else the soft fabric.
+/// `NCCL_WASM_FABRIC` as the plugin reads it (`ncclwasm_soft::FabricChoice`), with `auto` on a
+/// host without RDMA devices settled to the soft fabric, as `ncclwasm devices` shows it.
 fn fabric() -> Result<FabricView, Fail> {
-    let set = std::env::var("NCCL_WASM_FABRIC").unwrap_or_default();
-    let view = |name: &str, why: &str| FabricView {
-        name: name.to_owned(),
-        why: why.to_owned(),
-    };
-    match set.to_ascii_lowercase().as_str() {
-        "soft" => Ok(view("soft", "NCCL_WASM_FABRIC=soft")),
-        "ib" => Ok(view("ib", "NCCL_WASM_FABRIC=ib")),
-        "" | "auto" => {
-            let rdma =
-                std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
-            Ok(if rdma {
-                view(
-                    "auto",
-                    "NCCL_WASM_FABRIC=auto and an RDMA device is present: libibverbs",
-                )
-            } else {
-                view(
-                    "soft",
-                    "NCCL_WASM_FABRIC=auto and no RDMA device: the userspace fabric over TCP",
-                )
-            })
-        }
-        _ => Err(Fail::trouble(format!(
-            "NCCL_WASM_FABRIC={set:?} is invalid: use auto, ib or soft"
-        ))),
-    }
+    let settled = FabricChoice::from_env().map_err(Fail::trouble)?.settle();
+    Ok(FabricView::new(settled))
 }
 
 /// `--topology`, else `NCCL_WASM_TOPOLOGY`, else the embedded loopback machine (`None`: the

@@ -5,11 +5,11 @@
 //! on a small sample machine. Exit status 1 with one line naming the cause when any step fails,
 //! so a deployment script can refuse the file before it reaches a job.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args as ClapArgs;
 use ncclwasm_model::Topology;
-use ncclwasm_policy::{PolicyError, PolicyHost};
+use ncclwasm_policy::{PolicyError, PolicyHost, Settings};
 use serde::Serialize;
 
 use crate::fail::{Fail, Outcome};
@@ -75,9 +75,21 @@ pub struct Checked {
 }
 
 pub fn run(args: &Args) -> Result<Outcome, Fail> {
-    let origin = args.file.display().to_string();
-    let bytes = setup::read_policy(&args.file).map_err(Fail::no)?;
-    let host = PolicyHost::new(setup::settings(&args.config)?)?;
+    let checked = check(&args.file, setup::settings(&args.config)?)?;
+    let text = if args.json {
+        crate::json(&checked)?
+    } else {
+        render(&checked)
+    };
+    Ok(Outcome::success(text))
+}
+
+/// Loads `file` as the plugin would and tries every hook on the sample machine (`doctor` runs
+/// this on `NCCL_WASM_POLICY`). A file the plugin would refuse is [`Fail::no`].
+pub fn check(file: &Path, settings: Settings) -> Result<Checked, Fail> {
+    let origin = file.display().to_string();
+    let bytes = setup::read_policy(file).map_err(Fail::no)?;
+    let host = PolicyHost::new(settings)?;
     let sample = Topology::parse(SAMPLE, "check-sample")?;
     // With the topology known, loading includes the engine's trial run of every hook.
     host.set_topology(sample.ports());
@@ -90,18 +102,12 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
             source.detail.as_deref().unwrap_or("")
         )));
     }
-    let checked = Checked {
+    Ok(Checked {
         file: origin,
         policy: report.policy.clone(),
         hooks: id.hooks.iter().map(|h| h.name()).collect(),
         trial: format!("{}: {}", sample.name, sample.description),
-    };
-    let text = if args.json {
-        crate::json(&checked)?
-    } else {
-        render(&checked)
-    };
-    Ok(Outcome::success(text))
+    })
 }
 
 /// A load failure is the file's fault (exit 1), except settings and engine trouble (exit 2).

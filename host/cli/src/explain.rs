@@ -198,7 +198,7 @@ fn gids_section(gids: &[PortGid]) -> String {
             g.name.clone(),
             g.index.to_string(),
             g.address.clone(),
-            render::gid_type(g.gid_type).to_owned(),
+            ncclwasm_model::topology::gid_type_name(g.gid_type).to_owned(),
             g.source.label(),
             why(&g.reason, &g.source),
         ]);

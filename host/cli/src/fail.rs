@@ -72,8 +72,13 @@ impl Fail {
     /// The message as one line: wasmtime and I/O errors may carry newlines, and stderr gets
     /// exactly one line per failure.
     pub fn line(&self) -> String {
+        format!("error: {}", self.text())
+    }
+
+    /// The message as one line, without the prefix (for reports that quote it, as `doctor`).
+    pub fn text(&self) -> String {
         let one: Vec<&str> = self.message.split_whitespace().collect();
-        format!("error: {}", one.join(" "))
+        one.join(" ")
     }
 }
 

@@ -3,16 +3,22 @@
 //! Operators write policies and test them offline against topology files: `check`
 //! says whether the plugin would load a file, `explain` shows every decision with its reason and
 //! source, `diff` shows only the decisions two policies make differently; `bench` runs the built
-//! plugin between two processes next to raw TCP. Each subcommand is a
+//! plugin between two processes next to raw TCP. On the live machine, `devices` shows what the
+//! plugin's discovery sees and what the policy decides on it, `topology capture` saves it as a
+//! topology file, and `doctor` lists what would hold the plugin back. Each subcommand is a
 //! module: argument struct, `run` (the policy calls, through [`report`]) and a pure `render`.
 #![forbid(unsafe_code)]
 
 mod bench;
 mod bench_rank;
+mod capture;
 mod check;
+mod devices;
 mod diff;
+mod doctor;
 mod explain;
 mod fail;
+mod live;
 mod render;
 mod report;
 mod setup;
@@ -28,7 +34,8 @@ use crate::fail::{Fail, Outcome};
 const EXIT_STATUS: &str = "\
 Exit status:
   0  done; for `diff`, the decisions are equal
-  1  `diff`: the decisions differ; `check`: the file is not a usable policy
+  1  `diff`: the decisions differ; `check`: the file is not a usable policy; `doctor`: a
+     check FAILed
   2  invalid arguments or settings (e.g. an NCCL_IB_* value), unreadable topology, a
      policy `explain`/`diff` cannot load, or a `bench` rank that failed
 
@@ -40,7 +47,7 @@ NCCL_WASM_POLICY_MEMORY_MB, as in the plugin.";
 #[command(
     name = "ncclwasm",
     version,
-    about = "Check, explain and compare nccl-net-wasm policies offline, against topology files; bench the plugin",
+    about = "Check, explain and compare nccl-net-wasm policies offline, against topology files; see what the plugin sees on this host; bench the plugin",
     after_help = EXIT_STATUS
 )]
 struct Cli {
@@ -57,6 +64,16 @@ enum Command {
     /// Work with policy components
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// What the plugin discovers on this host, and every decision the policy makes on it
+    #[command(after_help = EXIT_STATUS)]
+    Devices(devices::Args),
+    /// Topology files of live machines
+    #[command(subcommand)]
+    Topology(TopologyCommand),
+    /// What will hold the plugin back on this host: OK/WARN/FAIL lines with the fix (exit
+    /// status 1 when something FAILs)
+    #[command(after_help = EXIT_STATUS)]
+    Doctor(doctor::Args),
     /// Two ranks send through the built plugin as NCCL drives it, next to a raw TCP baseline
     #[command(after_help = EXIT_STATUS)]
     Bench(bench::Args),
@@ -78,6 +95,14 @@ enum PolicyCommand {
     Diff(diff::Args),
 }
 
+#[derive(Debug, Subcommand)]
+enum TopologyCommand {
+    /// Write this host's devices as a topology file (format in topologies/README.md), to try
+    /// policies offline on a copy of this machine
+    #[command(after_help = EXIT_STATUS)]
+    Capture(capture::Args),
+}
+
 fn main() -> ExitCode {
     std::panic::set_hook(Box::new(|info| {
         let msg: Vec<String> = info
@@ -96,6 +121,9 @@ fn main() -> ExitCode {
         Command::Policy(PolicyCommand::Check(args)) => check::run(args),
         Command::Policy(PolicyCommand::Explain(args)) => explain::run(args),
         Command::Policy(PolicyCommand::Diff(args)) => diff::run(args),
+        Command::Devices(args) => devices::run(args),
+        Command::Topology(TopologyCommand::Capture(args)) => capture::run(args),
+        Command::Doctor(args) => doctor::run(args),
         Command::Bench(args) => bench::run(args),
         Command::BenchRank(args) => bench_rank::run(args),
     };

@@ -1,6 +1,6 @@
 //! Small text helpers shared by the human renderers: aligned tables and readable quantities.
 
-use ncclwasm_model::{GidType, LinkLayer};
+use ncclwasm_model::LinkLayer;
 
 /// Rows printed with aligned columns; the last column is not padded, so long reasons simply run
 /// on rather than widening every line.
@@ -92,16 +92,6 @@ pub fn link(l: LinkLayer) -> &'static str {
     match l {
         LinkLayer::Infiniband => "IB",
         LinkLayer::Ethernet => "RoCE",
-    }
-}
-
-/// GID types as topology files write them.
-pub fn gid_type(t: GidType) -> &'static str {
-    match t {
-        GidType::Ib => "ib",
-        GidType::RoceV1 => "roce-v1",
-        GidType::RoceV2 => "roce-v2",
-        GidType::Unknown => "unknown",
     }
 }
 

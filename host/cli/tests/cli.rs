@@ -578,3 +578,337 @@ fn diff_gives_each_side_its_own_config() {
     ]);
     assert_fails(&o, 2, "unknown setting `subnet`");
 }
+
+// ---------------------------------------------------------------------------------------------
+// The live machine: `devices`, `topology capture`, `doctor`, on the soft fabric and on the mlx5
+// sysfs fixture (tests/fixtures/mlx5-host/sys, the layout of a real host's /sys).
+
+fn fixture(name: &str) -> String {
+    workspace()
+        .join("host/cli/tests/fixtures")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// The soft fabric answering verbs for the fixture's devices, discovery reading the fixture's
+/// sysfs (`with_sysfs`) or the soft provider's own tree.
+fn mlx5_env(with_sysfs: bool) -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        ("NCCL_WASM_FABRIC", "soft".to_owned()),
+        ("NCCL_WASM_TOPOLOGY", fixture("mlx5-host.toml")),
+    ];
+    if with_sysfs {
+        env.push(("NCCL_WASM_SYSFS_ROOT", fixture("mlx5-host/sys")));
+    }
+    env
+}
+
+fn run_owned(args: &[&str], env: &[(&'static str, String)]) -> Output {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    run_env(args, &env)
+}
+
+/// A scratch directory for one test, removed by the caller.
+fn scratch(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ncclwasm-cli-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+#[test]
+fn devices_on_soft_shows_discovery_and_every_decision() {
+    let o = run_env(&["devices"], &[("NCCL_WASM_FABRIC", "soft")]);
+    assert_ok(&o);
+    let text = stdout(&o);
+    assert!(
+        line(&text, "fabric").contains("soft  (NCCL_WASM_FABRIC=soft)"),
+        "{text}"
+    );
+    assert!(line(&text, "ports").contains("2 discovered"), "{text}");
+    assert!(
+        line(&text, "0  soft_0:1").contains("active  RoCE  100G"),
+        "{text}"
+    );
+    let gid: Vec<&str> = line(&text, "soft_0:1  1").split_whitespace().collect();
+    assert_eq!(
+        gid,
+        ["soft_0:1", "1", "::ffff:127.0.0.1", "roce-v2", "/8"],
+        "{text}"
+    );
+    // The explain report follows, on the discovered machine.
+    assert!(
+        line(&text, "topology").contains("(discovered on the soft fabric)"),
+        "{text}"
+    );
+    assert!(line(&text, "devices").contains("2 selected"), "{text}");
+    assert!(line(&text, "connection").contains("2 QP(s)"), "{text}");
+
+    let v = json(&run_env(
+        &["devices", "--json"],
+        &[("NCCL_WASM_FABRIC", "soft")],
+    ));
+    assert_eq!(v["fabric"]["name"], "soft");
+    assert_eq!(v["ports"].as_array().map(Vec::len), Some(2));
+    assert_eq!(v["ports"][1]["name"], "soft_1:1");
+    assert_eq!(v["ports"][1]["gids"][1]["type"], "roce-v2");
+    assert_eq!(v["report"]["policy"]["kind"], "builtin");
+    assert_eq!(v["report"]["gids"][0]["index"], 1);
+
+    // The policy defaults to NCCL_WASM_POLICY, as in the plugin; --policy overrides it.
+    let rail = guest("rail-aligned");
+    let v = json(&run_env(
+        &["devices", "--json"],
+        &[("NCCL_WASM_FABRIC", "soft"), ("NCCL_WASM_POLICY", &rail)],
+    ));
+    assert_eq!(v["report"]["policy"]["kind"], "wasm", "{v}");
+    let v = json(&run_env(
+        &["devices", "--json", "--policy", "builtin"],
+        &[("NCCL_WASM_FABRIC", "soft"), ("NCCL_WASM_POLICY", &rail)],
+    ));
+    assert_eq!(v["report"]["policy"]["kind"], "builtin", "{v}");
+
+    assert_fails(
+        &run_env(&["devices"], &[("NCCL_WASM_FABRIC", "rxe")]),
+        2,
+        "NCCL_WASM_FABRIC=\"rxe\" is invalid: use auto, ib or soft",
+    );
+}
+
+#[test]
+fn devices_on_the_mlx5_fixture_report_what_only_sysfs_gives() {
+    let o = run_owned(&["devices", "--json"], &mlx5_env(true));
+    assert_ok(&o);
+    let v = json(&o);
+    assert!(
+        v["fabric"]["sysfs_root"]
+            .as_str()
+            .unwrap()
+            .ends_with("mlx5-host/sys")
+    );
+    let (p0, p1) = (&v["ports"][0], &v["ports"][1]);
+    assert_eq!(p0["name"], "mlx5_0:1");
+    // The PCI path through the `device` symlink (function digit merged as NCCL does).
+    assert_eq!(
+        p0["pci_path"],
+        "/sys/devices/pci0000:16/0000:16:02.0/0000:17:00.0"
+    );
+    assert_eq!(
+        p1["pci_path"],
+        "/sys/devices/pci0000:a0/0000:a0:02.0/0000:a1:00.0"
+    );
+    // NUMA node, driver, GID types from gid_attrs/types.
+    assert_eq!(
+        (p0["numa_node"].as_i64(), p1["numa_node"].as_i64()),
+        (Some(0), Some(1))
+    );
+    assert_eq!(p0["provider"], "mlx5");
+    let types: Vec<&str> = p0["gids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["roce-v1", "roce-v2", "roce-v1", "roce-v2"]);
+    // The netdev of gid_attrs/ndevs: `lo` carries 127.0.0.1/8, so the prefix is 8; mlx5_1's
+    // netdev does not exist here, so its prefix is unknown.
+    assert_eq!(p0["gids"][3]["prefix_len"], 8);
+    assert_eq!(p1["gids"][3]["prefix_len"], 0);
+    // NCCL's RoCE scan then picks the RoCEv2 IPv4 entry.
+    assert_eq!(
+        v["report"]["gids"][0]["index"], 3,
+        "{}",
+        v["report"]["gids"]
+    );
+
+    // Without the fixture, the same verbs answers get the soft provider's own sysfs: none of
+    // the values above.
+    let v = json(&run_owned(&["devices", "--json"], &mlx5_env(false)));
+    let p0 = &v["ports"][0];
+    assert_ne!(
+        p0["pci_path"],
+        "/sys/devices/pci0000:16/0000:16:02.0/0000:17:00.0"
+    );
+    assert_eq!(p0["numa_node"], -1);
+    assert_eq!(p0["provider"], "soft");
+    assert_eq!(p0["gids"][3]["type"], "unknown");
+    assert_eq!(p0["gids"][3]["prefix_len"], 0);
+}
+
+/// `capture` then `policy explain` on the file makes the decisions `devices` shows.
+#[track_caller]
+fn assert_capture_round_trip(env: &[(&'static str, String)], policy: &str, dir: &std::path::Path) {
+    let file = dir.join(format!("captured-{}.toml", policy.len()));
+    let file = file.display().to_string();
+    let o = run_owned(&["topology", "capture", "-o", &file], env);
+    assert_ok(&o);
+    assert!(
+        stdout(&o).starts_with(&format!("wrote {file}")),
+        "{}",
+        stdout(&o)
+    );
+    let live = json(&run_owned(&["devices", "--json", "--policy", policy], env));
+    let offline = json(&run(&["policy", "explain", policy, "-t", &file, "--json"]));
+    let live = &live["report"];
+    for key in [
+        "policy",
+        "settings",
+        "devices",
+        "gids",
+        "groups",
+        "nccl_devices",
+        "vnic",
+        "connection",
+        "striping",
+    ] {
+        assert_eq!(
+            live[key], offline[key],
+            "{key} differs after capturing to {file}"
+        );
+    }
+    assert!(
+        live["topology"]["origin"]
+            .as_str()
+            .unwrap()
+            .starts_with("discovered")
+    );
+    assert_eq!(offline["topology"]["origin"], file.as_str());
+}
+
+#[test]
+fn capture_round_trip_gives_the_same_decisions() {
+    let dir = scratch("capture");
+    let soft = vec![("NCCL_WASM_FABRIC", "soft".to_owned())];
+    assert_capture_round_trip(&soft, "builtin", &dir);
+    assert_capture_round_trip(&mlx5_env(true), "builtin", &dir);
+    assert_capture_round_trip(&mlx5_env(true), &guest("rail-aligned"), &dir);
+
+    // What the file holds: sysfs values from the fixture, the soft-only address only because
+    // it is not the default.
+    let text = stdout(&run_owned(&["topology", "capture"], &mlx5_env(true)));
+    assert!(text.contains("name = \"mlx5_0\"\nprovider = \"mlx5\"\npci-path = \"/sys/devices/pci0000:16/0000:16:02.0/0000:17:00.0\""), "{text}");
+    assert!(text.contains("numa-node = 1"), "{text}");
+    assert!(text.contains("address = \"10.250.0.1\""), "{text}");
+    assert!(
+        text.contains(
+            "{ index = 3, gid = \"::ffff:127.0.0.1\", type = \"roce-v2\", prefix-len = 8 }"
+        ),
+        "{text}"
+    );
+    let loopback = stdout(&run_env(
+        &["topology", "capture"],
+        &[("NCCL_WASM_FABRIC", "soft")],
+    ));
+    assert!(
+        !loopback.contains("address"),
+        "default addresses are left out:\n{loopback}"
+    );
+
+    assert_fails(
+        &run_owned(
+            &["topology", "capture", "-o", "/nonexistent/dir/x.toml"],
+            &mlx5_env(true),
+        ),
+        2,
+        "cannot write /nonexistent/dir/x.toml",
+    );
+    std::fs::remove_dir_all(&dir).expect("scratch removed");
+}
+
+#[test]
+fn doctor_on_soft_passes_and_a_broken_policy_fails_it() {
+    let o = run_env(&["doctor"], &[("NCCL_WASM_FABRIC", "soft")]);
+    assert_ok(&o);
+    let text = stdout(&o);
+    for name in [
+        "libibverbs",
+        "fabric",
+        "ports",
+        "roce gids",
+        "memlock",
+        "policy",
+        "settings",
+    ] {
+        let l = text
+            .lines()
+            .find(|l| {
+                l.split_whitespace()
+                    .skip(1)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+                    .starts_with(name)
+            })
+            .unwrap_or_else(|| panic!("no {name} line in\n{text}"));
+        assert!(!l.starts_with("FAIL"), "{l}");
+    }
+    assert!(
+        line(&text, "OK    ports").contains("2 active: soft_0:1, soft_1:1"),
+        "{text}"
+    );
+    assert!(
+        line(&text, "OK    roce gids").contains("soft_0:1 → 1 ::ffff:127.0.0.1"),
+        "{text}"
+    );
+    assert!(
+        line(&text, "OK    settings").contains("NCCL_WASM_FABRIC=soft (environment)"),
+        "{text}"
+    );
+
+    let v = json(&run_env(
+        &["doctor", "--json"],
+        &[("NCCL_WASM_FABRIC", "soft")],
+    ));
+    assert_eq!(v["failed"], false);
+    let checks = v["checks"].as_array().expect("checks");
+    assert_eq!(checks.len(), 7, "{v}");
+    assert!(checks.iter().all(|c| c["status"] != "FAIL"), "{v}");
+    assert_eq!(checks[4]["name"], "memlock");
+
+    // A file that is not a policy: FAIL with the reason and the fix, exit status 1.
+    let broken = workspace()
+        .join("host/cli/Cargo.toml")
+        .display()
+        .to_string();
+    let env = [
+        ("NCCL_WASM_FABRIC", "soft"),
+        ("NCCL_WASM_POLICY", broken.as_str()),
+    ];
+    let o = run_env(&["doctor"], &env);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let text = stdout(&o);
+    assert!(
+        line(&text, "FAIL  policy").contains("is not a policy component"),
+        "{text}"
+    );
+    assert!(text.contains("fix: fix or replace"), "{text}");
+    let v = json(&run_env(&["doctor", "--json"], &env));
+    assert_eq!(v["failed"], true);
+    assert_eq!(v["checks"][5]["status"], "FAIL", "{v}");
+
+    // Unknown NCCL_WASM_* names are a WARN; invalid values a FAIL naming the variable.
+    let v = json(&run_env(
+        &["doctor", "--json"],
+        &[("NCCL_WASM_FABRIC", "soft"), ("NCCL_WASM_POLCY", "x.wasm")],
+    ));
+    assert_eq!(v["checks"][6]["status"], "WARN", "{v}");
+    assert!(
+        v["checks"][6]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("NCCL_WASM_POLCY")
+    );
+    let o = run_env(
+        &["doctor", "--json"],
+        &[("NCCL_WASM_FABRIC", "soft"), ("NCCL_IB_TIMEOUT", "forever")],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    let v = json(&o);
+    assert_eq!(v["checks"][6]["status"], "FAIL", "{v}");
+    assert!(
+        v["checks"][6]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("NCCL_IB_TIMEOUT"),
+        "{v}"
+    );
+}

@@ -21,6 +21,9 @@
 //! topology is hand-written, and "invalid type" without a place is useless to its author.
 
 mod gid;
+mod write;
+
+pub use write::{gid_type_name, link_name, state_name};
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::ops::Range;

@@ -55,7 +55,6 @@ use ncclwasm_transport::{
 };
 use ncclwasm_verbs::{ForeignMemory, Memory};
 
-use fabric::FabricChoice;
 use ncclwasm_abi::*;
 
 /// The plugin's name: `NCCL_NET=WASM` selects it.
@@ -89,10 +88,10 @@ fn init_net(logger: Logger, max_devs_per_nic: usize, context: bool) -> Result<()
     log::install(logger);
     let mut st = state();
     if st.is_none() {
-        let choice = FabricChoice::from_env()?;
+        let choice = fabric::choice()?;
         let decisions = Arc::new(PolicyHost::from_env(max_devs_per_nic)?);
-        let net =
-            Net::new(choice.config(max_devs_per_nic, decisions)?).map_err(|e| choice.hint(e))?;
+        let net = Net::new(fabric::config(choice, max_devs_per_nic, decisions)?)
+            .map_err(|e| fabric::hint(choice, e))?;
         *st = Some(Global { net, contexts: 0 });
     }
     if context && let Some(g) = st.as_mut() {

@@ -14,7 +14,8 @@
 //! provider is also built as `libibverbs.so.1` (the `host/soft-ibverbs` cdylib), which exports
 //! the same description through the extension symbols of [`ncclwasm_verbs::table`], so the `ib`
 //! fabric over that library behaves as [`fabric`] does. Nothing above the verbs layer names
-//! this crate except the place that picks a fabric (the plugin) and tests.
+//! this crate except where a fabric is picked — [`FabricChoice`] (`NCCL_WASM_FABRIC`), used by
+//! the plugin and the `ncclwasm` tool — and tests.
 //!
 //! # Devices, ports, addressing
 //! Devices and ports come from the topology file named by `NCCL_WASM_TOPOLOGY`, or from an
@@ -111,6 +112,7 @@
 //! runs once the last context is closed.
 
 mod abi;
+mod choice;
 mod ctx;
 mod event;
 mod fabric;
@@ -128,6 +130,7 @@ use std::sync::Arc;
 
 use ncclwasm_verbs::{Fabric, Provider, ProviderCaps, VerbsError, VerbsTable};
 
+pub use choice::{ENV_FABRIC, FabricChoice, Settled};
 pub use sysfs::sysfs_root;
 
 static TABLE: VerbsTable = VerbsTable {

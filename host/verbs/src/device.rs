@@ -34,22 +34,10 @@ pub struct Fabric {
 pub struct IbOptions {
     /// The library to `dlopen`; `None` = `$NCCL_WASM_IBVERBS_PATH`, else `libibverbs.so.1`.
     pub library: Option<String>,
-    /// Root of the sysfs tree discovery reads. `None`: `$NCCL_WASM_SYSFS_ROOT`, else the
-    /// library's own tree when it exports one (`ncclwasm_verbs_sysfs_root`, see
-    /// [`crate::table`]), else `/sys`.
+    /// Root of the sysfs tree discovery reads. `None`: the library's own tree when it exports
+    /// one (`ncclwasm_verbs_sysfs_root`, see [`crate::table`]), else `/sys`;
+    /// [`crate::ENV_SYSFS_ROOT`] overrides either.
     pub sysfs_root: Option<PathBuf>,
-}
-
-/// Overrides where every fabric reads its sysfs-shaped tree (discovery and the GPU checks):
-/// for an operator whose `/sys` is mounted elsewhere, and for tests that give a fabric a host
-/// of their making (e.g. a peer-memory module). Unset or empty: each fabric's own tree.
-pub const SYSFS_ROOT_ENV: &str = "NCCL_WASM_SYSFS_ROOT";
-
-/// The value of [`SYSFS_ROOT_ENV`], read here only.
-fn sysfs_root_override() -> Option<PathBuf> {
-    std::env::var_os(SYSFS_ROOT_ENV)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
 }
 
 impl Fabric {
@@ -61,7 +49,6 @@ impl Fabric {
         tracing::debug!("verbs library {} loaded", library.path());
         let sysfs_root = options
             .sysfs_root
-            .or_else(sysfs_root_override)
             .or_else(|| library.sysfs_root())
             .unwrap_or_else(|| PathBuf::from("/sys"));
         let provider = Provider::new("ib", table, sysfs_root, library.capabilities());
@@ -76,12 +63,8 @@ impl Fabric {
         }))
     }
 
-    /// A fabric over an in-process provider (a provider crate's own constructor calls this);
-    /// [`SYSFS_ROOT_ENV`] replaces the provider's tree when set.
-    pub fn from_provider(mut provider: Provider) -> Arc<Fabric> {
-        if let Some(root) = sysfs_root_override() {
-            provider.sysfs_root = root;
-        }
+    /// A fabric over an in-process provider (a provider crate's own constructor calls this).
+    pub fn from_provider(provider: Provider) -> Arc<Fabric> {
         Arc::new(Fabric {
             provider,
             library: None,

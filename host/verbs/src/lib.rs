@@ -73,12 +73,12 @@ mod wr;
 
 pub use cq::{Completion, Cq, WcOpcode, WcStatus};
 pub use device::{
-    AsyncEvent, AsyncEventKind, Context, DeviceAttr, Fabric, IbOptions, PortAttr, SYSFS_ROOT_ENV,
+    AsyncEvent, AsyncEventKind, Context, DeviceAttr, Fabric, IbOptions, PortAttr,
 };
 pub use error::{Result, VerbsError};
 pub use gpu::{PEER_MEMORY_MODULES, RelaxedOrderingMode};
 pub use memory::{Access, DmaBuf, ForeignMemory, Memory, Mr, Pd};
-pub use provider::{Capabilities, Provider, ProviderCaps};
+pub use provider::{Capabilities, ENV_SYSFS_ROOT, Provider, ProviderCaps};
 pub use qp::{Ece, Grh, InitAttr, Mtu, Qp, QpCaps, QpState, RtrAttr, RtsAttr};
 #[cfg(feature = "fault-injection")]
 pub use table::FaultTable;

@@ -43,6 +43,13 @@ impl ProviderCaps {
     }
 }
 
+/// `NCCL_WASM_SYSFS_ROOT`: a directory laid out as `/sys` that discovery reads instead of the
+/// tree the provider names (its own, [`crate::IbOptions::sysfs_root`], or `/sys`), whatever the
+/// provider. It lets an operator or a test run discovery against a copy of another machine's
+/// `class/infiniband` (PCI path, NUMA node, GID types, netdevs); verbs answers (ports, GIDs)
+/// still come from the provider. Read here only, when a provider is described.
+pub const ENV_SYSFS_ROOT: &str = "NCCL_WASM_SYSFS_ROOT";
+
 /// A provider's description: everything [`crate::Fabric::from_provider`] needs.
 #[derive(Clone, Debug)]
 pub struct Provider {
@@ -56,13 +63,24 @@ pub struct Provider {
 
 impl Provider {
     /// `name` appears in messages (`"ib"`, `"soft"`, …); `table` fulfils the backend contract of
-    /// [`crate::table`]; discovery reads the sysfs-shaped tree under `sysfs_root`.
+    /// [`crate::table`]; discovery reads the sysfs-shaped tree under `sysfs_root`, unless
+    /// [`ENV_SYSFS_ROOT`] names another one.
     pub fn new(
         name: &'static str,
         table: VerbsTable,
         sysfs_root: PathBuf,
         caps: ProviderCaps,
     ) -> Provider {
+        let sysfs_root = match std::env::var_os(ENV_SYSFS_ROOT) {
+            Some(root) if !root.is_empty() => {
+                tracing::info!(
+                    "{name}: discovery reads sysfs under {} ({ENV_SYSFS_ROOT})",
+                    std::path::Path::new(&root).display()
+                );
+                PathBuf::from(root)
+            }
+            _ => sysfs_root,
+        };
         Provider {
             name,
             table,

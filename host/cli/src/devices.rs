@@ -1,0 +1,189 @@
+//! `ncclwasm devices`: what the plugin sees on this host — every port discovery reports (state,
+//! link layer, speed, GID table, NUMA node, PCI path) — and every decision the policy would make
+//! on it, the `policy explain` report on the live machine instead of a file.
+
+use std::path::PathBuf;
+
+use clap::Args as ClapArgs;
+use ncclwasm_model::{Gid, GidType, LinkLayer, Port, PortState, topology};
+use serde::Serialize;
+
+use crate::fail::{Fail, Outcome};
+use crate::live::{self, FabricView};
+use crate::render::{self, Table, field};
+use crate::report::{self, Report};
+use crate::setup::{self, ConfigArgs, DEFAULT_SIZES, PolicyArg};
+
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// The policy: a component (.wasm) or `builtin` [default: as the plugin, $NCCL_WASM_POLICY,
+    /// else builtin]
+    #[arg(long, value_name = "FILE|builtin")]
+    pub policy: Option<PolicyArg>,
+
+    #[command(flatten)]
+    pub config: ConfigArgs,
+
+    /// Print the ports and the report as JSON (shape in host/cli/README.md)
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `--json`: the fabric, the ports as discovered, and the `policy explain` report on them.
+#[derive(Debug, Serialize)]
+pub struct Devices {
+    pub fabric: FabricView,
+    pub ports: Vec<PortView>,
+    pub report: Report,
+}
+
+/// A discovered port; the GUID in hex and GIDs in text, as topology files write them.
+#[derive(Debug, Serialize)]
+pub struct PortView {
+    pub index: u32,
+    pub name: String,
+    pub state: PortState,
+    pub link_layer: LinkLayer,
+    pub speed_mbps: u32,
+    pub width: u8,
+    pub mtu: u32,
+    pub lid: u16,
+    pub numa_node: i32,
+    /// After NCCL's port/VF merge rule, as decisions see it.
+    pub pci_path: String,
+    pub guid: String,
+    pub provider: String,
+    pub max_qps: u32,
+    pub gids: Vec<GidView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GidView {
+    pub index: u32,
+    pub gid: String,
+    #[serde(rename = "type")]
+    pub gid_type: GidType,
+    pub prefix_len: u8,
+}
+
+impl From<&Port> for PortView {
+    fn from(p: &Port) -> PortView {
+        PortView {
+            index: p.index,
+            name: report::port_name(p),
+            state: p.state,
+            link_layer: p.link_layer,
+            speed_mbps: p.speed_mbps,
+            width: p.width,
+            mtu: p.mtu,
+            lid: p.lid,
+            numa_node: p.numa_node,
+            pci_path: p.pci_path.clone(),
+            guid: format!("{:#018x}", p.guid),
+            provider: p.provider.clone(),
+            max_qps: p.max_qps,
+            gids: p
+                .gids
+                .iter()
+                .filter(|g| **g != Gid::unconfigured(g.index))
+                .map(|g| GidView {
+                    index: g.index,
+                    gid: g.addr().to_string(),
+                    gid_type: g.gid_type,
+                    prefix_len: g.prefix_len,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// `--policy`, else `NCCL_WASM_POLICY` as the plugin reads it, else the built-in default.
+pub fn policy(arg: Option<&PolicyArg>) -> PolicyArg {
+    match arg {
+        Some(p) => p.clone(),
+        None => std::env::var_os(ncclwasm_policy::ENV_POLICY)
+            .filter(|p| !p.is_empty())
+            .map_or(PolicyArg::Builtin, |p| PolicyArg::File(PathBuf::from(p))),
+    }
+}
+
+pub fn run(args: &Args) -> Result<Outcome, Fail> {
+    let live = live::discover()?;
+    let (host, view) = setup::host(
+        setup::settings(&args.config)?,
+        &policy(args.policy.as_ref()),
+    )?;
+    let sizes: Vec<u64> = DEFAULT_SIZES
+        .split(',')
+        .map(setup::parse_size)
+        .collect::<Result<_, _>>()
+        .map_err(Fail::trouble)?;
+    let report = report::evaluate(&host, view, &live.topology, None, &sizes)?;
+    let devices = Devices {
+        fabric: live.fabric,
+        ports: live.ports.iter().map(PortView::from).collect(),
+        report,
+    };
+    let text = if args.json {
+        crate::json(&devices)?
+    } else {
+        render(&devices)
+    };
+    Ok(Outcome::success(text))
+}
+
+/// The ports as discovered, then the `explain` report.
+pub fn render(d: &Devices) -> String {
+    let mut out = field("fabric", &format!("{}  ({})", d.fabric.name, d.fabric.why));
+    if let Some(lib) = &d.fabric.library {
+        out += &field("library", lib);
+    }
+    if let Some(root) = &d.fabric.sysfs_root {
+        out += &field("sysfs", &format!("{root}  (NCCL_WASM_SYSFS_ROOT)"));
+    }
+    out += &field("ports", &format!("{} discovered", d.ports.len()));
+    if !d.ports.is_empty() {
+        let mut t = Table::new(
+            2,
+            &[
+                "#", "port", "state", "link", "speed", "mtu", "lid", "numa", "guid", "pci path",
+            ],
+        );
+        for p in &d.ports {
+            t.row(vec![
+                p.index.to_string(),
+                p.name.clone(),
+                topology::state_name(p.state).to_owned(),
+                render::link(p.link_layer).to_owned(),
+                render::speed(p.speed_mbps),
+                p.mtu.to_string(),
+                p.lid.to_string(),
+                p.numa_node.to_string(),
+                p.guid.clone(),
+                if p.pci_path.is_empty() {
+                    "-".to_owned()
+                } else {
+                    p.pci_path.clone()
+                },
+            ]);
+        }
+        out += &t.render();
+        let entries: usize = d.ports.iter().map(|p| p.gids.len()).sum();
+        out += &field("gid tables", &format!("{entries} configured entries"));
+        let mut t = Table::new(2, &["port", "index", "gid", "type", "prefix"]);
+        for p in &d.ports {
+            for g in &p.gids {
+                t.row(vec![
+                    p.name.clone(),
+                    g.index.to_string(),
+                    g.gid.clone(),
+                    topology::gid_type_name(g.gid_type).to_owned(),
+                    format!("/{}", g.prefix_len),
+                ]);
+            }
+        }
+        out += &t.render();
+    }
+    out.push('\n');
+    out + &crate::explain::render(&d.report)
+}

@@ -1,0 +1,500 @@
+//! `ncclwasm doctor`: one screen of what will hold the plugin back on this host, each line OK,
+//! WARN or FAIL with the fix. Exit status 0 when nothing FAILs, 1 otherwise.
+//!
+//! Each check is a small function returning a [`Check`], run in [`checks`]; a new concern is a
+//! new function and one line there. The inputs every check may need (the fabric choice, what
+//! discovery found, the settings) are gathered once in [`Host`].
+
+use clap::Args as ClapArgs;
+use ncclwasm_default::IbConfig;
+use ncclwasm_model::{LinkLayer, PortState};
+use ncclwasm_policy::Settings;
+use ncclwasm_soft::{ENV_FABRIC, FabricChoice};
+use ncclwasm_verbs::{ENV_SYSFS_ROOT, Fabric, IbOptions};
+use serde::Serialize;
+
+use crate::fail::{Exit, Fail, Outcome};
+use crate::live::{self, Live};
+
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// Print the checks as JSON (shape in host/cli/README.md)
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Status {
+    Ok,
+    Warn,
+    Fail,
+}
+
+/// One line of the report.
+#[derive(Debug, Serialize)]
+pub struct Check {
+    pub name: &'static str,
+    pub status: Status,
+    /// What was found.
+    pub detail: String,
+    /// What to do about it (empty when OK).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub fix: String,
+}
+
+impl Check {
+    fn ok(name: &'static str, detail: impl Into<String>) -> Check {
+        Check {
+            name,
+            status: Status::Ok,
+            detail: detail.into(),
+            fix: String::new(),
+        }
+    }
+
+    fn bad(
+        name: &'static str,
+        status: Status,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Check {
+        Check {
+            name,
+            status,
+            detail: detail.into(),
+            fix: fix.into(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct Doctor {
+    pub checks: Vec<Check>,
+    /// True when a check FAILed (the exit status is then 1).
+    pub failed: bool,
+}
+
+/// What the checks look at, gathered once.
+struct Host {
+    /// `NCCL_WASM_FABRIC`, or why it is unusable.
+    choice: Result<FabricChoice, String>,
+    /// Discovery on the fabric the plugin would use (soft when `auto` finds no device).
+    live: Result<Live, String>,
+    /// `NCCL_IB_*` as the built-in default reads them.
+    ib: Result<IbConfig, String>,
+}
+
+impl Host {
+    fn gather() -> Host {
+        let ib = IbConfig::from_pairs(&ncclwasm_default::env_pairs()).map_err(|e| e.to_string());
+        Host {
+            choice: FabricChoice::from_env().map_err(|e| e.to_string()),
+            live: live::discover().map_err(|f| f.text()),
+            ib,
+        }
+    }
+
+    /// Whether the plugin needs a real NIC here (a soft fabric pins and needs nothing).
+    fn wants_nic(&self) -> bool {
+        !matches!(self.choice, Ok(FabricChoice::Soft))
+    }
+}
+
+/// Every check, in the order they print. GPU memory registration (peer-memory module,
+/// DMA-BUF, relaxed ordering) and the out-of-band address (`NCCL_SOCKET_IFNAME`) belong here,
+/// after `ports`, each as one more function of `&Host`.
+fn checks(host: &Host) -> Vec<Check> {
+    vec![
+        verbs_library(host),
+        fabric(host),
+        ports(host),
+        roce_gids(host),
+        memlock(host),
+        policy(),
+        settings(host),
+    ]
+}
+
+pub fn run(args: &Args) -> Result<Outcome, Fail> {
+    let checks = checks(&Host::gather());
+    let failed = checks.iter().any(|c| c.status == Status::Fail);
+    let doctor = Doctor { checks, failed };
+    let text = if args.json {
+        crate::json(&doctor)?
+    } else {
+        render(&doctor)
+    };
+    Ok(Outcome {
+        text,
+        exit: if failed { Exit::No } else { Exit::Success },
+    })
+}
+
+/// Width of the status and name columns.
+const STATUS_WIDTH: usize = 6;
+const NAME_WIDTH: usize = 12;
+
+/// One line per check; the fix on the next line, under the detail.
+pub fn render(d: &Doctor) -> String {
+    let mut out = String::new();
+    for c in &d.checks {
+        let status = match c.status {
+            Status::Ok => "OK",
+            Status::Warn => "WARN",
+            Status::Fail => "FAIL",
+        };
+        out += &format!(
+            "{status:<STATUS_WIDTH$}{:<NAME_WIDTH$}{}\n",
+            c.name, c.detail
+        );
+        if !c.fix.is_empty() {
+            out += &format!(
+                "{:indent$}fix: {}\n",
+                "",
+                c.fix,
+                indent = STATUS_WIDTH + NAME_WIDTH
+            );
+        }
+    }
+    out
+}
+
+/// libibverbs opened as the `ib` fabric opens it; its version from the file the loader mapped
+/// (`libibverbs.so.1.14.44.0`: rdma-core 44).
+fn verbs_library(host: &Host) -> Check {
+    const NAME: &str = "libibverbs";
+    match Fabric::ib(IbOptions::default()) {
+        Ok(f) => {
+            let path = f.library_path().unwrap_or("libibverbs.so.1");
+            let file = live::resolved_library(path).unwrap_or_else(|| path.to_owned());
+            Check::ok(NAME, format!("{} ({file})", library_version(&file)))
+        }
+        Err(e) => Check::bad(
+            NAME,
+            if host.wants_nic() {
+                Status::Fail
+            } else {
+                Status::Warn
+            },
+            format!("{e}"),
+            "install rdma-core (apt install ibverbs-providers libibverbs1, dnf install \
+             rdma-core libibverbs), or point NCCL_WASM_IBVERBS_PATH at the library",
+        ),
+    }
+}
+
+/// `libibverbs.so.1.14.44.0` → `libibverbs 1.14.44.0 (rdma-core 44)`; a name without a full
+/// version says only what it has.
+pub fn library_version(file: &str) -> String {
+    let name = file.rsplit('/').next().unwrap_or(file);
+    match name.split_once(".so.") {
+        Some((stem, version)) => {
+            let parts: Vec<&str> = version.split('.').collect();
+            match parts.get(2) {
+                Some(release) => format!("{stem} {version} (rdma-core {release})"),
+                None => format!("{stem} {version} (version not in the file name)"),
+            }
+        }
+        None => format!("{name} (version not in the file name)"),
+    }
+}
+
+/// `NCCL_WASM_FABRIC` and whether the plugin will start on it.
+fn fabric(host: &Host) -> Check {
+    const NAME: &str = "fabric";
+    let choice = match &host.choice {
+        Ok(c) => *c,
+        Err(e) => return Check::bad(NAME, Status::Fail, e.clone(), "use auto, ib or soft"),
+    };
+    match &host.live {
+        Ok(live) if choice == FabricChoice::Auto && live.fabric.name == "soft" => Check::bad(
+            NAME,
+            Status::Fail,
+            format!("auto: {}", live.fabric.why),
+            format!(
+                "install the NIC's driver and rdma-core; or {ENV_FABRIC}=soft to run the \
+                 plugin over TCP (tests, demos)"
+            ),
+        ),
+        Ok(live) => Check::ok(NAME, format!("{} ({})", live.fabric.name, live.fabric.why)),
+        Err(e) => Check::bad(
+            NAME,
+            Status::Fail,
+            e.clone(),
+            "see the message; `ncclwasm devices -v` shows discovery",
+        ),
+    }
+}
+
+/// Devices and active ports: `auto` starts only with an active port.
+fn ports(host: &Host) -> Check {
+    const NAME: &str = "ports";
+    let Ok(live) = &host.live else {
+        return Check::bad(NAME, Status::Fail, "discovery did not run", "see `fabric`");
+    };
+    let active: Vec<String> = live
+        .ports
+        .iter()
+        .filter(|p| p.state == PortState::Active)
+        .map(crate::report::port_name)
+        .collect();
+    let found = format!(
+        "{} device(s), {} port(s), {} active",
+        live.topology.devices.len(),
+        live.ports.len(),
+        active.len()
+    );
+    if active.is_empty() {
+        Check::bad(
+            NAME,
+            Status::Fail,
+            found,
+            "bring a port up: check the cable and `ibstat` (IB: a subnet manager must run) or \
+             `ip link` of the RoCE netdev",
+        )
+    } else {
+        Check::ok(NAME, format!("{found}: {}", active.join(", ")))
+    }
+}
+
+/// Active RoCE ports must have a GID NCCL would pick that routes: configured and not
+/// link-local (NCCL's own rule, `ncclwasm_default::select_gid`).
+fn roce_gids(host: &Host) -> Check {
+    const NAME: &str = "roce gids";
+    let (Ok(live), Ok(ib)) = (&host.live, &host.ib) else {
+        return Check::bad(
+            NAME,
+            Status::Warn,
+            "not checked (discovery or NCCL_IB_* settings failed)",
+            "see `fabric` and `settings`",
+        );
+    };
+    let mut good = Vec::new();
+    let mut bad = Vec::new();
+    for p in live
+        .ports
+        .iter()
+        .filter(|p| p.link_layer == LinkLayer::Ethernet && p.state == PortState::Active)
+    {
+        let pick = ncclwasm_default::select_gid(ib, p);
+        let name = crate::report::port_name(p);
+        match p.gids.iter().find(|g| g.index == pick.index) {
+            Some(g) if !g.is_unconfigured() && !g.is_link_local() => {
+                good.push(format!("{name} → {} {}", g.index, g.addr()));
+            }
+            Some(g) => bad.push(format!("{name} → {} {} (not routable)", g.index, g.addr())),
+            None => bad.push(format!("{name} → {} (not in the table)", pick.index)),
+        }
+    }
+    if !bad.is_empty() {
+        Check::bad(
+            NAME,
+            Status::Fail,
+            format!("no IPv4/IPv6 GID NCCL would pick: {}", bad.join(", ")),
+            "give the port's netdev an IP address (`ip addr add … dev <netdev>`: the kernel adds \
+             its RoCE GIDs), or set NCCL_IB_GID_INDEX / NCCL_IB_ADDR_FAMILY to an entry that has one",
+        )
+    } else if good.is_empty() {
+        Check::ok(NAME, "no active RoCE port")
+    } else {
+        Check::ok(NAME, good.join(", "))
+    }
+}
+
+/// What NCCL needs locked: its communication buffers (`NCCL_BUFFSIZE`, 4 MiB per channel and
+/// peer, several channels per peer) plus the application's registered buffers; below this a
+/// registration fails on any but the smallest job.
+const MEMLOCK_NEEDED: u64 = 1 << 30;
+
+/// `RLIMIT_MEMLOCK`: every registered buffer is pinned and counts against it.
+fn memlock(host: &Host) -> Check {
+    const NAME: &str = "memlock";
+    const FIX: &str = "`ulimit -l unlimited` (limits.conf: `* - memlock unlimited`; systemd: \
+                       LimitMEMLOCK=infinity; containers: `--ulimit memlock=-1`)";
+    let Some((soft, hard)) = memlock_limits() else {
+        return Check::bad(NAME, Status::Warn, "cannot read /proc/self/limits", FIX);
+    };
+    let show = |v: Option<u64>| v.map_or("unlimited".to_owned(), crate::render::size);
+    let found = format!("RLIMIT_MEMLOCK {} (hard {})", show(soft), show(hard));
+    match soft {
+        None => Check::ok(NAME, found),
+        Some(b) if b >= MEMLOCK_NEEDED => Check::bad(
+            NAME,
+            Status::Warn,
+            format!("{found}: enough for small jobs; NCCL recommends unlimited"),
+            FIX,
+        ),
+        Some(_) if !host.wants_nic() => Check::bad(
+            NAME,
+            Status::Warn,
+            format!("{found}: fine on the soft fabric (it pins nothing), too low for an RDMA NIC"),
+            FIX,
+        ),
+        Some(_) => Check::bad(
+            NAME,
+            Status::Fail,
+            format!(
+                "{found}: NCCL pins its buffers (NCCL_BUFFSIZE 4 MiB per channel and peer) and \
+                 yours; registration fails below about {}",
+                crate::render::size(MEMLOCK_NEEDED)
+            ),
+            FIX,
+        ),
+    }
+}
+
+/// Soft and hard `Max locked memory` in bytes (`None`: unlimited).
+fn memlock_limits() -> Option<(Option<u64>, Option<u64>)> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max locked memory"))?;
+    let mut values = line["Max locked memory".len()..].split_whitespace();
+    let parse = |v: Option<&str>| match v? {
+        "unlimited" => Some(None),
+        n => n.parse().ok().map(Some),
+    };
+    Some((parse(values.next())?, parse(values.next())?))
+}
+
+/// `NCCL_WASM_POLICY`, loaded and tried as `policy check` does.
+fn policy() -> Check {
+    const NAME: &str = "policy";
+    let Some(path) = std::env::var_os(ncclwasm_policy::ENV_POLICY).filter(|p| !p.is_empty()) else {
+        return Check::ok(
+            NAME,
+            "NCCL_WASM_POLICY unset: the built-in default (NCCL's own decisions)",
+        );
+    };
+    let path = std::path::PathBuf::from(path);
+    let none = crate::setup::ConfigArgs {
+        config: None,
+        env: Vec::new(),
+    };
+    let checked = crate::setup::settings(&none).and_then(|s| crate::check::check(&path, s));
+    match checked {
+        Ok(c) => Check::ok(
+            NAME,
+            format!(
+                "{} {} ({}): loads, every hook answers",
+                c.policy.name, c.policy.version, c.file
+            ),
+        ),
+        Err(f) => Check::bad(
+            NAME,
+            Status::Fail,
+            f.text(),
+            format!(
+                "fix or replace {} (`ncclwasm policy check FILE` tells why), or unset \
+                 NCCL_WASM_POLICY for the built-in default",
+                path.display()
+            ),
+        ),
+    }
+}
+
+/// Every `NCCL_WASM_*` the plugin reads; anything else with the prefix is likely a typo.
+const WASM_VARIABLES: &[&str] = &[
+    ncclwasm_policy::ENV_POLICY,
+    ncclwasm_policy::ENV_CONFIG,
+    ncclwasm_policy::ENV_RELOAD_MS,
+    ncclwasm_policy::ENV_TIMEOUT_MS,
+    ncclwasm_policy::ENV_MEMORY_MB,
+    ncclwasm_policy::ENV_FAILURE,
+    ncclwasm_policy::ENV_CACHE_DIR,
+    ENV_FABRIC,
+    "NCCL_WASM_TOPOLOGY",
+    ncclwasm_verbs::ib::PATH_ENV,
+    ENV_SYSFS_ROOT,
+];
+
+/// `NCCL_IB_*` and `NCCL_WASM_*`: parsed as the plugin parses them, the ones set listed with
+/// their source.
+fn settings(host: &Host) -> Check {
+    const NAME: &str = "settings";
+    let mut errors: Vec<String> = Vec::new();
+    if let Err(e) = &host.ib {
+        errors.push(e.clone());
+    }
+    if let Err(e) = Settings::from_env() {
+        errors.push(e.to_string());
+    }
+    if !errors.is_empty() {
+        return Check::bad(
+            NAME,
+            Status::Fail,
+            errors.join("; "),
+            "correct or unset the variable named",
+        );
+    }
+    let mut set: Vec<String> = Vec::new();
+    let mut defaults = 0;
+    if let Ok(ib) = &host.ib {
+        for s in ib.sources() {
+            match s.source {
+                ncclwasm_default::Source::Environment => {
+                    set.push(format!("{}={} (environment)", s.name, s.value));
+                }
+                ncclwasm_default::Source::Default => defaults += 1,
+            }
+        }
+        set.extend(
+            ib.ignored()
+                .iter()
+                .map(|(k, v)| format!("{k}={v} (environment, read by the transport)")),
+        );
+    }
+    let mut unknown = Vec::new();
+    for (k, v) in std::env::vars() {
+        if !k.starts_with("NCCL_WASM_") {
+            continue;
+        }
+        if WASM_VARIABLES.contains(&k.as_str()) {
+            set.push(format!("{k}={v} (environment)"));
+        } else {
+            unknown.push(k);
+        }
+    }
+    set.sort();
+    let summary = if set.is_empty() {
+        format!("all at their defaults ({defaults} NCCL_IB_* read)")
+    } else {
+        format!("{}; {defaults} NCCL_IB_* at defaults", set.join(", "))
+    };
+    if unknown.is_empty() {
+        Check::ok(NAME, summary)
+    } else {
+        unknown.sort();
+        Check::bad(
+            NAME,
+            Status::Warn,
+            format!("{summary}; not read by the plugin: {}", unknown.join(", ")),
+            format!(
+                "check the spelling; the plugin reads {}",
+                WASM_VARIABLES.join(", ")
+            ),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_comes_from_the_file_name() {
+        assert_eq!(
+            library_version("/usr/lib/x86_64-linux-gnu/libibverbs.so.1.14.44.0"),
+            "libibverbs 1.14.44.0 (rdma-core 44)"
+        );
+        assert_eq!(
+            library_version("libibverbs.so.1"),
+            "libibverbs 1 (version not in the file name)"
+        );
+        assert_eq!(
+            library_version("/opt/x/libsoft.so"),
+            "libsoft.so (version not in the file name)"
+        );
+    }
+}

@@ -1,0 +1,136 @@
+//! The live machine: the ports the plugin would discover on this host, through the plugin's own
+//! code path — `NCCL_WASM_FABRIC` read by `ncclwasm_soft::FabricChoice`, the provider it opens,
+//! `Fabric::discover` — for `devices`, `topology capture` and `doctor`.
+//!
+//! The one departure from the plugin: under `auto` on a host without RDMA devices the plugin
+//! would not start, and the soft fabric is shown instead ([`FabricChoice::settle`]); the
+//! fabric's `why` says so on every output.
+
+use std::sync::Arc;
+
+use ncclwasm_model::{Port, Topology};
+use ncclwasm_soft::{FabricChoice, Settled};
+use ncclwasm_verbs::{ENV_SYSFS_ROOT, Fabric};
+use serde::Serialize;
+
+use crate::fail::Fail;
+
+/// Which fabric discovery ran on, and why.
+#[derive(Clone, Debug, Serialize)]
+pub struct FabricView {
+    /// `auto`, `ib` or `soft`: the `NCCL_WASM_FABRIC` value the plugin would run with here.
+    pub name: String,
+    pub why: String,
+    /// The verbs library `dlopen`ed (the `ib` fabric), as the loader resolved it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub library: Option<String>,
+    /// `NCCL_WASM_SYSFS_ROOT`, when discovery read sysfs from another tree.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sysfs_root: Option<String>,
+}
+
+impl FabricView {
+    /// The view of a settled choice, before anything is opened.
+    pub fn new(settled: Settled) -> FabricView {
+        FabricView {
+            name: settled.choice.name().to_owned(),
+            why: settled.why,
+            library: None,
+            sysfs_root: std::env::var(ENV_SYSFS_ROOT).ok().filter(|s| !s.is_empty()),
+        }
+    }
+}
+
+/// What discovery found on this host.
+#[derive(Debug)]
+pub struct Live {
+    pub fabric: FabricView,
+    pub ports: Vec<Port>,
+    /// The same ports as a topology (named after the host), the input of the policy report
+    /// and of `topology capture`.
+    pub topology: Topology,
+}
+
+/// Discovers this host's ports as the plugin does at `init`.
+pub fn discover() -> Result<Live, Fail> {
+    let settled = FabricChoice::from_env().map_err(Fail::trouble)?.settle();
+    let fabric: Arc<Fabric> = settled.choice.open().map_err(|e| {
+        Fail::trouble(format!(
+            "cannot open the {} fabric: {e}",
+            settled.choice.name()
+        ))
+    })?;
+    // As the transport's `Net::new`: NCCL_IB_MERGE_VFS, default 1.
+    let merge_vfs = std::env::var("NCCL_IB_MERGE_VFS").map_or(true, |v| v.trim() != "0");
+    let ports = fabric.discover(merge_vfs);
+    let soft = settled.choice == FabricChoice::Soft;
+    let view = FabricView {
+        library: fabric
+            .library_path()
+            .map(|p| resolved_library(p).unwrap_or(p.to_owned())),
+        ..FabricView::new(settled)
+    };
+    let mut topology = Topology::from_ports(
+        &hostname(),
+        &format!(
+            "captured by ncclwasm {} on the {} fabric",
+            env!("CARGO_PKG_VERSION"),
+            view.name
+        ),
+        &ports,
+    );
+    topology.origin = format!("discovered on the {} fabric", view.name);
+    if soft {
+        soft_addresses(&mut topology)?;
+    }
+    Ok(Live {
+        fabric: view,
+        ports,
+        topology,
+    })
+}
+
+/// The soft fabric binds each port to the address its topology file gives; discovery cannot
+/// see it, so it is taken from the same file the provider read.
+fn soft_addresses(topology: &mut Topology) -> Result<(), Fail> {
+    let soft = match std::env::var_os("NCCL_WASM_TOPOLOGY") {
+        Some(path) => Topology::load(path)?,
+        None => Topology::loopback(),
+    };
+    for d in &mut topology.devices {
+        let Some(sd) = soft.devices.iter().find(|s| s.name == d.name) else {
+            continue;
+        };
+        for p in &mut d.ports {
+            if let Some(sp) = sd.ports.iter().find(|s| s.port == p.port) {
+                p.address = sp.address;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The file the dynamic loader mapped for `library` (`libibverbs.so.1` →
+/// `/usr/lib/…/libibverbs.so.1.14.44.0`), from this process's maps.
+pub fn resolved_library(library: &str) -> Option<String> {
+    let name = std::path::Path::new(library).file_name()?.to_str()?;
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|path| {
+            std::path::Path::new(path)
+                .file_name()
+                .and_then(|f| f.to_str())
+                .is_some_and(|f| f.starts_with(name))
+        })
+        .map(str::to_owned)
+}
+
+/// This host's name, which names a captured topology.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "this-host".to_owned())
+}
