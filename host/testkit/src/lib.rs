@@ -9,6 +9,8 @@
 //!   every corpus test without editing a list.
 //! - [`wait_until`]: waiting on a condition with a deadline, never a bare sleep.
 //! - [`guest`]: the path of a guest `cargo xtask guests` built.
+//! - [`netns`]: network namespaces joined by veth pairs, as hosts of a multi-node test,
+//!   removed when the test ends.
 //!
 //! Dev-only (`publish = false`) and free of workspace dependencies, so any crate's tests can use
 //! it.
@@ -16,6 +18,7 @@
 pub mod child;
 mod corpus;
 mod guest;
+pub mod netns;
 mod skip;
 mod wait;
 

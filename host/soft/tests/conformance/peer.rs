@@ -224,71 +224,42 @@ pub fn two_processes(b: Backend) {
 }
 
 /// Two network namespaces joined by a veth pair (192.0.2.1 ↔ 192.0.2.2, TEST-NET-1, only
-/// inside the namespaces), one child in each with its own topology file; created and removed
-/// by the test. Skipped, with the reason printed, when not root or `ip netns` is unavailable.
+/// inside the namespaces; loopback down), one child in each with its own topology file; made
+/// and removed by [`ncclwasm_testkit::netns`]. Skipped, with the reason printed, when not root
+/// or `ip netns` is unavailable.
 pub fn two_network_namespaces(b: Backend) {
     let _g = shared();
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        ncclwasm_testkit::skip("needs root to create network namespaces");
+    if let Some(why) = ncclwasm_testkit::netns::unavailable() {
+        ncclwasm_testkit::skip(why);
         return;
     }
-    if !Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        ncclwasm_testkit::skip("`ip netns` is unavailable");
-        return;
-    }
-    let tag = format!("{}{}", std::process::id() % 100_000, b as u8);
-    let ns = [format!("nwA{tag}"), format!("nwB{tag}")];
-    let veth = [format!("vwa{tag}"), format!("vwb{tag}")];
     let addr = ["192.0.2.1", "192.0.2.2"];
-    let _cleanup = Namespaces(ns.clone());
-    let ip = |args: &[&str]| {
-        let out = Command::new("ip").args(args).output().expect("run ip");
-        assert!(
-            out.status.success(),
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    ip(&["netns", "add", &ns[0]]);
-    ip(&["netns", "add", &ns[1]]);
-    ip(&[
-        "link", "add", &veth[0], "type", "veth", "peer", "name", &veth[1],
-    ]);
-    let dir = std::env::temp_dir().join(format!("ncclwasm-netns-{tag}"));
+    let mut hosts = ncclwasm_testkit::netns::Hosts::new(2);
+    hosts.link(0, ("veth0", "192.0.2.1/24"), 1, ("veth1", "192.0.2.2/24"));
+    let dir = std::env::temp_dir().join(format!(
+        "ncclwasm-netns-{}-{}",
+        std::process::id(),
+        b.name()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut topo = Vec::new();
-    for i in 0..2 {
-        ip(&["link", "set", &veth[i], "netns", &ns[i]]);
-        ip(&[
-            "-n",
-            &ns[i],
-            "addr",
-            "add",
-            &format!("{}/24", addr[i]),
-            "dev",
-            &veth[i],
-        ]);
-        ip(&["-n", &ns[i], "link", "set", &veth[i], "up"]);
-        ip(&["-n", &ns[i], "link", "set", "lo", "up"]);
-        let path = dir.join(format!("host{i}.toml"));
-        std::fs::write(&path, topology(i, addr[i])).unwrap();
-        topo.push(path);
-    }
+    let topo: Vec<_> = (0..2)
+        .map(|i| {
+            let path = dir.join(format!("host{i}.toml"));
+            std::fs::write(&path, topology(i, addr[i])).unwrap();
+            path
+        })
+        .collect();
     println!(
-        "namespaces {ns:?} joined by {veth:?}: {} <-> {}",
-        addr[0], addr[1]
+        "namespaces {} and {} joined by a veth pair: {} <-> {}",
+        hosts.name(0),
+        hosts.name(1),
+        addr[0],
+        addr[1]
     );
     run_pair(b, |role| {
         let i = usize::from(role == "reader");
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &ns[i]])
-            .env("NCCL_WASM_TOPOLOGY", &topo[i]);
+        let mut c = hosts.exec(i);
+        c.env("NCCL_WASM_TOPOLOGY", &topo[i]);
         c
     });
     std::fs::remove_dir_all(&dir).unwrap();
@@ -341,15 +312,4 @@ fn topology(i: usize, addr: &str) -> String {
          [[devices.ports]]\nport = 1\nlink-layer = \"ethernet\"\nspeed-mbps = 100000\nwidth = 4\n\
          mtu = 4096\naddress = \"{addr}\"\n"
     )
-}
-
-/// Removes the namespaces (and with them the veth pair) even when the test panics.
-struct Namespaces([String; 2]);
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        for ns in &self.0 {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-    }
 }
