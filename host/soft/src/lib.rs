@@ -86,6 +86,11 @@
 //! every 64 of them (any completion resets the count), so a spinning progress thread does not
 //! starve the data path.
 //!
+//! # Port counters
+//! [`traffic`] reports, per local port and peer address, the payload bytes sent and received
+//! (see the `traffic` module): what a NIC's port counters would show, split by peer, so a test
+//! can see which rails a connection's bytes really took.
+//!
 //! # Limits
 //! RC only (no UD/UC/XRC), no SRQ, no atomics, no memory windows, no completion channels
 //! (`req_notify_cq` is accepted, nothing is notified; NCCL polls), no dma-buf registration
@@ -115,6 +120,7 @@ pub mod fault;
 mod mr;
 mod qp;
 mod sysfs;
+mod traffic;
 mod wire;
 
 #[cfg(test)]
@@ -125,6 +131,7 @@ use std::sync::Arc;
 use ncclwasm_verbs::{Fabric, Provider, ProviderCaps, VerbsError, VerbsTable};
 
 pub use sysfs::sysfs_root;
+pub use traffic::{PortTraffic, traffic};
 
 static TABLE: VerbsTable = VerbsTable {
     get_device_list: abi::get_device_list,
