@@ -4,7 +4,8 @@
 //! - [`skip`]: a test that cannot run here says so (`SKIP: …`) and is counted by
 //!   `cargo xtask test`, instead of passing silently.
 //! - [`child`]: a test that re-runs itself in a child process gets proof that the child really
-//!   ran it (a renamed test would otherwise run zero tests and "pass").
+//!   ran it (a renamed test would otherwise run zero tests and "pass"); children that talk to
+//!   each other (a listen handle, a barrier) do it through [`child::relay`].
 //! - [`topologies`]: the topology corpus, read from the directory, so a new file is covered by
 //!   every corpus test without editing a list.
 //! - [`wait_until`]: waiting on a condition with a deadline, never a bare sleep.
