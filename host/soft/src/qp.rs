@@ -1230,24 +1230,19 @@ impl Qp {
                 {
                     return HelloReply::Refused;
                 }
-                if !self.ctx.dev.port_active(st.attrs.port) {
-                    return HelloReply::NotReady;
-                }
+                let local = match self.ctx.dev.port(st.attrs.port) {
+                    Some(p) if self.ctx.dev.port_active(p.port) => p.address,
+                    _ => return HelloReply::NotReady,
+                };
                 let Ok(mine) = stream.try_clone() else {
                     return HelloReply::NotReady;
                 };
                 let _ = mine.set_read_timeout(None);
                 tune(&mine);
-                let local = self.ctx.dev.port(st.attrs.port).map(|p| p.address);
                 let conn = Arc::new(Conn {
                     stream: mine,
                     epoch: st.epoch,
-                    traffic: traffic::counter(
-                        &self.ctx.dev.desc.name,
-                        st.attrs.port,
-                        local.unwrap_or(peer),
-                        peer,
-                    ),
+                    traffic: traffic::counter(&self.ctx.dev.desc.name, st.attrs.port, local, peer),
                 });
                 st.resp_conn = Some(Arc::clone(&conn));
                 drop(st);
