@@ -91,6 +91,11 @@
 //! every 64 of them (any completion resets the count), so a spinning progress thread does not
 //! starve the data path.
 //!
+//! # Port counters
+//! [`traffic`] reports, per local port and peer address, the payload bytes sent and received
+//! (see the `traffic` module): what a NIC's port counters would show, split by peer, so a test
+//! can see which rails a connection's bytes really took.
+//!
 //! # Limits
 //! RC only (no UD/UC/XRC), no SRQ, no atomics, no memory windows, no completion channels
 //! (`req_notify_cq` is accepted, nothing is notified; NCCL polls), dma-buf registration only of
@@ -121,6 +126,7 @@ pub mod fault;
 mod mr;
 mod qp;
 mod sysfs;
+mod traffic;
 mod wire;
 
 #[cfg(test)]
@@ -132,6 +138,7 @@ use ncclwasm_verbs::{Fabric, Provider, ProviderCaps, VerbsError, VerbsTable};
 
 pub use choice::{ENV_FABRIC, FabricChoice, Settled};
 pub use sysfs::sysfs_root;
+pub use traffic::{PortTraffic, traffic};
 
 static TABLE: VerbsTable = VerbsTable {
     get_device_list: abi::get_device_list,

@@ -30,6 +30,7 @@ use socket2::{Domain, SockRef, Socket, Type};
 use super::ctx::{CqState, Ctx, Pool};
 use super::event::{Element, Wc};
 use super::mr::{LOCAL_WRITE, MrGuard, REMOTE_READ, REMOTE_WRITE};
+use super::traffic::{self, Counter};
 use super::wire::{
     self, FLAG_ACK_REQ, HELLO_LEN, HelloReply, Nak, REQ_LEN, RESP_LEN, ReadEnd, ReqOp, Request,
     RespOp, Response,
@@ -157,6 +158,8 @@ pub(crate) struct Attrs {
 struct Conn {
     stream: TcpStream,
     epoch: u64,
+    /// The payload this connection carries, counted for its local port and peer address.
+    traffic: Arc<Counter>,
 }
 
 impl Conn {
@@ -721,8 +724,8 @@ impl Qp {
             };
             match job {
                 Job::Connect(epoch) => match self.connect(epoch) {
-                    Ok(stream) => {
-                        let conn = Arc::new(Conn { stream, epoch });
+                    Ok(conn) => {
+                        let conn = Arc::new(conn);
                         let mut st = self.lock();
                         if st.epoch != epoch || st.destroying {
                             conn.kill();
@@ -856,6 +859,11 @@ impl Qp {
         // alive until after the call.
         let sent = unsafe { wire::send_all(conn.fd(), &mut iov, &abort, try_first) };
         drop(guards);
+        if let Ok(true) = sent
+            && req.op != ReqOp::Read
+        {
+            conn.traffic.sent(req.len);
+        }
         if let Ok(false) = sent {
             let mut st = self.lock();
             st.send_cursor = st.send_cursor.min(req.seq);
@@ -875,7 +883,7 @@ impl Qp {
     }
 
     /// Opens the connection to the peer's responder and proves we are the expected peer.
-    fn connect(&self, epoch: u64) -> Result<TcpStream, ConnectFail> {
+    fn connect(&self, epoch: u64) -> Result<Conn, ConnectFail> {
         let (remote, local, budget, dest_qpn, proof, port) = {
             let st = self.lock();
             let local = self.ctx.dev.port(st.attrs.port).map(|p| p.address);
@@ -912,7 +920,14 @@ impl Qp {
             }
             if self.ctx.dev.port_active(port) {
                 match self.try_connect(target, local, dest_qpn, proof) {
-                    Ok(Some(s)) => return Ok(s),
+                    Ok(Some(stream)) => {
+                        let name = &self.ctx.dev.desc.name;
+                        return Ok(Conn {
+                            stream,
+                            epoch,
+                            traffic: traffic::counter(name, port, local, remote),
+                        });
+                    }
                     Ok(None) => {}
                     Err(()) => return Err(ConnectFail::Exhausted),
                 }
@@ -1080,7 +1095,7 @@ impl Qp {
                     self.ack_upto(&mut st, resp.seq);
                 }
                 RespOp::ReadResp => {
-                    if !self.read_response(epoch, fd, resp) {
+                    if !self.read_response(&conn, resp) {
                         return;
                     }
                 }
@@ -1130,7 +1145,8 @@ impl Qp {
     }
 
     /// Scatters a READ response straight into the WR's local buffers. `false` = stop reading.
-    fn read_response(&self, epoch: u64, fd: RawFd, resp: Response) -> bool {
+    fn read_response(&self, conn: &Conn, resp: Response) -> bool {
+        let (epoch, fd) = (conn.epoch, conn.fd());
         let sges = {
             let st = self.lock();
             if st.epoch != epoch {
@@ -1180,6 +1196,7 @@ impl Qp {
             }
         }
         drop(guards);
+        conn.traffic.received(resp.len);
         let mut st = self.lock();
         if st.epoch != epoch {
             return false;
@@ -1213,9 +1230,10 @@ impl Qp {
                 {
                     return HelloReply::Refused;
                 }
-                if !self.ctx.dev.port_active(st.attrs.port) {
-                    return HelloReply::NotReady;
-                }
+                let local = match self.ctx.dev.port(st.attrs.port) {
+                    Some(p) if self.ctx.dev.port_active(p.port) => p.address,
+                    _ => return HelloReply::NotReady,
+                };
                 let Ok(mine) = stream.try_clone() else {
                     return HelloReply::NotReady;
                 };
@@ -1224,6 +1242,7 @@ impl Qp {
                 let conn = Arc::new(Conn {
                     stream: mine,
                     epoch: st.epoch,
+                    traffic: traffic::counter(&self.ctx.dev.desc.name, st.attrs.port, local, peer),
                 });
                 st.resp_conn = Some(Arc::clone(&conn));
                 drop(st);
@@ -1427,6 +1446,7 @@ impl Qp {
                 self.unconsume(conn.epoch, recv);
                 return self.closed(conn);
             }
+            conn.traffic.received(req.len);
         }
         if let Some(r) = recv {
             self.recv_cq.complete(Wc {
@@ -1490,6 +1510,7 @@ impl Qp {
                 return self.closed(conn);
             }
         }
+        conn.traffic.received(req.len);
         self.recv_cq.complete(Wc {
             wr_id: r.wr_id,
             status: ibv_wc_status::IBV_WC_SUCCESS,
@@ -1532,7 +1553,7 @@ impl Qp {
                 }
             }
         };
-        self.respond(
+        let sent = self.respond(
             conn,
             Response {
                 op: RespOp::ReadResp,
@@ -1541,7 +1562,11 @@ impl Qp {
                 seq: req.seq,
             },
             guard.as_ref(),
-        ) || self.closed(conn)
+        );
+        if sent {
+            conn.traffic.sent(req.len);
+        }
+        sent || self.closed(conn)
     }
 
     /// The connection broke mid-request: a fatal error unless we are going away anyway.

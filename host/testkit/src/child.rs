@@ -8,11 +8,17 @@
 //! prints a line naming the test, and the parent requires that line besides the exit status
 //! ([`assert_ran`], [`run`]). Entered, and exited successfully, means the test ran in the
 //! child and passed.
+//!
+//! Children that must talk to each other (the two ends of a connection exchanging a handle,
+//! as NCCL's bootstrap would) do it through [`relay`]: each prints protocol lines starting
+//! with [`TAG`] and reads the others' from its stdin.
 
-use std::io::Write;
+use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::{Command, Output};
-use std::sync::Once;
+use std::process::{ChildStdin, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Mutex, Once};
+use std::time::Duration;
 
 /// Set in the child to the name of the test it was started for.
 const ENV: &str = "NCCLWASM_TESTKIT_CHILD";
@@ -102,6 +108,114 @@ pub fn run(mut cmd: Command, test: &str) -> Output {
     out
 }
 
+/// Protocol lines between [`relay`]ed children start with this; libtest's own output does not.
+pub const TAG: &str = "@@";
+
+/// Prints one protocol line (`TAG` + `msg`) to the other children of a [`relay`], flushed.
+pub fn say(msg: &str) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{TAG}{msg}")
+        .and_then(|()| out.flush())
+        .expect("print a protocol line");
+}
+
+/// What one child of a [`relay`] did: its exit status and the protocol lines it printed
+/// (with the [`TAG`]).
+#[derive(Debug)]
+pub struct Relayed {
+    pub name: String,
+    pub status: ExitStatus,
+    pub lines: Vec<String>,
+}
+
+/// Starts every `(name, command)` (from [`command`] or [`command_via`]) with piped stdin and
+/// stdout, copies each [`TAG`] line a child prints to every other child's stdin, and returns
+/// what each did once all have exited. A child's stdin is closed when every other child is
+/// done, so nobody waits forever for a line that cannot come; past `timeout` every child is
+/// killed, so a stuck exchange fails the test instead of hanging it. Stderr is inherited.
+pub fn relay(children: Vec<(String, Command)>, timeout: Duration) -> Vec<Relayed> {
+    let mut started = Vec::new();
+    for (name, mut cmd) in children {
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting child {name}: {e}"));
+        started.push((name, child));
+    }
+    let n = started.len();
+    let stdins: Vec<Mutex<Option<ChildStdin>>> = started
+        .iter_mut()
+        .map(|(_, c)| Mutex::new(c.stdin.take()))
+        .collect();
+    let outs: Vec<_> = started
+        .iter_mut()
+        .map(|(_, c)| c.stdout.take().expect("piped stdout"))
+        .collect();
+    let done = Mutex::new(vec![false; n]);
+    let children = Mutex::new(started);
+    // Dropped once every relay is done (or this thread unwinds), which ends the watchdog.
+    let (finished, watchdog) = mpsc::channel::<()>();
+    let lines = std::thread::scope(|s| {
+        let children = &children;
+        s.spawn(move || {
+            if let Err(RecvTimeoutError::Timeout) = watchdog.recv_timeout(timeout) {
+                for (_, c) in children.lock().unwrap().iter_mut() {
+                    let _ = c.kill();
+                }
+            }
+        });
+        let relays: Vec<_> = outs
+            .into_iter()
+            .enumerate()
+            .map(|(i, out)| {
+                let (stdins, done) = (&stdins, &done);
+                s.spawn(move || {
+                    let mut seen = Vec::new();
+                    for line in BufReader::new(out).lines() {
+                        let Ok(line) = line else { break };
+                        // libtest may print "test name ... " on the same line first.
+                        let Some(at) = line.find(TAG) else { continue };
+                        let line = line[at..].to_owned();
+                        let others = stdins.iter().enumerate().filter(|&(k, _)| k != i);
+                        for (_, stdin) in others {
+                            if let Some(w) = stdin.lock().unwrap().as_mut() {
+                                // The peer may have exited already; its status is returned.
+                                let _ = writeln!(w, "{line}").and_then(|()| w.flush());
+                            }
+                        }
+                        seen.push(line);
+                    }
+                    let mut done = done.lock().unwrap();
+                    done[i] = true;
+                    for (k, stdin) in stdins.iter().enumerate() {
+                        if (0..n).all(|j| j == k || done[j]) {
+                            stdin.lock().unwrap().take();
+                        }
+                    }
+                    seen
+                })
+            })
+            .collect();
+        let lines: Vec<Vec<String>> = relays
+            .into_iter()
+            .map(|r| r.join().expect("relay thread"))
+            .collect();
+        drop(finished);
+        lines
+    });
+    children
+        .into_inner()
+        .unwrap()
+        .into_iter()
+        .zip(lines)
+        .map(|((name, mut child), lines)| Relayed {
+            status: child.wait().expect("wait for a child"),
+            name,
+            lines,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,6 +241,41 @@ mod tests {
             command("child::tests::no_such_test"),
             "child::tests::no_such_test",
         );
+    }
+
+    /// Two children learn each other's line through the relay; each then says it heard it.
+    #[test]
+    fn relayed_children_hear_each_other() {
+        const TEST: &str = "child::tests::relayed_children_hear_each_other";
+        const ROLE: &str = "NCCLWASM_TESTKIT_ROLE";
+        if enter(TEST) {
+            let me = std::env::var(ROLE).unwrap();
+            say(&format!("HELLO {me}"));
+            let heard = std::io::stdin()
+                .lines()
+                .map(|l| l.unwrap())
+                .find(|l| l.starts_with("@@HELLO"))
+                .expect("the other child's hello");
+            assert_ne!(heard, format!("@@HELLO {me}"));
+            say(&format!("HEARD {heard}"));
+            return;
+        }
+        let children = ["a", "b"]
+            .map(|role| {
+                let mut c = command(TEST);
+                c.env(ROLE, role);
+                (role.to_owned(), c)
+            })
+            .into();
+        let got = relay(children, Duration::from_secs(30));
+        for (r, other) in got.iter().zip(["b", "a"]) {
+            assert!(r.status.success(), "{r:?}");
+            assert_eq!(
+                r.lines.last().map(String::as_str),
+                Some(format!("@@HEARD @@HELLO {other}").as_str()),
+                "{r:?}"
+            );
+        }
     }
 
     #[test]

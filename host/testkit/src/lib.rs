@@ -4,11 +4,14 @@
 //! - [`skip`]: a test that cannot run here says so (`SKIP: …`) and is counted by
 //!   `cargo xtask test`, instead of passing silently.
 //! - [`child`]: a test that re-runs itself in a child process gets proof that the child really
-//!   ran it (a renamed test would otherwise run zero tests and "pass").
+//!   ran it (a renamed test would otherwise run zero tests and "pass"); children that talk to
+//!   each other (a listen handle, a barrier) do it through [`child::relay`].
 //! - [`topologies`]: the topology corpus, read from the directory, so a new file is covered by
 //!   every corpus test without editing a list.
 //! - [`wait_until`]: waiting on a condition with a deadline, never a bare sleep.
 //! - [`guest`]: the path of a guest `cargo xtask guests` built.
+//! - [`netns`]: network namespaces joined by veth pairs, as hosts of a multi-node test,
+//!   removed when the test ends.
 //!
 //! Dev-only (`publish = false`) and free of workspace dependencies, so any crate's tests can use
 //! it.
@@ -16,6 +19,7 @@
 pub mod child;
 mod corpus;
 mod guest;
+pub mod netns;
 mod skip;
 mod wait;
 

@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::time::Instant;
 
 use common::*;
-use ncclwasm_transport::{CommConfig, HANDLE_SIZE, RecvBuf};
+use ncclwasm_transport::{CommConfig, RecvBuf};
 use ncclwasm_verbs::DmaBuf;
 
 const ROLE: &str = "NCCLWASM_TEST_SENDER_HANDLE";
@@ -33,10 +33,7 @@ fn fill(buf: &DmaBuf, len: usize, seed: usize) -> Vec<u8> {
 }
 
 fn sender(hex: &str) {
-    let mut handle = [0u8; HANDLE_SIZE];
-    for (i, b) in handle.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
-    }
+    let mut handle = handle_from_hex(hex);
     let net = net();
     let end = deadline();
     let s = loop {
@@ -61,7 +58,7 @@ fn sizes_up_to_64_mib_between_two_processes() {
     }
     let net = net();
     let (mut listener, handle) = net.listen(0).unwrap();
-    let hex: String = handle.iter().map(|b| format!("{b:02x}")).collect();
+    let hex = handle_hex(&handle);
     let mut cmd = ncclwasm_testkit::child::command(TEST);
     cmd.env(ROLE, hex).stdout(Stdio::piped());
     let child = cmd.spawn().expect("spawn the sender process");

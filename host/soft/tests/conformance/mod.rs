@@ -7,7 +7,6 @@
 
 pub mod peer;
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
@@ -396,10 +395,6 @@ pub fn assert_bytes(got: &[u8], want: &[u8], what: &str) {
             want[i]
         );
     }
-}
-
-pub fn flush_stdout() {
-    std::io::stdout().flush().expect("stdout");
 }
 
 /// Message sizes the data-movement tests use: empty, tiny, odd, just over a page, 1 MiB, 64 MiB.

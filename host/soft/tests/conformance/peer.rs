@@ -3,10 +3,10 @@
 //! bootstrap would; in [`two_network_namespaces`] each child runs in its own network namespace
 //! joined by a veth pair, so the soft fabric's traffic crosses a real (virtual) link.
 
-use std::io::{BufRead, BufReader, Lines, StdinLock, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::Mutex;
-use std::sync::mpsc::{self, RecvTimeoutError};
+use std::io::{BufRead, Lines, StdinLock};
+use std::process::Command;
+
+use ncclwasm_testkit::child::{TAG, say};
 
 use super::*;
 
@@ -18,14 +18,6 @@ const CHILD_ENV: &str = "NCCL_WASM_CONFORMANCE_CHILD";
 const LEN: usize = (4 << 20) + 3;
 const IMM: u32 = 0x00C0_FFEE;
 const SEED: u64 = 11;
-/// Protocol lines start with this; libtest's own output does not.
-const TAG: &str = "@@";
-
-fn say(msg: &str) {
-    println!("{TAG}{msg}");
-    flush_stdout();
-}
-
 fn expect(lines: &mut Lines<StdinLock<'_>>, word: &str) -> String {
     for line in lines.by_ref() {
         let line = line.expect("stdin");
@@ -125,93 +117,31 @@ pub fn child_main() {
     }
 }
 
-/// Spawns writer and reader (`command(role)` builds each), relays their `@@` lines to each
-/// other, and checks both finished their part.
+/// Runs writer and reader (`command(role)` builds each) through the testkit's relay, which
+/// hands each the other's `@@` lines, and checks both finished their part.
 fn run_pair(b: Backend, command: impl Fn(&str) -> Command) {
-    let mut children: Vec<(String, Child)> = ["writer", "reader"]
+    let children = ["writer", "reader"]
         .into_iter()
         .map(|role| {
             let mut cmd = ncclwasm_testkit::child::command_via(command(role), CHILD_TEST);
-            cmd.env(CHILD_ENV, role)
-                .env(BACKEND_ENV, b.name())
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit());
+            cmd.env(CHILD_ENV, role).env(BACKEND_ENV, b.name());
             if b == Backend::IbSoft {
                 cmd.env("NCCL_WASM_IBVERBS_PATH", soft_ibverbs_path());
             }
-            (
-                role.to_owned(),
-                cmd.spawn().unwrap_or_else(|e| panic!("spawn {role}: {e}")),
-            )
+            (role.to_owned(), cmd)
         })
         .collect();
-    let stdins: Vec<Mutex<Option<ChildStdin>>> = children
-        .iter_mut()
-        .map(|(_, c)| Mutex::new(c.stdin.take()))
-        .collect();
-    let pids: Vec<i32> = children.iter().map(|(_, c)| c.id() as i32).collect();
-    // Dropped once both relays are done (or this thread unwinds), which ends the watchdog.
-    let (finished, watchdog) = mpsc::channel::<()>();
-    let outputs = std::thread::scope(|s| {
-        // A stuck exchange must fail the test, not hang it: kill both children at the deadline.
-        s.spawn(move || {
-            if let Err(RecvTimeoutError::Timeout) = watchdog.recv_timeout(TIMEOUT) {
-                for &pid in &pids {
-                    // SAFETY: kill(2) on the pids of our own (unreaped) children.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                }
-            }
-        });
-        let relays: Vec<_> = children
-            .iter_mut()
-            .enumerate()
-            .map(|(i, (_, c))| {
-                let out = c.stdout.take().expect("stdout");
-                let peer_in = &stdins[1 - i];
-                s.spawn(move || {
-                    let mut seen = Vec::new();
-                    for line in BufReader::new(out).lines() {
-                        let Ok(line) = line else { break };
-                        // libtest may print "test child ... " on the same line first.
-                        if let Some(at) = line.find(TAG) {
-                            let line = line[at..].to_owned();
-                            if let Some(w) = peer_in.lock().unwrap().as_mut() {
-                                // The peer may have exited already; its verdict is checked below.
-                                let _ = writeln!(w, "{line}").and_then(|()| w.flush());
-                            }
-                            seen.push(line);
-                        }
-                    }
-                    // Our child is done: close the peer's stdin so it cannot wait forever.
-                    peer_in.lock().unwrap().take();
-                    seen
-                })
-            })
-            .collect();
-        let outputs = relays
-            .into_iter()
-            .map(|r| r.join().expect("relay"))
-            .collect::<Vec<_>>();
-        drop(finished);
-        outputs
-    });
-    for (role, child) in &mut children {
-        let status = child.wait().expect("wait");
-        assert!(
-            status.success(),
-            "{role} child failed: {status}; the lines it sent: {outputs:?}"
-        );
+    let out = ncclwasm_testkit::child::relay(children, TIMEOUT);
+    for r in &out {
+        assert!(r.status.success(), "{} child failed: {out:?}", r.name);
     }
     assert!(
-        outputs[0].iter().any(|l| l == "@@DONE"),
-        "writer: {:?}",
-        outputs[0]
+        out[0].lines.iter().any(|l| l == "@@DONE"),
+        "writer: {out:?}"
     );
     assert!(
-        outputs[1].iter().any(|l| l == "@@VERIFIED"),
-        "reader: {:?}",
-        outputs[1]
+        out[1].lines.iter().any(|l| l == "@@VERIFIED"),
+        "reader: {out:?}"
     );
 }
 
@@ -224,71 +154,42 @@ pub fn two_processes(b: Backend) {
 }
 
 /// Two network namespaces joined by a veth pair (192.0.2.1 ↔ 192.0.2.2, TEST-NET-1, only
-/// inside the namespaces), one child in each with its own topology file; created and removed
-/// by the test. Skipped, with the reason printed, when not root or `ip netns` is unavailable.
+/// inside the namespaces; loopback down), one child in each with its own topology file; made
+/// and removed by [`ncclwasm_testkit::netns`]. Skipped, with the reason printed, when not root
+/// or `ip netns` is unavailable.
 pub fn two_network_namespaces(b: Backend) {
     let _g = shared();
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        ncclwasm_testkit::skip("needs root to create network namespaces");
+    if let Some(why) = ncclwasm_testkit::netns::unavailable() {
+        ncclwasm_testkit::skip(why);
         return;
     }
-    if !Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        ncclwasm_testkit::skip("`ip netns` is unavailable");
-        return;
-    }
-    let tag = format!("{}{}", std::process::id() % 100_000, b as u8);
-    let ns = [format!("nwA{tag}"), format!("nwB{tag}")];
-    let veth = [format!("vwa{tag}"), format!("vwb{tag}")];
     let addr = ["192.0.2.1", "192.0.2.2"];
-    let _cleanup = Namespaces(ns.clone());
-    let ip = |args: &[&str]| {
-        let out = Command::new("ip").args(args).output().expect("run ip");
-        assert!(
-            out.status.success(),
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    ip(&["netns", "add", &ns[0]]);
-    ip(&["netns", "add", &ns[1]]);
-    ip(&[
-        "link", "add", &veth[0], "type", "veth", "peer", "name", &veth[1],
-    ]);
-    let dir = std::env::temp_dir().join(format!("ncclwasm-netns-{tag}"));
+    let mut hosts = ncclwasm_testkit::netns::Hosts::new(2);
+    hosts.link(0, ("veth0", "192.0.2.1/24"), 1, ("veth1", "192.0.2.2/24"));
+    let dir = std::env::temp_dir().join(format!(
+        "ncclwasm-netns-{}-{}",
+        std::process::id(),
+        b.name()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut topo = Vec::new();
-    for i in 0..2 {
-        ip(&["link", "set", &veth[i], "netns", &ns[i]]);
-        ip(&[
-            "-n",
-            &ns[i],
-            "addr",
-            "add",
-            &format!("{}/24", addr[i]),
-            "dev",
-            &veth[i],
-        ]);
-        ip(&["-n", &ns[i], "link", "set", &veth[i], "up"]);
-        ip(&["-n", &ns[i], "link", "set", "lo", "up"]);
-        let path = dir.join(format!("host{i}.toml"));
-        std::fs::write(&path, topology(i, addr[i])).unwrap();
-        topo.push(path);
-    }
+    let topo: Vec<_> = (0..2)
+        .map(|i| {
+            let path = dir.join(format!("host{i}.toml"));
+            std::fs::write(&path, topology(i, addr[i])).unwrap();
+            path
+        })
+        .collect();
     println!(
-        "namespaces {ns:?} joined by {veth:?}: {} <-> {}",
-        addr[0], addr[1]
+        "namespaces {} and {} joined by a veth pair: {} <-> {}",
+        hosts.name(0),
+        hosts.name(1),
+        addr[0],
+        addr[1]
     );
     run_pair(b, |role| {
         let i = usize::from(role == "reader");
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &ns[i]])
-            .env("NCCL_WASM_TOPOLOGY", &topo[i]);
+        let mut c = hosts.exec(i);
+        c.env("NCCL_WASM_TOPOLOGY", &topo[i]);
         c
     });
     std::fs::remove_dir_all(&dir).unwrap();
@@ -341,15 +242,4 @@ fn topology(i: usize, addr: &str) -> String {
          [[devices.ports]]\nport = 1\nlink-layer = \"ethernet\"\nspeed-mbps = 100000\nwidth = 4\n\
          mtu = 4096\naddress = \"{addr}\"\n"
     )
-}
-
-/// Removes the namespaces (and with them the veth pair) even when the test panics.
-struct Namespaces([String; 2]);
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        for ns in &self.0 {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-    }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use ncclwasm_policy::PolicyHost;
 use ncclwasm_transport::{
-    CommConfig, Done, MemHandle, Net, NetConfig, RecvBuf, RecvComm, ReqId, SendComm,
+    CommConfig, Done, HANDLE_SIZE, MemHandle, Net, NetConfig, RecvBuf, RecvComm, ReqId, SendComm,
 };
 use ncclwasm_verbs::DmaBuf;
 
@@ -56,6 +56,22 @@ pub fn connect(net: &Net, sdev: i64, rdev: i64) -> (SendComm, RecvComm) {
     }
     drop(listener); // NCCL closes the listener right after accept.
     (s.unwrap(), r.unwrap())
+}
+
+/// A listen handle as hex, for handing it to another process in an environment variable or a
+/// line of text, as NCCL's bootstrap hands it over.
+pub fn handle_hex(handle: &[u8; HANDLE_SIZE]) -> String {
+    handle.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The handle [`handle_hex`] wrote.
+pub fn handle_from_hex(hex: &str) -> [u8; HANDLE_SIZE] {
+    assert_eq!(hex.len(), 2 * HANDLE_SIZE, "a hex handle: {hex:?}");
+    let mut handle = [0u8; HANDLE_SIZE];
+    for (i, b) in handle.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("a hex handle");
+    }
+    handle
 }
 
 pub fn pattern(buf: &DmaBuf, seed: u8) {

@@ -1,0 +1,332 @@
+//! Two nodes in two network namespaces, cabled like `topologies/dual-port.toml` and its peer
+//! `dual-port-peer.toml`: one veth pair per rail (172.16.0.0/24 and 172.16.1.0/24), the peer's
+//! cables swapped (its mlx5_0 on rail 1, mlx5_1 on rail 0), loopback down in both. Each node
+//! runs one rank — this test binary re-run inside its namespace by `ip netns exec` — which
+//! builds a `Net` on the soft fabric with the policy engine as the plugin does, fuses its two
+//! devices as NCCL core would (`makeVDevice`), connects to the other rank with the listen
+//! handle the parent relays, and moves a few MiB each way with every byte checked. Each rank
+//! then reports the soft fabric's per-port byte counters, and the parent judges the policy by
+//! where the bytes went: NCCL's positional pairing (`nccl-default`) crosses rails here,
+//! `rail-aligned` keeps every QP on its rail.
+
+mod common;
+
+use std::io::BufRead;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{deadline, handle_from_hex, handle_hex, net, pattern};
+use ncclwasm_testkit::child::{self, say};
+use ncclwasm_testkit::netns::{self, Hosts};
+use ncclwasm_transport::{CommConfig, Done, RecvBuf, ReqId};
+use ncclwasm_verbs::DmaBuf;
+
+/// The test the ranks run.
+const RANK_TEST: &str = "rank";
+/// Set in a rank: its number, 0 or 1.
+const RANK_ENV: &str = "NCCLWASM_TEST_RANK";
+/// Message sizes, each way: odd, page-crossing, and large enough to be striped over both QPs.
+const SIZES: [usize; 5] = [1, 4097, 65537, 1 << 20, (2 << 20) + 3];
+const BUF: usize = 4 << 20;
+/// The ports' addresses (their RoCEv2 IPv4 GIDs), in file order: node 0 is `dual-port.toml`,
+/// node 1 `dual-port-peer.toml`, whose cables are swapped.
+const ADDRS: [[&str; 2]; 2] = [["172.16.0.5", "172.16.1.5"], ["172.16.1.6", "172.16.0.6"]];
+const FILES: [&str; 2] = ["dual-port.toml", "dual-port-peer.toml"];
+const PREFIX: u8 = 24;
+
+/// A rank's side: does nothing unless this process was started as a rank.
+#[test]
+fn rank() {
+    if !child::enter(RANK_TEST) {
+        return;
+    }
+    let me: u8 = std::env::var(RANK_ENV)
+        .expect("the rank number")
+        .parse()
+        .expect("a rank number");
+    let net = net();
+    let dev = i64::from(net.make_vdevice(&[0, 1]).expect("fusing the two ports"));
+    let (mut listener, handle) = net.listen(dev).expect("listen");
+    say(&format!("HANDLE {}", handle_hex(&handle)));
+    let mut lines = std::io::stdin().lock().lines();
+    let mut expect = |word: &str| -> String {
+        lines
+            .by_ref()
+            .map(|l| l.expect("stdin"))
+            .find_map(|l| l.strip_prefix(&format!("@@{word}")).map(str::to_owned))
+            .unwrap_or_else(|| panic!("stdin closed before {word}"))
+    };
+    let mut peer = handle_from_hex(expect("HANDLE").trim());
+
+    // Connect to the peer and accept the peer's connection, spinning both as NCCL's proxy
+    // threads do.
+    let (mut s, mut r) = (None, None);
+    let end = deadline();
+    while s.is_none() || r.is_none() {
+        assert!(Instant::now() < end, "handshake stuck");
+        if s.is_none() {
+            s = net.connect(dev, &mut peer, CommConfig::default()).unwrap();
+        }
+        if r.is_none() {
+            r = listener.accept().unwrap();
+        }
+    }
+    drop(listener);
+    let (s, r) = (s.unwrap(), r.unwrap());
+    say(&format!("PLAN {}: {:?}", s.plan_source(), s.plan().qps));
+
+    let (send, recv, want) = (DmaBuf::new(BUF), DmaBuf::new(BUF), DmaBuf::new(BUF));
+    pattern(&send, me + 1);
+    pattern(&want, 2 - me);
+    recv.fill(0xee);
+    let smr = s.reg_mr(send.addr(), BUF as u64, &send).unwrap();
+    let rmr = r.reg_mr(recv.addr(), BUF as u64, &recv).unwrap();
+    let mut off = 0;
+    for (k, size) in SIZES.into_iter().enumerate() {
+        let (addr, tag) = (off as u64, k as u32);
+        let rreq = r
+            .irecv(&[RecvBuf {
+                addr: recv.addr() + addr,
+                size: size as u64,
+                tag,
+                mr: Some(&rmr),
+            }])
+            .unwrap();
+        let (mut sreq, mut sent, mut got) = (None::<ReqId>, false, false);
+        let end = deadline();
+        while !(sent && got) {
+            assert!(Instant::now() < end, "message {k} of {size} bytes stuck");
+            match sreq {
+                None => {
+                    sreq = s
+                        .isend(send.addr() + addr, size as u64, tag, Some(&smr))
+                        .unwrap()
+                }
+                Some(q) if !sent => {
+                    if let Some(Done::Send { size: n }) = s.test(q).unwrap() {
+                        assert_eq!(n, size as u64, "send size of message {k}");
+                        sent = true;
+                    }
+                }
+                Some(_) => {}
+            }
+            if !got && let Some(done) = r.test(rreq).unwrap() {
+                let Done::Recv { n, sizes } = done else {
+                    panic!("receive finished as {done:?}");
+                };
+                assert_eq!((n, sizes[0]), (1, size as u64), "receive of message {k}");
+                got = true;
+            }
+        }
+        off += size;
+    }
+    let (mut out, mut expected) = (vec![0u8; off], vec![0u8; off]);
+    recv.read(0, &mut out);
+    want.read(0, &mut expected);
+    let bad = out.iter().zip(&expected).position(|(a, b)| a != b);
+    assert_eq!(
+        bad, None,
+        "rank {me}: received bytes differ from the peer's"
+    );
+    say("VERIFIED");
+    // Both directions placed: the counters are final.
+    expect("VERIFIED");
+    for t in ncclwasm_soft::traffic() {
+        say(&format!(
+            "TRAFFIC {} {} {} {} {} {}",
+            t.device, t.port, t.local, t.peer, t.sent, t.received
+        ));
+    }
+}
+
+/// One line of a rank's `ncclwasm_soft::traffic()`.
+#[derive(Debug)]
+struct Port {
+    device: String,
+    local: IpAddr,
+    peer: IpAddr,
+    sent: u64,
+    received: u64,
+}
+
+impl Port {
+    fn parse(line: &str) -> Option<Port> {
+        let f: Vec<&str> = line.strip_prefix("@@TRAFFIC ")?.split(' ').collect();
+        Some(Port {
+            device: f[0].to_owned(),
+            local: f[2].parse().ok()?,
+            peer: f[3].parse().ok()?,
+            sent: f[4].parse().ok()?,
+            received: f[5].parse().ok()?,
+        })
+    }
+
+    /// Local port and peer in different /24s: the bytes left their rail.
+    fn crosses(&self) -> bool {
+        let net = |a: IpAddr| match a {
+            IpAddr::V4(v) => u32::from(v) >> (32 - PREFIX),
+            IpAddr::V6(_) => panic!("IPv4 rails expected, got {a}"),
+        };
+        net(self.local) != net(self.peer)
+    }
+}
+
+/// `topologies/<file>` with each port bound to `addrs` in order (the topology's `address`).
+fn bound_copy(file: &str, addrs: [&str; 2], dir: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(ncclwasm_testkit::topology(file)).unwrap();
+    let mut parts = text.split("[[devices.ports]]\n");
+    let mut out = parts.next().unwrap().to_owned();
+    for (part, addr) in parts.zip(addrs) {
+        out += &format!("[[devices.ports]]\naddress = \"{addr}\"\n{part}");
+    }
+    assert_eq!(out.matches("address =").count(), 2, "two ports in {file}");
+    let path = dir.join(file);
+    std::fs::write(&path, out).unwrap();
+    path
+}
+
+/// The test's own directory for the topology copies, removed when the test ends.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs both ranks under `policy` and returns each rank's port counters; `None` (after a
+/// printed skip) where namespaces cannot be made.
+fn run(policy: &str) -> Option<[Vec<Port>; 2]> {
+    if let Some(why) = netns::unavailable() {
+        ncclwasm_testkit::skip(why);
+        return None;
+    }
+    let guest = ncclwasm_testkit::guest(policy);
+    let scratch = Scratch(std::env::temp_dir().join(format!(
+        "ncclwasm-multi-node-{}-{policy}",
+        std::process::id()
+    )));
+    std::fs::create_dir_all(&scratch.0).unwrap();
+    let mut hosts = Hosts::new(2);
+    // One veth pair per rail: node 0's port k and the peer port on the same subnet.
+    for (rail, peer_port) in [(0, 1), (1, 0)] {
+        let name = format!("rail{rail}");
+        hosts.link(
+            0,
+            (&name, &format!("{}/{PREFIX}", ADDRS[0][rail])),
+            1,
+            (&name, &format!("{}/{PREFIX}", ADDRS[1][peer_port])),
+        );
+    }
+    let ranks = (0..2)
+        .map(|i| {
+            let mut cmd = child::command_via(hosts.exec(i), RANK_TEST);
+            cmd.env(RANK_ENV, i.to_string())
+                .env(
+                    "NCCL_WASM_TOPOLOGY",
+                    bound_copy(FILES[i], ADDRS[i], &scratch.0),
+                )
+                .env("NCCL_WASM_POLICY", &guest)
+                .env("NCCL_SOCKET_IFNAME", hosts.ifnames(i));
+            (format!("rank {i} in {}", hosts.name(i)), cmd)
+        })
+        .collect();
+    let out = child::relay(ranks, Duration::from_secs(120));
+    for r in &out {
+        assert!(r.status.success(), "{} failed: {:?}", r.name, r.lines);
+        assert!(
+            r.lines.iter().any(|l| l.contains("VERIFIED")),
+            "{} never verified its bytes: {:?}",
+            r.name,
+            r.lines
+        );
+        for l in r.lines.iter().filter(|l| !l.starts_with("@@HANDLE")) {
+            println!("{}: {l}", r.name);
+        }
+    }
+    let ports =
+        |i: usize| -> Vec<Port> { out[i].lines.iter().filter_map(|l| Port::parse(l)).collect() };
+    let ranks = [ports(0), ports(1)];
+    check_counters(&ranks);
+    Some(ranks)
+}
+
+/// What the counters must show whatever the policy: every byte one node's port sent to a peer
+/// address is what that peer port received from it; each rank sent at least its payload; both
+/// local ports carried data (the fused vNIC uses both); loopback carried nothing.
+fn check_counters(ranks: &[Vec<Port>; 2]) {
+    let payload: u64 = SIZES.iter().map(|&s| s as u64).sum();
+    for (i, mine) in ranks.iter().enumerate() {
+        let theirs = &ranks[1 - i];
+        for p in mine {
+            assert!(
+                !p.peer.is_loopback() && p.peer != IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                "rank {i}: traffic with {}",
+                p.peer
+            );
+            let back = theirs
+                .iter()
+                .find(|q| q.local == p.peer && q.peer == p.local)
+                .unwrap_or_else(|| {
+                    panic!("rank {}: no counter for {} <- {}", 1 - i, p.peer, p.local)
+                });
+            assert_eq!(
+                (p.sent, p.received),
+                (back.received, back.sent),
+                "rank {i} {} -> {} and rank {} disagree",
+                p.local,
+                p.peer,
+                1 - i
+            );
+        }
+        let sent: u64 = mine.iter().map(|p| p.sent).sum();
+        assert!(
+            sent >= payload,
+            "rank {i} sent {sent} bytes, less than its {payload}"
+        );
+        for dev in ["mlx5_0", "mlx5_1"] {
+            assert!(
+                mine.iter().any(|p| p.device == dev && p.sent > 0),
+                "rank {i}: {dev} sent nothing, so the connection did not use both ports: {mine:?}"
+            );
+        }
+    }
+}
+
+/// Bytes sent from a port to a peer on another rail, both ranks together (what arrived is
+/// the same, [`check_counters`] made sure).
+fn crossing(ranks: &[Vec<Port>; 2]) -> u64 {
+    ranks
+        .iter()
+        .flatten()
+        .filter(|p| p.crosses())
+        .map(|p| p.sent)
+        .sum()
+}
+
+/// NCCL pairs QP i with local port i and peer port i: with the peer's cables swapped, both
+/// QPs cross rails.
+#[test]
+fn nccl_default_crosses_rails_on_swapped_cabling() {
+    let Some(ranks) = run("nccl-default") else {
+        return;
+    };
+    let crossed = crossing(&ranks);
+    println!("nccl-default: {crossed} bytes sent across rails");
+    assert!(
+        crossed > 0,
+        "NCCL's positional pairing stayed on rail: {ranks:?}"
+    );
+}
+
+/// `rail-aligned` pairs ports by subnet: not one byte leaves its rail.
+#[test]
+fn rail_aligned_keeps_every_byte_on_its_rail() {
+    let Some(ranks) = run("rail-aligned") else {
+        return;
+    };
+    let crossed = crossing(&ranks);
+    println!("rail-aligned: {crossed} bytes sent across rails");
+    assert_eq!(crossed, 0, "bytes crossed rails: {ranks:?}");
+}
