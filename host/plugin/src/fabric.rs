@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use ncclwasm_transport::oob::OobEnv;
 use ncclwasm_transport::{Decisions, NetConfig, NetError};
 use ncclwasm_verbs::{Fabric, IbOptions};
 
@@ -38,7 +39,8 @@ impl FabricChoice {
         }
     }
 
-    /// Opens the chosen provider and says how the transport should treat it.
+    /// Opens the chosen provider and says how the transport should treat it; NCCL's
+    /// out-of-band variables (`NCCL_SOCKET_IFNAME`, …) are read here with the rest.
     pub fn config(
         self,
         max_devs_per_nic: usize,
@@ -58,6 +60,7 @@ impl FabricChoice {
             require_active_port: self == FabricChoice::Auto,
             max_devs_per_nic,
             decisions,
+            oob: OobEnv::from_env(),
         })
     }
 

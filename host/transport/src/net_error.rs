@@ -83,6 +83,14 @@ pub enum NetError {
     /// The caller used the API in a way it does not support.
     #[error("invalid use: {0}")]
     Usage(String),
+    /// A configuration variable has a value the plugin cannot follow: the message names the
+    /// variable, its value, and what there is to choose from.
+    #[error("{variable}={value:?}: {problem}")]
+    Config {
+        variable: &'static str,
+        value: String,
+        problem: String,
+    },
 }
 
 impl NetError {
@@ -107,7 +115,9 @@ impl NetError {
             | NetError::Io { .. }
             | NetError::NoDevice(_)
             | NetError::Fatal { .. } => ErrorClass::System,
-            NetError::Decision(_) | NetError::Vnic { .. } => ErrorClass::InvalidUsage,
+            NetError::Decision(_) | NetError::Vnic { .. } | NetError::Config { .. } => {
+                ErrorClass::InvalidUsage
+            }
             NetError::BadDevice { .. } | NetError::Usage(_) => ErrorClass::Internal,
             NetError::Completion { .. } => ErrorClass::Remote,
         }
