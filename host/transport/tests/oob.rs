@@ -128,10 +128,25 @@ fn bad_values_fail_init_naming_the_variable() {
 }
 
 const NETNS_TEST: &str = "ipv6_global_and_link_local_in_a_network_namespace";
+/// The addresses [`SETUP`] gives the namespace's veth pair.
 const GLOBAL: &str = "fd00:6::1";
 const LINK_LOCAL: &str = "fe80::6:2";
 
-/// In the namespace: a veth pair `oob6` (fd00:6::1) ↔ `oob6p` (fe80::6:2), no IPv4.
+/// The namespace's interfaces (`ip -batch`): a veth pair `oob6` (fd00:6::1) ↔ `oob6p`
+/// (fe80::6:2), no IPv4, no automatic link-local addresses (they would stay tentative for a
+/// while), and loopback for the soft fabric's ports.
+const SETUP: &str = "\
+link add oob6 type veth peer name oob6p
+link set oob6 addrgenmode none
+link set oob6p addrgenmode none
+addr add fd00:6::1/64 dev oob6 nodad
+addr add fe80::6:2/64 dev oob6p nodad
+link set oob6 up
+link set oob6p up
+link set lo up
+";
+
+/// The child's side, in the namespace.
 fn in_namespace() {
     let global = net_with(oob(Some("=oob6"), Some("AF_INET6")), policy()).unwrap();
     let addr = listen_addr(&global);
@@ -147,9 +162,12 @@ fn in_namespace() {
     assert_ne!(v6.scope_id(), 0, "a link-local address needs its scope");
     round_trip(&link);
 
-    // NCCL's automatic order: not lo while another interface runs.
-    let auto = net_with(OobEnv::default(), policy()).unwrap();
-    assert!(auto.oob().ifname.starts_with("oob6"), "{:?}", auto.oob());
+    // `^lo`, and NCCL's automatic order: not lo while another interface runs.
+    for env in [oob(Some("^lo"), None), OobEnv::default()] {
+        let net = net_with(env, policy()).unwrap();
+        assert!(net.oob().ifname.starts_with("oob6"), "{:?}", net.oob());
+        assert_eq!(listen_addr(&net).ip(), net.oob().addr.ip());
+    }
 }
 
 #[test]
@@ -158,61 +176,26 @@ fn ipv6_global_and_link_local_in_a_network_namespace() {
         in_namespace();
         return;
     }
-    if !is_root() {
-        ncclwasm_testkit::skip("needs root to create a network namespace");
-        return;
-    }
-    if !Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        ncclwasm_testkit::skip("`ip netns` is unavailable");
-        return;
-    }
     let ns = format!("nwoob{}", std::process::id() % 100_000);
-    let _cleanup = Namespace(ns.clone());
-    let ip = |args: &[&str]| {
-        let out = Command::new("ip").args(args).output().expect("run ip");
-        assert!(
-            out.status.success(),
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    ip(&["netns", "add", &ns]);
-    let n = |rest: &[&str]| {
-        let mut args = vec!["-n", ns.as_str()];
-        args.extend_from_slice(rest);
-        ip(&args);
-    };
-    n(&[
-        "link", "add", "oob6", "type", "veth", "peer", "name", "oob6p",
-    ]);
-    for dev in ["oob6", "oob6p"] {
-        // No automatic link-local address (it would be tentative for a while).
-        n(&["link", "set", dev, "addrgenmode", "none"]);
+    let made = Command::new("ip").args(["netns", "add", &ns]).output();
+    if !made.as_ref().is_ok_and(|o| o.status.success()) {
+        ncclwasm_testkit::skip(&format!("cannot create a network namespace: {made:?}"));
+        return;
     }
-    n(&[
-        "addr",
-        "add",
-        &format!("{GLOBAL}/64"),
-        "dev",
-        "oob6",
-        "nodad",
-    ]);
-    n(&[
-        "addr",
-        "add",
-        &format!("{LINK_LOCAL}/64"),
-        "dev",
-        "oob6p",
-        "nodad",
-    ]);
-    for dev in ["oob6", "oob6p", "lo"] {
-        n(&["link", "set", dev, "up"]);
-    }
+    let _gone = Deleted(ns.clone());
+    let setup = std::env::temp_dir().join(format!("{ns}.ip"));
+    std::fs::write(&setup, SETUP).unwrap();
+    let out = Command::new("ip")
+        .args(["-n", &ns, "-batch"])
+        .arg(&setup)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&setup).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut launcher = Command::new("ip");
     launcher.args(["netns", "exec", &ns]);
     ncclwasm_testkit::child::run(
@@ -221,17 +204,10 @@ fn ipv6_global_and_link_local_in_a_network_namespace() {
     );
 }
 
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.trim_ascii() == b"0")
-}
+/// Deletes the namespace (with the veth pair in it), also when the test panics.
+struct Deleted(String);
 
-/// Removes the namespace (and the veth pair in it) even when the test panics.
-struct Namespace(String);
-
-impl Drop for Namespace {
+impl Drop for Deleted {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
     }
