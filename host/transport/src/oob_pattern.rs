@@ -1,12 +1,16 @@
 //! Interface-name lists as NCCL's socket layer reads them (`NCCL_SOCKET_IFNAME`, and the fixed
 //! lists of its automatic choice): comma-separated names, each a prefix of the interface name;
-//! a leading `^` excludes the listed names instead, a `=` after it makes the names exact.
+//! a leading `^` excludes the listed names instead, a `=` after it makes the names exact. The
+//! list is read by `ncclwasm_model::name_list`, the parser `NCCL_IB_HCA` shares.
 //!
 //! NCCL splits each entry at `:` and keeps what follows as a port, which interface matching
 //! never looks at (`eth0:5` matches like `eth0`); we accept and ignore it the same way. Where
-//! NCCL would silently pick nothing or drop part of the value (an empty list after `^`/`=`, a
-//! `^`/`=` elsewhere, whitespace, more than 16 entries), the value is refused with the reason,
-//! so a misspelt setting cannot send the handshake over an interface nobody meant.
+//! NCCL would silently pick nothing or drop part of the value (an empty list, a `^`/`=`
+//! elsewhere than at the start, whitespace, more than 16 entries, a name longer than it keeps),
+//! the value is refused with the reason, so a misspelt setting cannot send the handshake over
+//! an interface nobody meant.
+
+use ncclwasm_model::name_list::{self, NameList};
 
 /// NCCL reads at most this many entries (`MAX_IFS`) and drops the rest.
 const MAX_ENTRIES: usize = 16;
@@ -33,40 +37,14 @@ impl IfPattern {
         }
     }
 
-    /// Parses a user's list; the error says what is wrong with it.
+    /// Parses a user's list (ports read and dropped); the error says what is wrong with it.
     pub(crate) fn parse(raw: &str) -> Result<IfPattern, String> {
-        let (exclude, rest) = match raw.strip_prefix('^') {
-            Some(rest) => (true, rest),
-            None => (false, raw),
-        };
-        let (exact, rest) = match rest.strip_prefix('=') {
-            Some(rest) => (true, rest),
-            None => (false, rest),
-        };
-        let mut names = Vec::new();
-        for entry in rest.split(',').filter(|e| !e.is_empty()) {
-            // What follows the first ':' is NCCL's port field, unused for interfaces.
-            let name = entry.split(':').next().unwrap_or_default();
-            if name.is_empty() {
-                return Err(format!("entry {entry:?} has no interface name"));
-            }
-            if name.contains(char::is_whitespace) {
-                return Err(format!(
-                    "entry {entry:?} contains whitespace, which NCCL keeps as part of the name"
-                ));
-            }
-            if name.contains(['^', '=']) {
-                return Err(format!(
-                    "entry {entry:?}: '^' and '=' are only recognised at the start of the list, \
-                     in the order \"^=\""
-                ));
-            }
-            if name.len() > MAX_NAME {
-                return Err(format!(
-                    "entry {entry:?} is longer than the {MAX_NAME} bytes NCCL keeps"
-                ));
-            }
-            names.push(name.to_owned());
+        let list = NameList::parse(raw, "interface")?;
+        let names: Vec<String> = list.entries.into_iter().map(|e| e.name).collect();
+        if let Some(long) = names.iter().find(|n| n.len() > MAX_NAME) {
+            return Err(format!(
+                "{long:?} is longer than the {MAX_NAME} bytes NCCL keeps of a name"
+            ));
         }
         if names.is_empty() {
             return Err("the list names no interface".to_owned());
@@ -78,21 +56,18 @@ impl IfPattern {
             ));
         }
         Ok(IfPattern {
-            exclude,
-            exact,
+            exclude: list.exclude,
+            exact: list.exact,
             names,
         })
     }
 
     /// Whether interface `ifname` is one the list selects (`matchIfList` with no port).
     pub(crate) fn admits(&self, ifname: &str) -> bool {
-        let listed = self.names.iter().any(|n| {
-            if self.exact {
-                ifname == n
-            } else {
-                ifname.starts_with(n.as_str())
-            }
-        });
+        let listed = self
+            .names
+            .iter()
+            .any(|n| name_list::matches(self.exact, n, ifname));
         listed != self.exclude
     }
 
@@ -170,7 +145,7 @@ mod tests {
             (",,", "names no interface"),
             (":5", "no interface name"),
             ("eth0, eth1", "whitespace"),
-            ("eth0,^lo", "only recognised at the start"),
+            ("eth0,^lo", "only recognised once, at the start"),
         ] {
             let e = IfPattern::parse(raw).unwrap_err();
             assert!(e.contains(why), "{raw:?}: {e}");
@@ -180,6 +155,7 @@ mod tests {
         assert!(IfPattern::parse(&vec!["e"; 16].join(",")).is_ok());
         let long = "x".repeat(64);
         assert!(IfPattern::parse(&long).unwrap_err().contains("63 bytes"));
+        assert!(IfPattern::parse(&"x".repeat(63)).is_ok());
     }
 
     #[test]
