@@ -11,6 +11,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::net::IpAddr;
 
+use ncclwasm_model::name_list::{self, NameEntry, NameList};
 use ncclwasm_model::{AddrFamily, Gid};
 
 use crate::MAX_IB_DEVS;
@@ -81,49 +82,22 @@ impl HcaFilter {
     /// names (NCCL keeps it, so the entry matches nothing), misplaced `^`/`=`, and more than
     /// [`MAX_IB_DEVS`] entries (NCCL drops the rest).
     fn parse(raw: &str) -> Result<HcaFilter, String> {
-        let mut rest = raw;
-        let exclude = rest.starts_with('^');
-        if exclude {
-            rest = &rest[1..];
-        }
-        let exact = rest.starts_with('=');
-        if exact {
-            rest = &rest[1..];
-        }
+        let list = NameList::parse(raw, "device")?;
+        let (exclude, exact) = (list.exclude, list.exact);
         let mut entries = Vec::new();
-        for item in rest.split(',').filter(|item| !item.is_empty()) {
-            let (name, port) = match item.split_once(':') {
-                Some((name, port)) => (name, Some(port)),
-                None => (item, None),
-            };
-            if name.is_empty() {
-                return Err(format!("entry {item:?} has no device name"));
-            }
-            if name.contains(char::is_whitespace) {
-                return Err(format!(
-                    "entry {item:?} contains whitespace, which NCCL keeps as part of the name (it would match no device)"
-                ));
-            }
-            if name.contains(['^', '=']) {
-                return Err(format!(
-                    "entry {item:?}: '^' and '=' are only recognised once, at the start of the list, in the order \"^=\""
-                ));
-            }
+        for NameEntry { name, port } in list.entries {
             let port = match port {
                 None => None,
                 Some(p) => match p.parse::<u8>() {
                     Ok(n) if n > 0 => Some(n),
                     _ => {
                         return Err(format!(
-                            "entry {item:?}: the port after ':' must be a number 1..255 (write name or name:port)"
+                            "entry \"{name}:{p}\": the port after ':' must be a number 1..255 (write name or name:port)"
                         ));
                     }
                 },
             };
-            entries.push(HcaEntry {
-                name: name.to_owned(),
-                port,
-            });
+            entries.push(HcaEntry { name, port });
         }
         if entries.is_empty() && (exclude || exact) {
             return Err(if exclude {
@@ -153,12 +127,7 @@ impl HcaFilter {
             return true;
         }
         let listed = self.entries.iter().any(|e| {
-            let name = if self.exact {
-                device == e.name
-            } else {
-                device.starts_with(&e.name)
-            };
-            name && e.port.is_none_or(|p| p == port)
+            name_list::matches(self.exact, &e.name, device) && e.port.is_none_or(|p| p == port)
         });
         listed != self.exclude
     }

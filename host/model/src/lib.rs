@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 mod decision;
+pub mod name_list;
 mod plan;
 mod port;
 pub mod topology;

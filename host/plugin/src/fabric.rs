@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use ncclwasm_soft::{ENV_FABRIC, FabricChoice};
+use ncclwasm_transport::oob::OobEnv;
 use ncclwasm_transport::{Decisions, NetConfig, NetError};
 use ncclwasm_verbs::VerbsError;
 
@@ -17,7 +18,8 @@ pub fn choice() -> Result<FabricChoice, NetError> {
     })
 }
 
-/// Opens the chosen provider and says how the transport should treat it.
+/// Opens the chosen provider and says how the transport should treat it; NCCL's out-of-band
+/// variables (`NCCL_SOCKET_IFNAME`, …) are read here with the rest.
 pub fn config(
     choice: FabricChoice,
     max_devs_per_nic: usize,
@@ -34,6 +36,7 @@ pub fn config(
         require_active_port: choice.requires_active_port(),
         max_devs_per_nic,
         decisions,
+        oob: OobEnv::from_env(),
     })
 }
 

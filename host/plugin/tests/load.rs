@@ -21,21 +21,25 @@ fn library() -> PathBuf {
         .unwrap_or_else(|| panic!("no libnccl_net_wasm.so under {}", dir.display()))
 }
 
-/// Runs `test` in a child of this test binary with the soft fabric selected.
-fn in_child(test: &str) {
+/// Runs `test` in a child of this test binary with the soft fabric selected and `env` set;
+/// returns what it printed.
+fn in_child(test: &str, env: &[(&str, &str)]) -> String {
     let mut child = ncclwasm_testkit::child::command(test);
     child
         .env("NCCL_WASM_FABRIC", "soft")
         .env_remove("NCCL_WASM_TOPOLOGY")
-        .env_remove("NCCL_WASM_POLICY");
-    ncclwasm_testkit::child::run(child, test);
+        .env_remove("NCCL_WASM_POLICY")
+        .envs(env.iter().copied());
+    let out = ncclwasm_testkit::child::run(child, test);
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
 }
 
 #[test]
 fn one_message_through_each_table_of_the_built_library() {
     const TEST: &str = "one_message_through_each_table_of_the_built_library";
     if !ncclwasm_testkit::child::enter(TEST) {
-        return in_child(TEST);
+        in_child(TEST, &[]);
+        return;
     }
     let plugin = Plugin::open(&library()).unwrap();
     assert_eq!(plugin.version(), 12);
@@ -116,6 +120,22 @@ fn one_message(version: u32) {
     let expected: Vec<u8> = (0..SIZE).map(|i| (i * 31 + (i >> 9)) as u8).collect();
     assert!(into.bytes()[..SIZE] == expected[..], "bytes differ");
     assert_eq!(into.bytes()[SIZE..], [0u8; 64], "written past the message");
+}
+
+/// The library reads NCCL's `NCCL_SOCKET_IFNAME` at `init`: a list that matches no interface
+/// fails `init` as invalid usage, naming the variable.
+#[test]
+fn a_socket_ifname_that_matches_nothing_fails_init() {
+    const TEST: &str = "a_socket_ifname_that_matches_nothing_fails_init";
+    if !ncclwasm_testkit::child::enter(TEST) {
+        let out = in_child(TEST, &[("NCCL_SOCKET_IFNAME", "=nosuchif0")]);
+        assert!(out.contains("NCCL_SOCKET_IFNAME=\"=nosuchif0\""), "{out}");
+        return;
+    }
+    let mut plugin = Plugin::open(&library()).unwrap();
+    let e = plugin.init().unwrap_err().to_string();
+    let invalid_usage = format!("ncclResult {}", ncclwasm_abi::layout::NCCL_INVALID_USAGE);
+    assert!(e.contains(&invalid_usage), "{e}");
 }
 
 #[test]

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use ncclwasm_policy::PolicyHost;
 use ncclwasm_verbs::DmaBuf;
 
+use crate::oob::OobEnv;
 use crate::{CommConfig, ErrorClass, Net, NetConfig, NetError, RecvBuf};
 
 #[test]
@@ -17,6 +18,7 @@ fn a_cut_qp_fails_the_next_call_with_a_system_error() {
         require_active_port: false,
         max_devs_per_nic: 4,
         decisions: Arc::new(PolicyHost::from_env(4).expect("policy settings")),
+        oob: OobEnv::default(),
     })
     .unwrap();
     let (mut listener, mut handle) = net.listen(1).unwrap();

@@ -99,17 +99,23 @@ impl GpuEnv {
 
     fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<GpuEnv, NetError> {
         let set = |k: &str| get(k).filter(|v| !v.trim().is_empty());
-        let int = |k: &str| -> Result<Option<i64>, NetError> {
+        let bad = |variable: &'static str, value: &str, problem: String| NetError::Config {
+            variable,
+            value: value.to_owned(),
+            problem,
+        };
+        let int = |k: &'static str| -> Result<Option<i64>, NetError> {
             set(k)
                 .map(|v| {
                     v.trim()
                         .parse::<i64>()
-                        .map_err(|_| NetError::Config(format!("{k}={v:?}: expected an integer")))
+                        .map_err(|_| bad(k, &v, "expected an integer".to_owned()))
                 })
                 .transpose()
         };
-        let relaxed_ordering = match set("NCCL_IB_PCI_RELAXED_ORDERING") {
-            Some(v) => RelaxedOrderingMode::parse(&v).map_err(NetError::Config)?,
+        const RO: &str = "NCCL_IB_PCI_RELAXED_ORDERING";
+        let relaxed_ordering = match set(RO) {
+            Some(v) => RelaxedOrderingMode::parse(&v).map_err(|p| bad(RO, &v, p))?,
             None => RelaxedOrderingMode::Auto,
         };
         Ok(GpuEnv {

@@ -7,8 +7,9 @@
 //! `iflush`/`test`, each non-blocking.
 //!
 //! What the shell does with the protocol core (`docs/architecture.md` walks through it):
-//! * `listen`: bind a TCP listener on a reachable address, pick a random nonce, write the
-//!   encoded `ListenHandle` into NCCL's 128-byte handle.
+//! * `listen`: bind a TCP listener on the out-of-band address chosen as NCCL chooses it
+//!   ([`oob`]), pick a random nonce, write the encoded `ListenHandle` into NCCL's 128-byte
+//!   handle.
 //! * `connect`/`accept`: drive a `Connector`/`Acceptor`: move bytes between the socket and the
 //!   machine, and carry out each action — ask for the connection plan, create QPs and register
 //!   the FIFOs, move QPs to RTR/RTS with the given attributes. Both are resumable: every NCCL
@@ -32,6 +33,9 @@ mod gpu;
 mod mr_cache;
 mod net;
 mod net_error;
+pub mod oob;
+mod oob_host;
+mod oob_pattern;
 #[cfg(feature = "policy")]
 mod policy_host;
 mod qp;

@@ -7,17 +7,19 @@
 //! requests go through `make-vnic`. Every decision is logged at INFO with its reason and source.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::net::TcpListener;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use ncclwasm_model::{Endpoint, LinkLayer, Port, PortState, VnicAnswer};
+use ncclwasm_model::{LinkLayer, Port, PortState, VnicAnswer};
 use ncclwasm_verbs::Fabric;
 
 use crate::decide::Decisions;
 use crate::device::{DevCtx, EventThread, PortCtx};
 use crate::gpu::{GpuEnv, GpuSupport};
 use crate::net_error::NetError;
+use crate::oob::{OobChoice, OobEnv};
+use crate::oob_host::{announce, choose_on_host};
 use crate::qp::random_u64;
 use crate::recv::Listener;
 use crate::send::{Connecting, SendComm};
@@ -41,6 +43,9 @@ pub struct NetConfig {
     pub max_devs_per_nic: usize,
     /// Who decides (the policy engine, in the plugin).
     pub decisions: Arc<dyn Decisions>,
+    /// NCCL's out-of-band settings (`NCCL_SOCKET_IFNAME`, …), read by the caller: they pick
+    /// the address every handshake listener binds, as they pick NCCL's own.
+    pub oob: OobEnv,
 }
 
 /// Per-communicator values NCCL hands the plugin (v10 `connect` config, v11+ `init`).
@@ -95,6 +100,8 @@ struct NetInner {
     _events: Vec<EventThread>,
     decisions: Arc<dyn Decisions>,
     fabric: Arc<Fabric>,
+    /// Where handshake listeners bind, decided once like NCCL's `ncclIbIfAddr`.
+    oob: OobChoice,
     ports: Vec<PortCtx>,
     devices: RwLock<Vec<NetDevice>>,
     nphys: usize,
@@ -115,8 +122,11 @@ pub struct Net {
 const SCRATCH_MAGIC: [u8; 8] = *b"NWCONN01";
 
 impl Net {
-    /// Discovers the fabric's ports and asks the policy which NCCL sees.
+    /// Chooses the out-of-band address, discovers the fabric's ports and asks the policy which
+    /// NCCL sees. A bad out-of-band setting fails here, so NCCL's `init` reports it.
     pub fn new(config: NetConfig) -> Result<Net, NetError> {
+        let oob = choose_on_host(&config.oob)?;
+        announce(&oob);
         let fabric = config.fabric;
         let merge_vfs = std::env::var("NCCL_IB_MERGE_VFS").map_or(true, |v| v.trim() != "0");
         let ports = fabric.discover(merge_vfs);
@@ -242,6 +252,7 @@ impl Net {
                 _events: events,
                 decisions,
                 fabric,
+                oob,
                 ports: port_ctxs,
                 devices: RwLock::new(table),
                 nphys,
@@ -250,6 +261,11 @@ impl Net {
                 next_connect: AtomicU64::new(1),
             }),
         })
+    }
+
+    /// The out-of-band address handshake listeners bind, and why it was chosen.
+    pub fn oob(&self) -> &OobChoice {
+        &self.inner.oob
     }
 
     /// The fabric's provider name (`"ib"` for a loaded libibverbs), for messages.
@@ -371,11 +387,11 @@ impl Net {
         Ok(index)
     }
 
-    /// `listen` on device `dev`: a TCP listener on an address the peer can reach, and the
-    /// 128-byte handle to give it.
+    /// `listen` on device `dev`: a TCP listener on the out-of-band address (whatever the
+    /// device, as `ncclIbListen`), and the 128-byte handle to give the peer.
     pub fn listen(&self, dev: i64) -> Result<(Listener, [u8; HANDLE_SIZE]), NetError> {
         let (_, ports) = self.device(dev)?;
-        let listener = bind_listener(&ports[0].endpoint)?;
+        let listener = bind_listener(&self.inner.oob)?;
         listener
             .set_nonblocking(true)
             .map_err(NetError::io("making the listener non-blocking"))?;
@@ -563,34 +579,12 @@ fn uniquify(table: &mut [NetDevice]) {
     }
 }
 
-/// The handshake listener, on the first address of these that can be bound: the IPv4 address of
-/// the port's RoCE GID (reachable over that port's network), the address of the default route,
-/// loopback. (A userspace provider's topology may carry GIDs of another machine, hence the
-/// fallbacks.)
-fn bind_listener(ep: &Endpoint) -> Result<TcpListener, NetError> {
-    let g = &ep.gid.raw;
-    let gid_v4 = (g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff)
-        .then(|| Ipv4Addr::new(g[12], g[13], g[14], g[15]))
-        .filter(|v4| !v4.is_unspecified())
-        .map(IpAddr::V4);
-    // Connecting a UDP socket sends nothing; it only asks the kernel for the route.
-    let route = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
-        .and_then(|s| s.connect((Ipv4Addr::new(192, 0, 2, 1), 9)).map(|()| s))
-        .and_then(|s| s.local_addr())
-        .map(|a| a.ip())
-        .ok();
-    let mut last = None;
-    for ip in [gid_v4, route, Some(IpAddr::V4(Ipv4Addr::LOCALHOST))]
-        .into_iter()
-        .flatten()
-    {
-        match TcpListener::bind(SocketAddr::new(ip, 0)) {
-            Ok(l) => return Ok(l),
-            Err(e) => last = Some((ip, e)),
-        }
-    }
-    let (ip, e) = last.expect("loopback is always a candidate");
-    Err(NetError::io(format!(
-        "binding a handshake listener on {ip}"
-    ))(e))
+/// The handshake listener, on the out-of-band address with a port the kernel picks.
+fn bind_listener(oob: &OobChoice) -> Result<TcpListener, NetError> {
+    TcpListener::bind(oob.addr).map_err(NetError::io(format!(
+        "binding a handshake listener on {} of {} ({})",
+        oob.addr.ip(),
+        oob.ifname,
+        oob.reason
+    )))
 }

@@ -80,12 +80,17 @@ pub enum NetError {
     /// NCCL core's fusion request was refused.
     #[error("cannot make a virtual NIC of devices {devices:?}: {reason}")]
     Vnic { devices: Vec<u32>, reason: String },
-    /// A setting (an `NCCL_IB_*` variable the transport reads) has a value it cannot use.
-    #[error("configuration: {0}")]
-    Config(String),
     /// The caller used the API in a way it does not support.
     #[error("invalid use: {0}")]
     Usage(String),
+    /// A configuration variable has a value the plugin cannot follow: the message names the
+    /// variable, its value, and what there is to choose from.
+    #[error("{variable}={value:?}: {problem}")]
+    Config {
+        variable: &'static str,
+        value: String,
+        problem: String,
+    },
 }
 
 impl NetError {
@@ -110,7 +115,7 @@ impl NetError {
             | NetError::Io { .. }
             | NetError::NoDevice(_)
             | NetError::Fatal { .. } => ErrorClass::System,
-            NetError::Decision(_) | NetError::Vnic { .. } | NetError::Config(_) => {
+            NetError::Decision(_) | NetError::Vnic { .. } | NetError::Config { .. } => {
                 ErrorClass::InvalidUsage
             }
             NetError::BadDevice { .. } | NetError::Usage(_) => ErrorClass::Internal,

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use common::*;
 use ncclwasm_policy::PolicyHost;
+use ncclwasm_transport::oob::OobEnv;
 use ncclwasm_transport::{Net, NetConfig, PTR_CUDA, PTR_DMABUF, PTR_HOST, RecvBuf};
 use ncclwasm_verbs::{DmaBuf, Fabric, Provider};
 
@@ -109,13 +110,7 @@ fn invalid_gpu_variables_are_refused_by_name() {
         return;
     }
     let policy = Arc::new(PolicyHost::from_env(4).unwrap());
-    let e = Net::new(NetConfig {
-        fabric: ncclwasm_soft::fabric().unwrap(),
-        require_active_port: false,
-        max_devs_per_nic: 4,
-        decisions: policy as _,
-    })
-    .unwrap_err();
+    let e = net_with(OobEnv::default(), policy).unwrap_err();
     assert!(
         e.to_string().contains("NCCL_IB_PCI_RELAXED_ORDERING"),
         "{e}"
@@ -156,6 +151,7 @@ fn net_on(root: std::path::PathBuf) -> Net {
         require_active_port: false,
         max_devs_per_nic: 4,
         decisions: policy as _,
+        oob: OobEnv::default(),
     })
     .unwrap()
 }

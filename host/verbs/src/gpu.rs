@@ -31,9 +31,7 @@ impl RelaxedOrderingMode {
             "0" => Ok(RelaxedOrderingMode::Off),
             "1" => Ok(RelaxedOrderingMode::On),
             "2" => Ok(RelaxedOrderingMode::Auto),
-            other => Err(format!(
-                "NCCL_IB_PCI_RELAXED_ORDERING={other:?}: expected 0 (off), 1 (on) or 2 (auto)"
-            )),
+            _ => Err("expected 0 (off), 1 (on) or 2 (auto)".to_owned()),
         }
     }
 

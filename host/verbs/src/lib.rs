@@ -72,9 +72,7 @@ pub mod table;
 mod wr;
 
 pub use cq::{Completion, Cq, WcOpcode, WcStatus};
-pub use device::{
-    AsyncEvent, AsyncEventKind, Context, DeviceAttr, Fabric, IbOptions, PortAttr,
-};
+pub use device::{AsyncEvent, AsyncEventKind, Context, DeviceAttr, Fabric, IbOptions, PortAttr};
 pub use error::{Result, VerbsError};
 pub use gpu::{PEER_MEMORY_MODULES, RelaxedOrderingMode};
 pub use memory::{Access, DmaBuf, ForeignMemory, Memory, Mr, Pd};

@@ -6,8 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ncclwasm_policy::PolicyHost;
+use ncclwasm_transport::oob::OobEnv;
 use ncclwasm_transport::{
-    CommConfig, Done, HANDLE_SIZE, MemHandle, Net, NetConfig, RecvBuf, RecvComm, ReqId, SendComm,
+    CommConfig, Done, HANDLE_SIZE, MemHandle, Net, NetConfig, NetError, RecvBuf, RecvComm, ReqId,
+    SendComm,
 };
 use ncclwasm_verbs::DmaBuf;
 
@@ -19,17 +21,24 @@ pub fn net() -> Net {
 }
 
 /// The soft fabric in process, and the policy engine deciding for it (configured from the
-/// environment: the built-in default when `NCCL_WASM_POLICY` is unset).
+/// environment: the built-in default when `NCCL_WASM_POLICY` is unset); the handshake address
+/// chosen by NCCL's automatic order.
 pub fn net_and_policy() -> (Net, Arc<PolicyHost>) {
     let policy = Arc::new(PolicyHost::from_env(4).expect("policy settings"));
-    let net = Net::new(NetConfig {
+    let net =
+        net_with(OobEnv::default(), Arc::clone(&policy)).expect("a context on the soft fabric");
+    (net, policy)
+}
+
+/// A context on the soft fabric with these out-of-band settings.
+pub fn net_with(oob: OobEnv, policy: Arc<PolicyHost>) -> Result<Net, NetError> {
+    Net::new(NetConfig {
         fabric: ncclwasm_soft::fabric().expect("soft fabric"),
         require_active_port: false,
         max_devs_per_nic: 4,
-        decisions: Arc::clone(&policy) as _,
+        decisions: policy as _,
+        oob,
     })
-    .expect("a context on the soft fabric");
-    (net, policy)
 }
 
 pub fn deadline() -> Instant {
