@@ -49,6 +49,22 @@ fn ip(args: &[&str]) {
     );
 }
 
+/// Returns once interface `ifname` in namespace `ns` has carrier (`LOWER_UP`): a veth gets it a
+/// moment after both its ends are up, and NCCL's interface choice skips an interface that is
+/// not running yet.
+pub fn wait_for_carrier(ns: &str, ifname: &str) {
+    crate::wait_until(
+        &format!("{ifname} in {ns} has carrier"),
+        std::time::Duration::from_secs(10),
+        || {
+            Command::new("ip")
+                .args(["-n", ns, "-o", "link", "show", "dev", ifname])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("LOWER_UP"))
+        },
+    );
+}
+
 /// One end of a veth pair: which host, the interface name there, its address.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Veth {
@@ -91,7 +107,8 @@ impl Hosts {
     }
 
     /// Joins host `a` and host `b` with a veth pair: `a_end = (interface name, a.b.c.d/len)`
-    /// in `a`, likewise in `b`; both ends are brought up.
+    /// in `a`, likewise in `b`; both ends are brought up, and this returns once both have
+    /// carrier ([`wait_for_carrier`]).
     pub fn link(&mut self, a: usize, a_end: (&str, &str), b: usize, b_end: (&str, &str)) {
         let (na, nb) = (self.names[a].clone(), self.names[b].clone());
         ip(&[
@@ -106,6 +123,9 @@ impl Hosts {
                 name: name.to_owned(),
                 cidr: cidr.to_owned(),
             });
+        }
+        for (ns, name) in [(&na, a_end.0), (&nb, b_end.0)] {
+            wait_for_carrier(ns, name);
         }
     }
 

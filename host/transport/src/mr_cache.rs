@@ -122,7 +122,8 @@ impl MrCache {
                 let memory = source.memory(start, span);
                 let what = format!("registering {span} bytes at {start:#x} on {dev}");
                 if relaxed {
-                    pd.reg_mr_iova2(memory, start, access)
+                    let iova = memory.addr();
+                    pd.reg_mr_iova2(memory, iova, access)
                 } else {
                     pd.reg_mr(memory, access)
                 }

@@ -176,13 +176,12 @@ fn ipv6_global_and_link_local_in_a_network_namespace() {
         in_namespace();
         return;
     }
-    let ns = format!("nwoob{}", std::process::id() % 100_000);
-    let made = Command::new("ip").args(["netns", "add", &ns]).output();
-    if !made.as_ref().is_ok_and(|o| o.status.success()) {
-        ncclwasm_testkit::skip(&format!("cannot create a network namespace: {made:?}"));
+    if let Some(why) = ncclwasm_testkit::netns::unavailable() {
+        ncclwasm_testkit::skip(why);
         return;
     }
-    let _gone = Deleted(ns.clone());
+    let hosts = ncclwasm_testkit::netns::Hosts::new(1);
+    let ns = hosts.name(0).to_owned();
     let setup = std::env::temp_dir().join(format!("{ns}.ip"));
     std::fs::write(&setup, SETUP).unwrap();
     let out = Command::new("ip")
@@ -196,19 +195,11 @@ fn ipv6_global_and_link_local_in_a_network_namespace() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let mut launcher = Command::new("ip");
-    launcher.args(["netns", "exec", &ns]);
+    for ifname in ["oob6", "oob6p"] {
+        ncclwasm_testkit::netns::wait_for_carrier(&ns, ifname);
+    }
     ncclwasm_testkit::child::run(
-        ncclwasm_testkit::child::command_via(launcher, NETNS_TEST),
+        ncclwasm_testkit::child::command_via(hosts.exec(0), NETNS_TEST),
         NETNS_TEST,
     );
-}
-
-/// Deletes the namespace (with the veth pair in it), also when the test panics.
-struct Deleted(String);
-
-impl Drop for Deleted {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
 }

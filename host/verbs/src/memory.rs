@@ -251,6 +251,12 @@ impl Memory {
             Memory::Foreign(f) => (f.addr, f.len),
         }
     }
+
+    /// The CPU address of the first byte: the IOVA that makes `reg_mr_iova2` address this memory
+    /// as `reg_mr` would (what NCCL passes; the memory may start before the range asked for).
+    pub fn addr(&self) -> u64 {
+        self.range().0 as u64
+    }
 }
 
 /// A registered memory region.
