@@ -10,6 +10,7 @@ use ncclwasm_default::IbConfig;
 use ncclwasm_model::{LinkLayer, PortState};
 use ncclwasm_policy::Settings;
 use ncclwasm_soft::{ENV_FABRIC, FabricChoice};
+use ncclwasm_transport::{GpuSupport, Net};
 use ncclwasm_verbs::{ENV_SYSFS_ROOT, Fabric, IbOptions};
 use serde::Serialize;
 
@@ -83,6 +84,8 @@ struct Host {
     live: Result<Live, String>,
     /// `NCCL_IB_*` as the built-in default reads them.
     ib: Result<IbConfig, String>,
+    /// The plugin's `init` here ([`live::init`]), or why it fails.
+    net: Result<Net, String>,
 }
 
 impl Host {
@@ -92,6 +95,7 @@ impl Host {
             choice: FabricChoice::from_env().map_err(|e| e.to_string()),
             live: live::discover().map_err(|f| f.text()),
             ib,
+            net: live::init(),
         }
     }
 
@@ -101,19 +105,20 @@ impl Host {
     }
 }
 
-/// Every check, in the order they print. GPU memory registration (peer-memory module,
-/// DMA-BUF, relaxed ordering) and the out-of-band address (`NCCL_SOCKET_IFNAME`) belong here,
-/// after `ports`, each as one more function of `&Host`.
+/// Every check, in the order they print.
 fn checks(host: &Host) -> Vec<Check> {
-    vec![
+    let mut checks = vec![
         verbs_library(host),
         fabric(host),
         ports(host),
         roce_gids(host),
         memlock(host),
-        policy(),
-        settings(host),
-    ]
+        init(host),
+        oob(host),
+    ];
+    checks.extend(gpu(host));
+    checks.extend([policy(), settings(host)]);
+    checks
 }
 
 pub fn run(args: &Args) -> Result<Outcome, Fail> {
@@ -156,6 +161,91 @@ pub fn render(d: &Doctor) -> String {
                 indent = STATUS_WIDTH + NAME_WIDTH
             );
         }
+    }
+    out
+}
+
+/// The plugin's `init` on this host: whether NCCL would get a context, and how many devices.
+fn init(host: &Host) -> Check {
+    const NAME: &str = "init";
+    match &host.net {
+        Ok(net) => Check::ok(
+            NAME,
+            format!(
+                "a context opens on the {} fabric: {} device(s) for NCCL",
+                net.fabric_name(),
+                net.device_count()
+            ),
+        ),
+        Err(e) => Check::bad(
+            NAME,
+            Status::Fail,
+            format!("the plugin's init would fail: {e}"),
+            "fix what the message names; NCCL then falls back to its own transports",
+        ),
+    }
+}
+
+/// The handshake listener's address: what `init` chose, or the same choice made alone when
+/// `init` failed for another reason.
+fn oob(host: &Host) -> Check {
+    const NAME: &str = "oob";
+    let choice = match &host.net {
+        Ok(net) => Ok(net.oob().clone()),
+        Err(_) => ncclwasm_transport::oob::choose_from_env().map_err(|e| e.to_string()),
+    };
+    match choice {
+        Ok(c) => Check::ok(NAME, format!("{} {} ({})", c.ifname, c.addr.ip(), c.reason)),
+        Err(e) => Check::bad(
+            NAME,
+            Status::Fail,
+            e,
+            "set NCCL_SOCKET_IFNAME to a running interface the other nodes reach (NCCL's own \
+             sockets use the same one)",
+        ),
+    }
+}
+
+/// GPU memory registration on device 0, as `init` decided it: peer memory (`NCCL_PTR_CUDA`),
+/// DMA-BUF (`NCCL_PTR_DMABUF`), relaxed ordering, flush, Data Direct. Without either GPU path
+/// NCCL stages every GPU transfer through host memory.
+fn gpu(host: &Host) -> Vec<Check> {
+    let Ok(net) = &host.net else {
+        return Vec::new();
+    };
+    let g: GpuSupport = match net.gpu_support(0) {
+        Ok(g) => g,
+        Err(e) => return vec![Check::bad("gpu", Status::Warn, e.to_string(), "")],
+    };
+    let gdr = g.peer_memory.value.is_some() || g.dmabuf.value;
+    let mut out = vec![
+        match (&g.peer_memory.value, g.dmabuf.value) {
+            (Some(_), _) | (None, true) => Check::ok("peer-memory", g.peer_memory.reason.clone()),
+            (None, false) => Check::bad(
+                "peer-memory",
+                Status::Warn,
+                g.peer_memory.reason.clone(),
+                "load nvidia-peermem (`modprobe nvidia-peermem`), or use DMA-BUF (Linux ≥ 5.12 \
+                 and NVIDIA's open kernel modules): else GPU buffers bounce through host memory",
+            ),
+        },
+        if g.dmabuf.value || g.peer_memory.value.is_some() {
+            Check::ok("dma-buf", g.dmabuf.reason.clone())
+        } else {
+            Check::bad(
+                "dma-buf",
+                Status::Warn,
+                g.dmabuf.reason.clone(),
+                "a kernel and rdma-core with ibv_reg_dmabuf_mr (Linux ≥ 5.12, rdma-core ≥ 34)",
+            )
+        },
+        Check::ok("relaxed-ord", g.relaxed_ordering.reason.clone()),
+    ];
+    if gdr {
+        out.push(Check::ok("flush", g.flush.reason.clone()));
+    }
+    if g.data_direct.value.is_some() {
+        out.push(Check::ok("data-direct", g.data_direct.reason.clone()));
     }
     out
 }

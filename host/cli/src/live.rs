@@ -9,7 +9,10 @@
 use std::sync::Arc;
 
 use ncclwasm_model::{Port, Topology};
+use ncclwasm_policy::PolicyHost;
 use ncclwasm_soft::{FabricChoice, Settled};
+use ncclwasm_transport::oob::OobEnv;
+use ncclwasm_transport::{Net, NetConfig};
 use ncclwasm_verbs::{ENV_SYSFS_ROOT, Fabric};
 use serde::Serialize;
 
@@ -88,6 +91,32 @@ pub fn discover() -> Result<Live, Fail> {
         ports,
         topology,
     })
+}
+
+/// How many devices NCCL lets a vNIC fuse (`NCCL_NET_MAX_DEVS_PER_NIC`'s default; what the
+/// plugin's v9–v11 `init` uses).
+const MAX_DEVS_PER_NIC: usize = 4;
+
+/// The plugin's `init` on this host, as `init_net` in host/plugin does it: the fabric
+/// `NCCL_WASM_FABRIC` settles on here, the policy engine from `NCCL_WASM_POLICY*`, NCCL's
+/// out-of-band variables; the error is what NCCL's log would show.
+pub fn init() -> Result<Net, String> {
+    let settled = FabricChoice::from_env()
+        .map_err(|e| e.to_string())?
+        .settle();
+    let fabric = settled
+        .choice
+        .open()
+        .map_err(|e| format!("cannot open the {} fabric: {e}", settled.choice.name()))?;
+    let decisions = PolicyHost::from_env(MAX_DEVS_PER_NIC).map_err(|e| e.to_string())?;
+    Net::new(NetConfig {
+        fabric,
+        require_active_port: settled.choice.requires_active_port(),
+        max_devs_per_nic: MAX_DEVS_PER_NIC,
+        decisions: Arc::new(decisions),
+        oob: OobEnv::from_env(),
+    })
+    .map_err(|e| e.to_string())
 }
 
 /// The soft fabric binds each port to the address its topology file gives; discovery cannot

@@ -826,6 +826,12 @@ fn doctor_on_soft_passes_and_a_broken_policy_fails_it() {
         "ports",
         "roce gids",
         "memlock",
+        "init",
+        "oob",
+        "peer-memory",
+        "dma-buf",
+        "relaxed-ord",
+        "flush",
         "policy",
         "settings",
     ] {
@@ -860,9 +866,35 @@ fn doctor_on_soft_passes_and_a_broken_policy_fails_it() {
     ));
     assert_eq!(v["failed"], false);
     let checks = v["checks"].as_array().expect("checks");
-    assert_eq!(checks.len(), 7, "{v}");
     assert!(checks.iter().all(|c| c["status"] != "FAIL"), "{v}");
-    assert_eq!(checks[4]["name"], "memlock");
+    // The soft fabric registers dma-bufs: GPU memory would not bounce through the host.
+    assert!(
+        check(&v, "dma-buf")["detail"]
+            .as_str()
+            .unwrap()
+            .contains("supported"),
+        "{v}"
+    );
+    // The handshake address, chosen as NCCL chooses it, and why.
+    let oob = check(&v, "oob")["detail"].as_str().unwrap().to_owned();
+    assert!(oob.contains("NCCL_SOCKET_IFNAME unset"), "{oob}");
+
+    // An out-of-band interface that does not exist: init and oob FAIL naming the variable.
+    let env = [
+        ("NCCL_WASM_FABRIC", "soft"),
+        ("NCCL_SOCKET_IFNAME", "nosuch"),
+    ];
+    let o = run_env(&["doctor", "--json"], &env);
+    assert_eq!(o.status.code(), Some(1));
+    let v = json(&o);
+    for name in ["init", "oob"] {
+        let c = check(&v, name);
+        assert_eq!(c["status"], "FAIL", "{v}");
+        assert!(
+            c["detail"].as_str().unwrap().contains("NCCL_SOCKET_IFNAME"),
+            "{v}"
+        );
+    }
 
     // A file that is not a policy: FAIL with the reason and the fix, exit status 1.
     let broken = workspace()
@@ -883,16 +915,16 @@ fn doctor_on_soft_passes_and_a_broken_policy_fails_it() {
     assert!(text.contains("fix: fix or replace"), "{text}");
     let v = json(&run_env(&["doctor", "--json"], &env));
     assert_eq!(v["failed"], true);
-    assert_eq!(v["checks"][5]["status"], "FAIL", "{v}");
+    assert_eq!(check(&v, "policy")["status"], "FAIL", "{v}");
 
     // Unknown NCCL_WASM_* names are a WARN; invalid values a FAIL naming the variable.
     let v = json(&run_env(
         &["doctor", "--json"],
         &[("NCCL_WASM_FABRIC", "soft"), ("NCCL_WASM_POLCY", "x.wasm")],
     ));
-    assert_eq!(v["checks"][6]["status"], "WARN", "{v}");
+    assert_eq!(check(&v, "settings")["status"], "WARN", "{v}");
     assert!(
-        v["checks"][6]["detail"]
+        check(&v, "settings")["detail"]
             .as_str()
             .unwrap()
             .contains("NCCL_WASM_POLCY")
@@ -903,12 +935,22 @@ fn doctor_on_soft_passes_and_a_broken_policy_fails_it() {
     );
     assert_eq!(o.status.code(), Some(1));
     let v = json(&o);
-    assert_eq!(v["checks"][6]["status"], "FAIL", "{v}");
+    assert_eq!(check(&v, "settings")["status"], "FAIL", "{v}");
     assert!(
-        v["checks"][6]["detail"]
+        check(&v, "settings")["detail"]
             .as_str()
             .unwrap()
             .contains("NCCL_IB_TIMEOUT"),
         "{v}"
     );
+}
+
+/// The doctor check named `name` in a `--json` report.
+fn check<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    v["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} check in {v}"))
 }
