@@ -63,9 +63,7 @@ pub fn discover() -> Result<Live, Fail> {
             settled.choice.name()
         ))
     })?;
-    // As the transport's `Net::new`: NCCL_IB_MERGE_VFS, default 1.
-    let merge_vfs = std::env::var("NCCL_IB_MERGE_VFS").map_or(true, |v| v.trim() != "0");
-    let ports = fabric.discover(merge_vfs);
+    let ports = fabric.discover(ncclwasm_verbs::merge_vfs_from_env());
     let soft = settled.choice == FabricChoice::Soft;
     let view = FabricView {
         library: fabric
@@ -120,12 +118,9 @@ pub fn init() -> Result<Net, String> {
 }
 
 /// The soft fabric binds each port to the address its topology file gives; discovery cannot
-/// see it, so it is taken from the same file the provider read.
+/// see it, so it is taken from the topology the provider loaded.
 fn soft_addresses(topology: &mut Topology) -> Result<(), Fail> {
-    let soft = match std::env::var_os("NCCL_WASM_TOPOLOGY") {
-        Some(path) => Topology::load(path)?,
-        None => Topology::loopback(),
-    };
+    let soft = ncclwasm_soft::topology().map_err(Fail::trouble)?;
     for d in &mut topology.devices {
         let Some(sd) = soft.devices.iter().find(|s| s.name == d.name) else {
             continue;

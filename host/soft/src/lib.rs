@@ -192,6 +192,18 @@ pub fn fabric() -> Result<Arc<Fabric>, VerbsError> {
     Ok(Fabric::from_provider(provider))
 }
 
+/// The machine the soft fabric is built from (`NCCL_WASM_TOPOLOGY`, else the embedded loopback
+/// machine), loaded once per process: what discovery cannot see of it (each port's bind
+/// address) comes from here.
+pub fn topology() -> Result<&'static ncclwasm_model::Topology, VerbsError> {
+    fabric::fabric()
+        .map(|f| &f.topology)
+        .map_err(|e| VerbsError::Load {
+            path: "soft".to_owned(),
+            reason: e.to_owned(),
+        })
+}
+
 /// A random 32-bit value from the kernel (keys and secrets must not be guessable).
 fn rand_u32() -> u32 {
     let mut v = 0u32;

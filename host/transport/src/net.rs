@@ -128,8 +128,7 @@ impl Net {
         let oob = choose_on_host(&config.oob)?;
         announce(&oob);
         let fabric = config.fabric;
-        let merge_vfs = std::env::var("NCCL_IB_MERGE_VFS").map_or(true, |v| v.trim() != "0");
-        let ports = fabric.discover(merge_vfs);
+        let ports = fabric.discover(ncclwasm_verbs::merge_vfs_from_env());
         tracing::info!(
             "NET/WASM: fabric {} has {} port(s)",
             fabric.name(),

@@ -13,6 +13,12 @@ use crate::sysfs::Sysfs;
 /// Prefix length of IB and link-local GIDs (the IB subnet prefix is 64 bits).
 const IB_PREFIX: u8 = 64;
 
+/// `NCCL_IB_MERGE_VFS` as NCCL reads it: anything but `0` (and unset) merges a virtual function's
+/// PCI path into its physical function's, so NCCL's topology sees them as one NIC.
+pub fn merge_vfs_from_env() -> bool {
+    std::env::var("NCCL_IB_MERGE_VFS").map_or(true, |v| v.trim() != "0")
+}
+
 impl Fabric {
     /// All ports of all devices, numbered in discovery order. A device or port that cannot be
     /// queried is skipped with a WARN, as NCCL does; no library devices means an empty list.
