@@ -65,21 +65,11 @@ pub fn wait_for_carrier(ns: &str, ifname: &str) {
     );
 }
 
-/// One end of a veth pair: which host, the interface name there, its address.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Veth {
-    pub host: usize,
-    pub name: String,
-    /// `a.b.c.d/len`, as given to [`Hosts::link`].
-    pub cidr: String,
-}
-
 /// `n` network namespaces ("hosts") owned by the test; dropped, they are deleted with every
 /// veth in them.
 #[derive(Debug)]
 pub struct Hosts {
     names: Vec<String>,
-    veths: Vec<Veth>,
 }
 
 impl Hosts {
@@ -90,7 +80,6 @@ impl Hosts {
         let set = NEXT.fetch_add(1, Ordering::Relaxed);
         let mut hosts = Hosts {
             names: Vec::with_capacity(n),
-            veths: Vec::new(),
         };
         for i in 0..n {
             let name = format!("ncclwasm-{}-{set}-{i}", std::process::id());
@@ -109,20 +98,15 @@ impl Hosts {
     /// Joins host `a` and host `b` with a veth pair: `a_end = (interface name, a.b.c.d/len)`
     /// in `a`, likewise in `b`; both ends are brought up, and this returns once both have
     /// carrier ([`wait_for_carrier`]).
-    pub fn link(&mut self, a: usize, a_end: (&str, &str), b: usize, b_end: (&str, &str)) {
+    pub fn link(&self, a: usize, a_end: (&str, &str), b: usize, b_end: (&str, &str)) {
         let (na, nb) = (self.names[a].clone(), self.names[b].clone());
         ip(&[
             "link", "add", a_end.0, "netns", &na, "type", "veth", "peer", "name", b_end.0, "netns",
             &nb,
         ]);
-        for (host, ns, (name, cidr)) in [(a, &na, a_end), (b, &nb, b_end)] {
+        for (ns, (name, cidr)) in [(&na, a_end), (&nb, b_end)] {
             ip(&["-n", ns, "addr", "add", cidr, "dev", name]);
             ip(&["-n", ns, "link", "set", name, "up"]);
-            self.veths.push(Veth {
-                host,
-                name: name.to_owned(),
-                cidr: cidr.to_owned(),
-            });
         }
         for (ns, name) in [(&na, a_end.0), (&nb, b_end.0)] {
             wait_for_carrier(ns, name);
@@ -132,20 +116,6 @@ impl Hosts {
     /// Brings `lo` up in host `i`, for tests that want loopback inside a namespace too.
     pub fn loopback_up(&self, i: usize) {
         ip(&["-n", &self.names[i], "link", "set", "lo", "up"]);
-    }
-
-    /// The veth ends in host `i`, in the order they were linked.
-    pub fn veths(&self, i: usize) -> Vec<&Veth> {
-        self.veths.iter().filter(|v| v.host == i).collect()
-    }
-
-    /// The names of host `i`'s interfaces as a comma list, what `NCCL_SOCKET_IFNAME` takes.
-    pub fn ifnames(&self, i: usize) -> String {
-        self.veths(i)
-            .iter()
-            .map(|v| v.name.as_str())
-            .collect::<Vec<_>>()
-            .join(",")
     }
 
     /// `ip netns exec <host i>`: a launcher for [`child::command_via`](crate::child::command_via),
@@ -186,9 +156,8 @@ mod tests {
             return;
         }
         let names = std::panic::catch_unwind(|| {
-            let mut h = Hosts::new(2);
+            let h = Hosts::new(2);
             h.link(0, ("left", "192.0.2.1/24"), 1, ("right", "192.0.2.2/24"));
-            assert_eq!(h.ifnames(0), "left");
             // A TCP knock on a closed port: "refused" means the packet got there and back;
             // with no path the connect hangs until `timeout` ends it.
             let reaches = |i: usize, to: &str| {

@@ -16,9 +16,12 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{deadline, handle_from_hex, handle_hex, net, pattern};
+use common::{deadline, handle_from_hex, handle_hex, net_with, pattern};
+use ncclwasm_policy::PolicyHost;
+use ncclwasm_proto::handle::ListenHandle;
 use ncclwasm_testkit::child::{self, say};
 use ncclwasm_testkit::netns::{self, Hosts};
+use ncclwasm_transport::oob::OobEnv;
 use ncclwasm_transport::{CommConfig, Done, RecvBuf, ReqId};
 use ncclwasm_verbs::DmaBuf;
 
@@ -34,6 +37,9 @@ const BUF: usize = 4 << 20;
 const ADDRS: [[&str; 2]; 2] = [["172.16.0.5", "172.16.1.5"], ["172.16.1.6", "172.16.0.6"]];
 const FILES: [&str; 2] = ["dual-port.toml", "dual-port-peer.toml"];
 const PREFIX: u8 = 24;
+/// `NCCL_SOCKET_IFNAME` of both ranks: the second rail, so the listener's address is chosen by
+/// the variable and not by being the first interface.
+const LISTEN_IFNAME: &str = "=rail1";
 
 /// A rank's side: does nothing unless this process was started as a rank.
 #[test]
@@ -45,9 +51,14 @@ fn rank() {
         .expect("the rank number")
         .parse()
         .expect("a rank number");
-    let net = net();
+    // As the plugin's init: the policy engine and NCCL's out-of-band variables from the
+    // environment the parent set.
+    let policy = std::sync::Arc::new(PolicyHost::from_env(4).expect("policy settings"));
+    let net = net_with(OobEnv::from_env(), policy).expect("a context on the soft fabric");
     let dev = i64::from(net.make_vdevice(&[0, 1]).expect("fusing the two ports"));
     let (mut listener, handle) = net.listen(dev).expect("listen");
+    let listening = ListenHandle::decode(&handle).expect("our own handle").addr;
+    say(&format!("LISTEN {} {}", net.oob().ifname, listening.ip()));
     say(&format!("HANDLE {}", handle_hex(&handle)));
     let mut lines = std::io::stdin().lock().lines();
     let mut expect = |word: &str| -> String {
@@ -208,7 +219,7 @@ fn run(policy: &str) -> Option<[Vec<Port>; 2]> {
         std::process::id()
     )));
     std::fs::create_dir_all(&scratch.0).unwrap();
-    let mut hosts = Hosts::new(2);
+    let hosts = Hosts::new(2);
     // One veth pair per rail: node 0's port k and the peer port on the same subnet.
     for (rail, peer_port) in [(0, 1), (1, 0)] {
         let name = format!("rail{rail}");
@@ -228,7 +239,7 @@ fn run(policy: &str) -> Option<[Vec<Port>; 2]> {
                     bound_copy(FILES[i], ADDRS[i], &scratch.0),
                 )
                 .env("NCCL_WASM_POLICY", &guest)
-                .env("NCCL_SOCKET_IFNAME", hosts.ifnames(i));
+                .env("NCCL_SOCKET_IFNAME", LISTEN_IFNAME);
             (format!("rank {i} in {}", hosts.name(i)), cmd)
         })
         .collect();
@@ -238,6 +249,20 @@ fn run(policy: &str) -> Option<[Vec<Port>; 2]> {
         assert!(
             r.lines.iter().any(|l| l.contains("VERIFIED")),
             "{} never verified its bytes: {:?}",
+            r.name,
+            r.lines
+        );
+        // The handshake listener binds the interface NCCL_SOCKET_IFNAME names, in the node's
+        // own namespace: rail 1 carries node 0's port 1 and node 1's port 0.
+        let rail1 = if r.name.starts_with("rank 0") {
+            ADDRS[0][1]
+        } else {
+            ADDRS[1][0]
+        };
+        let want = format!("@@LISTEN rail1 {rail1}");
+        assert!(
+            r.lines.contains(&want),
+            "{}: no `{want}` in {:?}",
             r.name,
             r.lines
         );

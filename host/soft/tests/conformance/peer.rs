@@ -164,7 +164,7 @@ pub fn two_network_namespaces(b: Backend) {
         return;
     }
     let addr = ["192.0.2.1", "192.0.2.2"];
-    let mut hosts = ncclwasm_testkit::netns::Hosts::new(2);
+    let hosts = ncclwasm_testkit::netns::Hosts::new(2);
     hosts.link(0, ("veth0", "192.0.2.1/24"), 1, ("veth1", "192.0.2.2/24"));
     let dir = std::env::temp_dir().join(format!(
         "ncclwasm-netns-{}-{}",
