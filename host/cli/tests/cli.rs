@@ -735,6 +735,34 @@ fn devices_on_the_mlx5_fixture_report_what_only_sysfs_gives() {
     assert_eq!(p0["gids"][3]["prefix_len"], 0);
 }
 
+/// `doctor` on the mlx5 fixture: the GID NCCL picks from the fixture's GID types, and the
+/// fixture's peer-memory module (`module/nvidia_peermem/version`) makes GPU pointers
+/// registrable (`NCCL_PTR_CUDA`), which the soft provider's own tree does not.
+#[test]
+fn doctor_on_the_mlx5_fixture_sees_its_gids_and_peer_memory() {
+    let v = json(&run_owned(&["doctor", "--json"], &mlx5_env(true)));
+    assert_eq!(v["failed"], false, "{v}");
+    let gids = check(&v, "roce gids")["detail"].as_str().unwrap().to_owned();
+    assert!(gids.contains("mlx5_0:1 → 3 ::ffff:127.0.0.1"), "{gids}");
+    let peer = check(&v, "peer-memory");
+    assert_eq!(peer["status"], "OK", "{v}");
+    assert!(
+        peer["detail"]
+            .as_str()
+            .unwrap()
+            .contains("module/nvidia_peermem/version"),
+        "{v}"
+    );
+    let v = json(&run_owned(&["doctor", "--json"], &mlx5_env(false)));
+    assert!(
+        check(&v, "peer-memory")["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("no peer-memory module"),
+        "{v}"
+    );
+}
+
 /// `capture` then `policy explain` on the file makes the decisions `devices` shows.
 #[track_caller]
 fn assert_capture_round_trip(env: &[(&'static str, String)], policy: &str, dir: &std::path::Path) {
