@@ -742,7 +742,10 @@ fn devices_on_the_mlx5_fixture_report_what_only_sysfs_gives() {
 fn doctor_on_the_mlx5_fixture_sees_its_gids_and_peer_memory() {
     let v = json(&run_owned(&["doctor", "--json"], &mlx5_env(true)));
     assert_eq!(v["failed"], false, "{v}");
-    let gids = check(&v, "roce gids")["detail"].as_str().unwrap().to_owned();
+    let gids = check(&v, "roce gids")["detail"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     assert!(gids.contains("mlx5_0:1 → 3 ::ffff:127.0.0.1"), "{gids}");
     let peer = check(&v, "peer-memory");
     assert_eq!(peer["status"], "OK", "{v}");
