@@ -80,7 +80,7 @@ mod tests {
         assert!(
             M::parse("3")
                 .unwrap_err()
-                .contains("NCCL_IB_PCI_RELAXED_ORDERING")
+                .contains("expected 0 (off), 1 (on) or 2 (auto)")
         );
         assert!(M::parse("yes").is_err());
         assert!(!M::Off.decide(true).0);
