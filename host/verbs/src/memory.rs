@@ -32,6 +32,12 @@ impl Access {
         self.0
     }
 
+    /// The flags as the `int` most registration verbs take; flags past `INT_MAX` are refused.
+    pub(crate) fn c_bits(self) -> crate::Result<c_int> {
+        c_int::try_from(self.0)
+            .map_err(|_| VerbsError::Invalid(format!("access flags {:#x}", self.0)))
+    }
+
     /// `self | other`, usable in constants.
     pub const fn union(self, other: Access) -> Access {
         Access(self.0 | other.0)
@@ -384,8 +390,7 @@ impl Pd {
     pub fn reg_mr(self: &Arc<Self>, memory: impl Into<Memory>, access: Access) -> Result<Mr> {
         let memory = memory.into();
         let (ptr, len) = memory.range();
-        let access_bits = c_int::try_from(access.bits())
-            .map_err(|_| VerbsError::Invalid(format!("access flags {:#x}", access.bits())))?;
+        let access_bits = access.c_bits()?;
         // SAFETY: the range is valid for the MR's lifetime (owned, or vouched for by
         // ForeignMemory's creator), and the Mr keeps the memory alive.
         let mr =
@@ -433,8 +438,7 @@ impl Pd {
                 verb: "reg_dmabuf_mr",
                 fabric: self.ctx.fabric().name(),
             })?;
-        let access_bits = c_int::try_from(access.bits())
-            .map_err(|_| VerbsError::Invalid(format!("access flags {:#x}", access.bits())))?;
+        let access_bits = access.c_bits()?;
         // SAFETY: the fd is borrowed for the call; the kernel takes its own reference.
         let mr = unsafe {
             f(

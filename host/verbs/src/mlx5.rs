@@ -121,8 +121,7 @@ impl Pd {
             verb: "mlx5dv_reg_dmabuf_mr",
             fabric: self.context().fabric().name(),
         })?;
-        let bits = c_int::try_from(access.bits())
-            .map_err(|_| VerbsError::Invalid(format!("access flags {:#x}", access.bits())))?;
+        let bits = access.c_bits()?;
         // SAFETY: the fd is borrowed for the call (the kernel takes its own reference); the PD
         // is live and belongs to a context of the loaded libibverbs.
         let mr = unsafe {
