@@ -10,6 +10,8 @@
 //! (`docs/architecture.md`, "The handshake" and "One message").
 //!
 //! * [`handle`]: the 128-byte listen handle.
+//! * [`admission`]: which unauthenticated connections a listener keeps, for how long, and the
+//!   rate limit of its WARNs about the ones it drops.
 //! * [`message`]: the handshake wire format (framing, messages, bounds).
 //! * [`handshake`]: the connect and accept state machines.
 //! * [`fifo`]: the clear-to-send FIFO entry and ring arithmetic, the sizes FIFO.
@@ -19,6 +21,7 @@
 //! * [`ProtoError`]: the one error type, each message saying what to do.
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod datapath;
 pub mod fifo;
 pub mod handle;
