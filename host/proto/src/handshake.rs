@@ -760,6 +760,9 @@ impl Phase for AccState {
 pub struct Acceptor {
     config: AcceptorConfig,
     state: AccState,
+    /// The peer presented this listener's nonce: from then on it is the rank NCCL paired us
+    /// with, not a stranger, and its failures are the communicator's.
+    authenticated: bool,
     link: Link,
     actions: VecDeque<AcceptorAction>,
 }
@@ -772,6 +775,7 @@ impl Acceptor {
         Ok(Acceptor {
             config,
             state: AccState::AwaitHello,
+            authenticated: false,
             link: Link::default(),
             actions: VecDeque::new(),
         })
@@ -780,6 +784,13 @@ impl Acceptor {
     /// Where the handshake is, in words (for logs and errors).
     pub fn state(&self) -> &'static str {
         self.state.name()
+    }
+
+    /// Whether the peer's hello carried this listener's nonce. Until then the connection may be
+    /// anyone's (a port scanner, a rank of an earlier job), and a listener drops it on failure
+    /// instead of failing `accept` (see [`admission`](crate::admission)).
+    pub fn authenticated(&self) -> bool {
+        self.authenticated
     }
 
     /// The next action for the shell, if any.
@@ -815,6 +826,7 @@ impl Acceptor {
                             got: h.nonce,
                         });
                     }
+                    self.authenticated = true;
                     check_peer_endpoints(&self.config.endpoints, &h.endpoints)?;
                     self.link.queue(&Message::DeviceList(DeviceList {
                         endpoints: self.config.endpoints.clone(),
@@ -1333,6 +1345,7 @@ pub(crate) mod tests {
             matches!(e, ProtoError::VersionMismatch { theirs: 9, .. }),
             "{e}"
         );
+        assert!(!a.authenticated(), "another version is a stranger");
 
         let mut c = connector(1);
         c.config.nonce = 1;
@@ -1340,6 +1353,20 @@ pub(crate) mod tests {
         let mut a = acceptor(1);
         let e = run_pair(&mut c, &mut a, |_| 9, rail_plan).err().unwrap();
         assert!(matches!(e, ProtoError::NonceMismatch { got: 1, .. }), "{e}");
+        assert!(!a.authenticated(), "a stale nonce is a stranger");
+    }
+
+    #[test]
+    fn the_right_nonce_authenticates_even_if_the_handshake_fails_later() {
+        let mut a = acceptor(2);
+        assert!(!a.authenticated());
+        let hello = connector(2).transmit().to_vec();
+        a.handle_bytes(&hello[..hello.len() - 1]).unwrap();
+        assert!(!a.authenticated(), "half a hello proves nothing");
+        a.handle_bytes(&hello[hello.len() - 1..]).unwrap();
+        assert!(a.authenticated());
+        a.handle_eof().unwrap_err();
+        assert!(a.authenticated(), "the real peer's failure stays the real peer's");
     }
 
     #[test]
