@@ -9,7 +9,8 @@
 //! What the shell does with the protocol core (`docs/architecture.md` walks through it):
 //! * `listen`: bind a TCP listener on the out-of-band address chosen as NCCL chooses it
 //!   ([`oob`]), pick a random nonce, write the encoded `ListenHandle` into NCCL's 128-byte
-//!   handle.
+//!   handle. `accept` drops connections that do not present that nonce and goes on waiting
+//!   ([`Listener`]).
 //! * `connect`/`accept`: drive a `Connector`/`Acceptor`: move bytes between the socket and the
 //!   machine, and carry out each action — ask for the connection plan, create QPs and register
 //!   the FIFOs, move QPs to RTR/RTS with the given attributes. Both are resumable: every NCCL
@@ -30,6 +31,7 @@ mod device;
 #[cfg(test)]
 mod fault_tests;
 mod gpu;
+mod listener;
 mod mr_cache;
 mod net;
 mod net_error;
@@ -52,7 +54,8 @@ pub use ncclwasm_proto::request::ReqId;
 pub use ncclwasm_proto::{MAX_ENDPOINTS, MAX_MESSAGE_BYTES, MAX_QPS, MAX_RECVS, MAX_REQUESTS};
 pub use net::{CommConfig, DeviceProps, Net, NetConfig};
 pub use net_error::{ErrorClass, NetError};
-pub use recv::{Listener, RecvBuf, RecvComm};
+pub use listener::Listener;
+pub use recv::{RecvBuf, RecvComm};
 pub use send::{SendComm, SendStats};
 
 /// NCCL calls a communicator from its proxy service and progress threads at once.

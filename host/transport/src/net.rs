@@ -21,7 +21,7 @@ use crate::net_error::NetError;
 use crate::oob::{OobChoice, OobEnv};
 use crate::oob_host::{announce, choose_on_host};
 use crate::qp::random_u64;
-use crate::recv::Listener;
+use crate::listener::Listener;
 use crate::send::{Connecting, SendComm};
 use crate::socket::Stream;
 use ncclwasm_proto::MAX_QPS;
@@ -406,7 +406,7 @@ impl Net {
             nonce,
             max_qps: max_qps(&ports),
         };
-        Ok((Listener::new(listener, config, ports), handle))
+        Ok((Listener::new(listener, addr, config, ports), handle))
     }
 
     /// `connect` to the listener behind `handle`: `Ok(None)` means "call again with the same

@@ -1,7 +1,6 @@
-//! The receiving side: the listener, the accept shell around [`Acceptor`] and the receive
+//! The receiving side: the accept shell around [`Acceptor`] and the receive
 //! communicator (`ncclIbListen`, `ncclIbAccept`, `ncclIbIrecv`, `ncclIbPostFifo`, `ncclIbIflush`).
 
-use std::net::TcpListener;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,11 +17,13 @@ use crate::socket::Stream;
 use ncclwasm_proto::datapath::{PostedRecv, Receiver};
 use ncclwasm_proto::fifo::{CTS_FIFO_BYTES, CtsEntry, SIZES_FIFO_BYTES, SIZES_SLOT_BYTES};
 use ncclwasm_proto::handshake::Acceptor;
-use ncclwasm_proto::handshake::{AcceptorAction, AcceptorConfig, RecvSetup};
+use ncclwasm_proto::handshake::{AcceptorAction, RecvSetup};
 use ncclwasm_proto::message::{Ece, RemoteWindow};
 use ncclwasm_proto::request::{Finished, RecvSizes, ReqId};
 use ncclwasm_proto::{MAX_ENDPOINTS, MAX_RECVS};
 
+/// What a failure during accept was doing (in errors).
+const ACCEPT_HANDSHAKE: &str = "accept handshake";
 /// Bytes of the flush target: one byte is read per flush.
 const FLUSH_BYTES: usize = 64;
 /// The flush QP's ACK timeout and retries: NCCL's defaults (`NCCL_IB_TIMEOUT` 20,
@@ -30,67 +31,9 @@ const FLUSH_BYTES: usize = 64;
 const FLUSH_TIMEOUT: u8 = 20;
 const FLUSH_RETRY: u8 = 7;
 
-/// A listening endpoint (`listenComm`). It owns only the TCP listener and the accept in
-/// progress; the receive communicator it returns owns everything else, so NCCL may close the
-/// listener right after `accept` succeeds.
+/// An accept in progress: one accepted socket and its handshake.
 #[derive(Debug)]
-pub struct Listener {
-    listener: TcpListener,
-    config: AcceptorConfig,
-    ports: Vec<PortCtx>,
-    /// Whether connections accepted here flush GPU receives: the listening device's decision
-    /// (its first port's device, as net_ib asks `ncclIbDmaBufSupport(lComm->dev)`).
-    flush: bool,
-    accepting: Option<Accepting>,
-}
-
-impl Listener {
-    pub(crate) fn new(listener: TcpListener, config: AcceptorConfig, ports: Vec<PortCtx>) -> Self {
-        let flush = ports.first().is_some_and(|p| p.dev.gpu.flush.value);
-        Listener {
-            listener,
-            config,
-            ports,
-            flush,
-            accepting: None,
-        }
-    }
-
-    /// `accept`: `Ok(None)` until a connector has completed the handshake (NCCL calls again).
-    pub fn accept(&mut self) -> Result<Option<RecvComm>, NetError> {
-        if self.accepting.is_none() {
-            let Some(stream) = Stream::accept(&self.listener)? else {
-                return Ok(None);
-            };
-            let machine = Acceptor::new(self.config.clone())
-                .map_err(NetError::protocol("accepting a connection"))?;
-            self.accepting = Some(Accepting::new(
-                machine,
-                stream,
-                self.ports.clone(),
-                self.flush,
-            ));
-        }
-        let Some(a) = self.accepting.as_mut() else {
-            return Ok(None);
-        };
-        match a.progress() {
-            Ok(Some(comm)) => {
-                self.accepting = None;
-                Ok(Some(comm))
-            }
-            Ok(None) => Ok(None),
-            Err(e) => {
-                self.accepting = None;
-                Err(e)
-            }
-        }
-    }
-}
-
-/// An accept in progress.
-#[derive(Debug)]
-struct Accepting {
+pub(crate) struct Accepting {
     machine: Acceptor,
     stream: Stream,
     ports: Vec<PortCtx>,
@@ -119,7 +62,7 @@ struct FlushTarget {
 }
 
 impl Accepting {
-    fn new(machine: Acceptor, stream: Stream, ports: Vec<PortCtx>, flush: bool) -> Self {
+    pub(crate) fn new(machine: Acceptor, stream: Stream, ports: Vec<PortCtx>, flush: bool) -> Self {
         Accepting {
             machine,
             stream,
@@ -131,8 +74,22 @@ impl Accepting {
         }
     }
 
-    fn progress(&mut self) -> Result<Option<RecvComm>, NetError> {
-        const DURING: &str = "accept handshake";
+    /// Who is on the other end of the socket.
+    pub(crate) fn peer(&self) -> std::net::SocketAddr {
+        self.stream.peer()
+    }
+
+    /// Moves bytes until the peer has presented the listener's nonce (`Ok(true)`) or the socket
+    /// has nothing more for now (`Ok(false)`); touches no verbs object, so a stranger that fails
+    /// here leaves nothing behind.
+    pub(crate) fn pump_hello(&mut self) -> Result<bool, NetError> {
+        self.stream.pump(&mut self.machine, ACCEPT_HANDSHAKE)?;
+        Ok(self.machine.authenticated())
+    }
+
+    /// Runs the handshake as far as the socket allows; the communicator once established.
+    pub(crate) fn progress(&mut self) -> Result<Option<RecvComm>, NetError> {
+        const DURING: &str = ACCEPT_HANDSHAKE;
         loop {
             self.stream.pump(&mut self.machine, DURING)?;
             let mut acted = false;
@@ -191,7 +148,7 @@ impl Accepting {
         });
         self.machine
             .qps_created(&locals, window, self.flush)
-            .map_err(NetError::protocol("accept handshake"))
+            .map_err(NetError::protocol(ACCEPT_HANDSHAKE))
     }
 
     fn establish(&mut self, setup: RecvSetup) -> Result<RecvComm, NetError> {

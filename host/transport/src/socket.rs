@@ -89,8 +89,33 @@ impl Stream {
             Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
                 Ok(None)
             }
+            // A connection that went away while queued, or a network error Linux reports on the
+            // next accept (accept(2): "treat them like EAGAIN"): nothing to accept this time.
+            Err(e)
+                if e.raw_os_error().is_some_and(|n| {
+                    [
+                        libc::ECONNABORTED,
+                        libc::EPROTO,
+                        libc::ENETDOWN,
+                        libc::ENOPROTOOPT,
+                        libc::EHOSTDOWN,
+                        libc::ENONET,
+                        libc::EHOSTUNREACH,
+                        libc::EOPNOTSUPP,
+                        libc::ENETUNREACH,
+                    ]
+                    .contains(&n)
+                }) =>
+            {
+                Ok(None)
+            }
             Err(e) => Err(NetError::io(what)(e)),
         }
+    }
+
+    /// The other end.
+    pub(crate) fn peer(&self) -> SocketAddr {
+        self.peer
     }
 
     /// Whether the non-blocking connect finished; its failure is an error.

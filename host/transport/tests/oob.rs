@@ -13,8 +13,7 @@ use common::*;
 use ncclwasm_policy::PolicyHost;
 use ncclwasm_proto::handle::ListenHandle;
 use ncclwasm_transport::oob::{OobEnv, choose_on_host};
-use ncclwasm_transport::{ErrorClass, Net, NetError, RecvBuf, RecvComm, SendComm};
-use ncclwasm_verbs::DmaBuf;
+use ncclwasm_transport::{ErrorClass, Net, NetError, RecvComm, SendComm};
 
 fn oob(ifname: Option<&str>, family: Option<&str>) -> OobEnv {
     OobEnv {
@@ -37,26 +36,7 @@ fn listen_addr(net: &Net) -> std::net::SocketAddr {
 /// Connects device 0 to device 1 through the listener and moves one 4 KiB message.
 fn round_trip(net: &Net) {
     let (s, r): (SendComm, RecvComm) = connect(net, 0, 1);
-    let buf = DmaBuf::new(8192);
-    pattern(&buf, 3);
-    let smr = s.reg_mr(buf.addr(), 4096, &buf).unwrap();
-    let rmr = r.reg_mr(buf.addr() + 4096, 4096, &buf).unwrap();
-    let rreq = r
-        .irecv(&[RecvBuf {
-            addr: buf.addr() + 4096,
-            size: 4096,
-            tag: 9,
-            mr: Some(&rmr),
-        }])
-        .unwrap();
-    let sreq = isend(&s, buf.addr(), 4096, 9, &smr);
-    assert_eq!(wait_send(&s, sreq), 4096);
-    let (n, sizes) = wait_recv(&r, rreq);
-    assert_eq!((n, sizes[0]), (1, 4096));
-    let (mut sent, mut got) = (vec![0u8; 4096], vec![0u8; 4096]);
-    buf.read(0, &mut sent);
-    buf.read(4096, &mut got);
-    assert!(sent == got, "the message arrived altered");
+    small_message(&s, &r);
 }
 
 #[test]

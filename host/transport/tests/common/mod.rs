@@ -171,6 +171,30 @@ pub fn one(s: &SendComm, r: &RecvComm, b: &Bufs, size: usize, rsize: usize, soff
     );
 }
 
+/// Moves one 4 KiB message from `s` to `r` and checks it arrived unaltered.
+pub fn small_message(s: &SendComm, r: &RecvComm) {
+    let buf = DmaBuf::new(8192);
+    pattern(&buf, 3);
+    let smr = s.reg_mr(buf.addr(), 4096, &buf).unwrap();
+    let rmr = r.reg_mr(buf.addr() + 4096, 4096, &buf).unwrap();
+    let rreq = r
+        .irecv(&[RecvBuf {
+            addr: buf.addr() + 4096,
+            size: 4096,
+            tag: 9,
+            mr: Some(&rmr),
+        }])
+        .unwrap();
+    let sreq = isend(s, buf.addr(), 4096, 9, &smr);
+    assert_eq!(wait_send(s, sreq), 4096);
+    let (n, sizes) = wait_recv(r, rreq);
+    assert_eq!((n, sizes[0]), (1, 4096));
+    let (mut sent, mut got) = (vec![0u8; 4096], vec![0u8; 4096]);
+    buf.read(0, &mut sent);
+    buf.read(4096, &mut got);
+    assert!(sent == got, "the message arrived altered");
+}
+
 /// Every size from 0 to 64 MiB (unaligned offsets), then sends larger than their receive.
 pub fn sizes_suite(s: &SendComm, r: &RecvComm, b: &Bufs) {
     let mut sizes = vec![
