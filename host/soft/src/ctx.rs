@@ -7,26 +7,33 @@
 //! and QPN (→ TCP port, slot) — and several processes, or two copies of this code loaded in one
 //! process, share an IP address without colliding, because each binds its own ephemeral ports.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use ncclwasm_proto::admission::{MAX_PENDING, Throttle, WARN_INTERVAL};
 
 use rdma_sys::ibv_event_type;
 
 use super::event::{Cq, Element, EventQueue, Overrun, Wc};
 use super::fabric::{Fabric, SoftDevice};
+use super::hello::{Caller, HELLO_TIMEOUT, Heard, Pending};
 use super::mr::MrTable;
 use super::qp::Qp;
 use super::wire::{self, HELLO_LEN, HelloReply};
 
 /// QP slots per listener (the low 8 bits of a QPN).
 const SLOTS: usize = 256;
-/// How long a caller may take to send its hello before the listener gives up on it.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(1);
+/// Connections taken from the kernel's queue per wake-up, so a flood of callers cannot keep
+/// the hellos already waiting from being read.
+const ACCEPT_BATCH: usize = 64;
+/// The longest an accept thread sleeps without looking at its stop flag (closing a context
+/// also wakes it at once by shutting its listener down).
+const IDLE_WAKE: Duration = Duration::from_millis(500);
 
 /// One open `ibv_context`.
 #[derive(Debug)]
@@ -275,47 +282,127 @@ impl Pool {
         }
     }
 
+    /// Accepts callers and reads their hellos, many at once (see the `hello` module).
     fn accept_loop(&self, index: usize) {
         let listener = &self.listeners[index];
-        loop {
-            let accepted = listener.accept();
+        if let Err(e) = listener.set_nonblocking(true) {
+            tracing::warn!(port = self.port, "soft: a QP port stops accepting: {e}");
+            return;
+        }
+        let mut waiting = Pending::new(MAX_PENDING, HELLO_TIMEOUT);
+        let mut warn = Throttle::new(WARN_INTERVAL);
+        while !self.stop.load(Ordering::Acquire) {
+            let fds: Vec<RawFd> = std::iter::once(listener.as_raw_fd())
+                .chain(waiting.iter().map(Caller::fd))
+                .collect();
+            let sleep = waiting.next_deadline().map_or(IDLE_WAKE, |d| {
+                d.saturating_duration_since(Instant::now()).min(IDLE_WAKE)
+            });
+            wire::wait_readable(&fds, sleep);
             if self.stop.load(Ordering::Acquire) {
                 return;
             }
-            match accepted {
-                Ok((stream, peer)) => self.handshake(stream, peer),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            let now = Instant::now();
+            for _ in 0..ACCEPT_BATCH {
+                match listener.accept() {
+                    Ok((stream, peer)) => match Caller::new(stream, peer) {
+                        Ok(c) => self.admit(c, &mut waiting, &mut warn, now),
+                        Err(_) => self.refuse(peer, "its socket failed", &mut warn, now),
+                    },
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(10));
+                        break;
+                    }
+                }
+            }
+            for (c, heard) in waiting.settle(Caller::read) {
+                self.answer(c, heard, &mut warn, now);
+            }
+            for c in waiting.expire(now) {
+                self.answer(c, Err("no hello within the deadline"), &mut warn, now);
             }
         }
     }
 
-    /// Reads the caller's hello and lets the named QP decide; answers and counts strangers.
-    fn handshake(&self, mut stream: TcpStream, peer: SocketAddr) {
-        let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
-        let mut hello = [0u8; HELLO_LEN];
-        let verdict = match stream.read_exact(&mut hello) {
-            Ok(()) => match wire::decode_hello(&hello) {
-                Some((src, dst, proof)) if dst >> 8 == u32::from(self.port) => {
-                    let qp = {
-                        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-                        slots[(dst & 0xff) as usize]
-                            .as_ref()
-                            .and_then(Weak::upgrade)
-                    };
-                    match qp {
-                        Some(qp) => qp.admit(src, proof, peer.ip(), &stream),
-                        None => HelloReply::Refused,
-                    }
-                }
-                _ => HelloReply::Refused,
-            },
-            Err(_) => HelloReply::Refused,
-        };
-        if verdict == HelloReply::Refused {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(%peer, "soft: refused a connection that no QP in RTR expects");
+    /// A new caller: answered at once when its hello is already there (a requester sends it
+    /// right after connecting), else it waits, evicting the oldest waiter when all slots are
+    /// taken.
+    fn admit(
+        &self,
+        mut c: Caller,
+        waiting: &mut Pending<Caller>,
+        warn: &mut Throttle,
+        now: Instant,
+    ) {
+        if let Some(heard) = c.read() {
+            return self.answer(c, heard, warn, now);
         }
-        let _ = stream.write_all(&(verdict as u32).to_le_bytes());
+        if let Some(mut oldest) = waiting.admit(c, now) {
+            // Its last chance: the bytes may have arrived since the last wake-up.
+            let heard = oldest
+                .read()
+                .unwrap_or(Err("evicted without a hello by newer callers"));
+            self.answer(oldest, heard, warn, now);
+        }
+    }
+
+    /// Lets the QP named in the hello decide, answers, and counts strangers.
+    fn answer(&self, c: Caller, heard: Heard, warn: &mut Throttle, now: Instant) {
+        let (stream, peer) = c.into_stream();
+        let verdict = match (heard, &stream) {
+            (Ok(hello), Ok(stream)) => self.verdict(&hello, peer, stream),
+            (Err(why), _) => Err(why),
+            (Ok(_), Err(_)) => Err("its socket failed"),
+        };
+        let reply = match verdict {
+            Ok(reply) => reply,
+            Err(why) => {
+                self.refuse(peer, why, warn, now);
+                HelloReply::Refused
+            }
+        };
+        if let Ok(mut stream) = stream {
+            let _ = stream.write_all(&(reply as u32).to_le_bytes());
+        }
+    }
+
+    /// What the QP named in `hello` says; `Err` says why the caller is a stranger.
+    fn verdict(
+        &self,
+        hello: &[u8; HELLO_LEN],
+        peer: SocketAddr,
+        stream: &TcpStream,
+    ) -> Result<HelloReply, &'static str> {
+        let Some((src, dst, proof)) = wire::decode_hello(hello) else {
+            return Err("not a hello");
+        };
+        if dst >> 8 != u32::from(self.port) {
+            return Err("a hello for a QP of another port");
+        }
+        let qp = {
+            let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+            slots[(dst & 0xff) as usize]
+                .as_ref()
+                .and_then(Weak::upgrade)
+        };
+        match qp.map(|qp| qp.admit(src, proof, peer.ip(), stream)) {
+            Some(HelloReply::Refused) | None => Err("a hello no QP in RTR expects"),
+            Some(reply) => Ok(reply),
+        }
+    }
+
+    /// Counts a stranger, with one WARN per interval.
+    fn refuse(&self, peer: SocketAddr, why: &str, warn: &mut Throttle, now: Instant) {
+        let all = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        if let Some(held) = warn.hit(now) {
+            tracing::warn!(
+                %peer,
+                "soft: QP port {} refused a connection ({why}); {held} more refused since the \
+                 last such warning, {all} by this context in all",
+                self.port
+            );
+        }
     }
 }

@@ -45,7 +45,9 @@
 //! negotiation). A QP without a peer secret knocks without proof and is refused like any
 //! stranger; its WRs complete with `IBV_WC_RETRY_EXC_ERR` and a WARN names the cause. Callers
 //! with an unknown QPN, a wrong secret, a wrong source address, or a second connection for one
-//! QP are refused and counted (`fault::refused_connections`).
+//! QP are refused and counted (`fault::refused_connections`). A QP port reads the hellos of
+//! many callers at once, each for at most a second, so idle sockets cannot hold up a real
+//! requester (the `hello` module); refusals are WARNed at most once per interval.
 //!
 //! # What it enforces (as hardware does)
 //! - lkey/rkey validity, PD, bounds and access flags on every local and remote access; no byte
@@ -121,6 +123,7 @@ mod choice;
 mod ctx;
 mod event;
 mod fabric;
+mod hello;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 mod mr;

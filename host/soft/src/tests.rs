@@ -936,6 +936,55 @@ fn missing_secret_cannot_connect() {
 }
 
 #[test]
+fn idle_sockets_on_a_qp_port_do_not_stop_a_legitimate_qp() {
+    let (a, b) = (Node::new(0), Node::new(1));
+    // SAFETY: live QP and context.
+    let (qpn, before) = unsafe { ((*b.qp).qp_num, fault::refused_connections(b.ctx)) };
+    let target = std::net::SocketAddr::from(([127, 0, 0, 1], (qpn >> 8) as u16));
+    // No secret is needed to open a socket: 100 of them, saying nothing.
+    let idle: Vec<std::net::TcpStream> = (0..100)
+        .map(|_| std::net::TcpStream::connect(target).expect("listener up"))
+        .collect();
+    let t0 = Instant::now();
+    // Retry budget 4.096 µs·2^16·(3+1) ≈ 1.1 s: hellos read one at a time (1 s each) miss it.
+    connect(&a, &b, 1, 16, 3, 7);
+    let mut src: Vec<u8> = (0..4096u32).map(|i| (i * 13) as u8).collect();
+    let mut dst = vec![0u8; 4096];
+    let smr = a.reg(&mut src, LOCAL_WRITE);
+    let dmr = b.reg(&mut dst, LOCAL_WRITE | REMOTE_WRITE);
+    assert_eq!(
+        a.post_send(
+            1,
+            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            Some((&src, mr_keys(smr).0)),
+            dst.as_ptr() as u64,
+            mr_keys(dmr).1,
+            true
+        ),
+        0
+    );
+    let wc = a.wait(1);
+    let took = t0.elapsed();
+    assert_eq!(
+        wc[0].status,
+        ibv_wc_status::IBV_WC_SUCCESS,
+        "the write failed after {took:?} with 100 idle sockets on the port"
+    );
+    assert_eq!(src, dst);
+    assert!(took < Duration::from_secs(1), "RTS and a write took {took:?}");
+    // The idle sockets are strangers: evicted or timed out, each counted once.
+    let end = Instant::now() + Duration::from_secs(5);
+    // SAFETY: live context.
+    while unsafe { fault::refused_connections(b.ctx) } < before + 100 {
+        assert!(Instant::now() < end, "idle sockets not refused within their deadline");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(idle);
+    dereg(smr);
+    dereg(dmr);
+}
+
+#[test]
 fn stalled_peer_times_out_and_cut_connection_is_fatal() {
     let (a, b) = (Node::new(0), Node::new(1));
     // timeout 13 ≈ 34 ms, retry_cnt 1: ≈ 67 ms budget, far below the stall.

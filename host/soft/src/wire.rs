@@ -322,6 +322,24 @@ pub(crate) unsafe fn send_all(
     Ok(true)
 }
 
+/// Waits until one of `fds` is readable (or hung up, or in error), or `timeout` passed
+/// (rounded up to whole milliseconds, so a deadline a few microseconds away is not a spin).
+/// What became readable is for the caller to find out: it reads every socket without blocking.
+pub(crate) fn wait_readable(fds: &[RawFd], timeout: std::time::Duration) {
+    let mut polled: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = libc::c_int::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(libc::c_int::MAX);
+    // SAFETY: `polled` is a live array of `polled.len()` initialised pollfd entries for the
+    // whole call; poll(2) only writes their `revents`. Its result is not needed (see above).
+    unsafe { libc::poll(polled.as_mut_ptr(), polled.len() as libc::nfds_t, ms) };
+}
+
 /// An iovec over `len` bytes at `ptr`.
 pub(crate) fn iovec(ptr: *const u8, len: usize) -> libc::iovec {
     libc::iovec {
