@@ -42,6 +42,8 @@ pub struct Listener {
     unproven: Pending<Accepting>,
     /// Connections that did: their handshakes, oldest first.
     peers: Vec<Accepting>,
+    /// A proven peer's handshake failed while its hello was read: `accept`'s error.
+    peer_failed: Option<NetError>,
     dropped: u64,
     warn: Throttle,
 }
@@ -62,6 +64,7 @@ impl Listener {
             flush,
             unproven: Pending::new(MAX_PENDING, HELLO_DEADLINE),
             peers: Vec::new(),
+            peer_failed: None,
             dropped: 0,
             warn: Throttle::new(WARN_INTERVAL),
         }
@@ -77,21 +80,22 @@ impl Listener {
             };
             let machine = Acceptor::new(self.config.clone())
                 .map_err(NetError::protocol("accepting a connection"))?;
-            let a = Accepting::new(machine, stream, self.ports.clone(), self.flush);
-            self.admit(a, now);
+            self.admit(
+                Accepting::new(machine, stream, self.ports.clone(), self.flush),
+                now,
+            );
         }
-        for (a, outcome) in self.unproven.settle(|a| match a.pump_hello() {
+        for (a, heard) in self.unproven.settle(|a| match a.pump_hello() {
             Ok(false) => None,
-            Ok(true) => Some(Ok(())),
-            Err(e) => Some(Err(e)),
+            heard => Some(heard),
         }) {
-            match outcome {
-                Ok(()) => self.peers.push(a),
-                Err(e) => self.drop_stranger(&a, &e, now),
-            }
+            self.sort(a, heard, now);
         }
         for a in self.unproven.expire(now) {
             self.drop_stranger(&a, &"no hello within the handshake deadline", now);
+        }
+        if let Some(e) = self.peer_failed.take() {
+            return Err(e);
         }
         self.progress_peers()
     }
@@ -104,26 +108,38 @@ impl Listener {
     /// Takes a freshly accepted connection in. It is read at once: a real connector sends its
     /// hello right after connecting, so it usually proves itself before occupying a slot.
     fn admit(&mut self, mut a: Accepting, now: Instant) {
-        match a.pump_hello() {
-            Ok(true) => self.peers.push(a),
-            Err(e) => self.drop_stranger(&a, &e, now),
-            Ok(false) => {
-                if let Some(mut oldest) = self.unproven.admit(a, now) {
-                    // Its last chance: the bytes may have arrived since the previous call.
-                    match oldest.pump_hello() {
-                        Ok(true) => self.peers.push(oldest),
-                        Ok(false) => self.drop_stranger(
-                            &oldest,
-                            &format_args!(
-                                "evicted without a hello: {MAX_PENDING} newer connections wait"
-                            ),
-                            now,
-                        ),
-                        Err(e) => self.drop_stranger(&oldest, &e, now),
-                    }
-                }
+        let heard = a.pump_hello();
+        let Some(a) = self.sort(a, heard, now) else {
+            return;
+        };
+        if let Some(mut oldest) = self.unproven.admit(a, now) {
+            // Its last chance: the bytes may have arrived since the previous call.
+            let heard = oldest.pump_hello();
+            if let Some(oldest) = self.sort(oldest, heard, now) {
+                let why = format_args!("evicted without a hello by {MAX_PENDING} newer connections");
+                self.drop_stranger(&oldest, &why, now);
             }
         }
+    }
+
+    /// Files a connection by what reading it showed: a proven peer goes on with its handshake,
+    /// a failed stranger is dropped, a proven peer's failure is kept for `accept` to return;
+    /// one still waiting for its hello comes back.
+    fn sort(
+        &mut self,
+        a: Accepting,
+        heard: Result<bool, NetError>,
+        now: Instant,
+    ) -> Option<Accepting> {
+        match heard {
+            Ok(false) => return Some(a),
+            Ok(true) => self.peers.push(a),
+            Err(e) if a.proven() => {
+                self.peer_failed.get_or_insert(e);
+            }
+            Err(e) => self.drop_stranger(&a, &e, now),
+        }
+        None
     }
 
     /// Advances the real peers' handshakes; the first established one is the communicator.

@@ -79,12 +79,17 @@ impl Accepting {
         self.stream.peer()
     }
 
+    /// Whether the peer presented the listener's nonce (see [`Acceptor::authenticated`]).
+    pub(crate) fn proven(&self) -> bool {
+        self.machine.authenticated()
+    }
+
     /// Moves bytes until the peer has presented the listener's nonce (`Ok(true)`) or the socket
     /// has nothing more for now (`Ok(false)`); touches no verbs object, so a stranger that fails
     /// here leaves nothing behind.
     pub(crate) fn pump_hello(&mut self) -> Result<bool, NetError> {
         self.stream.pump(&mut self.machine, ACCEPT_HANDSHAKE)?;
-        Ok(self.machine.authenticated())
+        Ok(self.proven())
     }
 
     /// Runs the handshake as far as the socket allows; the communicator once established.
