@@ -116,7 +116,7 @@ impl Listener {
             // Its last chance: the bytes may have arrived since the previous call.
             let heard = oldest.pump_hello();
             if let Some(oldest) = self.sort(oldest, heard, now) {
-                let why = format_args!("evicted without a hello by {MAX_PENDING} newer connections");
+                let why = format!("evicted without a hello by {MAX_PENDING} newer connections");
                 self.drop_stranger(&oldest, &why, now);
             }
         }
