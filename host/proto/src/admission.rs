@@ -219,11 +219,13 @@ mod tests {
         // Entry 1 keeps its own admission time.
         assert_eq!(p.next_deadline(), Some(t0 + secs(11)));
         // `step` may change the entries it keeps.
-        assert!(p.settle(|i| {
-            *i += 100;
-            None::<()>
-        })
-        .is_empty());
+        assert!(
+            p.settle(|i| {
+                *i += 100;
+                None::<()>
+            })
+            .is_empty()
+        );
         assert_eq!(p.iter().copied().collect::<Vec<_>>(), [101, 103, 105]);
     }
 

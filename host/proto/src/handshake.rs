@@ -1366,7 +1366,10 @@ pub(crate) mod tests {
         a.handle_bytes(&hello[hello.len() - 1..]).unwrap();
         assert!(a.authenticated());
         a.handle_eof().unwrap_err();
-        assert!(a.authenticated(), "the real peer's failure stays the real peer's");
+        assert!(
+            a.authenticated(),
+            "the real peer's failure stays the real peer's"
+        );
     }
 
     #[test]

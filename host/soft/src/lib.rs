@@ -123,9 +123,9 @@ mod choice;
 mod ctx;
 mod event;
 mod fabric;
-mod hello;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
+mod hello;
 mod mr;
 mod qp;
 mod sysfs;

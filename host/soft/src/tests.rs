@@ -972,12 +972,18 @@ fn idle_sockets_on_a_qp_port_do_not_stop_a_legitimate_qp() {
         "the write failed after {took:?} with 100 idle sockets on the port"
     );
     assert_eq!(src, dst);
-    assert!(took < Duration::from_secs(1), "RTS and a write took {took:?}");
+    assert!(
+        took < Duration::from_secs(1),
+        "RTS and a write took {took:?}"
+    );
     // The idle sockets are strangers: evicted or timed out, each counted once.
     let end = Instant::now() + Duration::from_secs(5);
     // SAFETY: live context.
     while unsafe { fault::refused_connections(b.ctx) } < before + 100 {
-        assert!(Instant::now() < end, "idle sockets not refused within their deadline");
+        assert!(
+            Instant::now() < end,
+            "idle sockets not refused within their deadline"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     drop(idle);

@@ -48,13 +48,13 @@ mod socket;
 pub use comm::{Done, MemHandle};
 pub use decide::{Decided, DecisionError, Decisions};
 pub use gpu::{GpuSupport, PTR_CUDA, PTR_DMABUF, PTR_HOST, Reasoned};
+pub use listener::Listener;
 pub use mr_cache::RegionSource;
 pub use ncclwasm_proto::handle::HANDLE_SIZE;
 pub use ncclwasm_proto::request::ReqId;
 pub use ncclwasm_proto::{MAX_ENDPOINTS, MAX_MESSAGE_BYTES, MAX_QPS, MAX_RECVS, MAX_REQUESTS};
 pub use net::{CommConfig, DeviceProps, Net, NetConfig};
 pub use net_error::{ErrorClass, NetError};
-pub use listener::Listener;
 pub use recv::{RecvBuf, RecvComm};
 pub use send::{SendComm, SendStats};
 

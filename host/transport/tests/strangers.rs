@@ -94,7 +94,10 @@ fn stale_hello(net: &Net, handle: &[u8; HANDLE_SIZE]) -> Vec<u8> {
     }
     // The connector learns its peer went away and forgets the connection.
     drop(conn);
-    while net.connect(0, &mut tampered, CFG).is_ok_and(|c| c.is_none()) {
+    while net
+        .connect(0, &mut tampered, CFG)
+        .is_ok_and(|c| c.is_none())
+    {
         assert!(Instant::now() < end, "the abandoned connect never failed");
     }
     hello
@@ -170,9 +173,7 @@ fn thirty_thousand_strangers_then_the_real_peer() {
     let acceptor = accept_in_background(listener);
 
     let t0 = Instant::now();
-    let kept: Vec<TcpStream> = (0..STRAYS)
-        .filter_map(|i| stray(addr, &hello, i))
-        .collect();
+    let kept: Vec<TcpStream> = (0..STRAYS).filter_map(|i| stray(addr, &hello, i)).collect();
     let strays_took = t0.elapsed();
     assert!(
         !acceptor.is_finished(),
@@ -181,13 +182,18 @@ fn thirty_thousand_strangers_then_the_real_peer() {
     );
 
     let (send, accepted, took) = real_peer(&net, &mut handle, acceptor);
-    let recv = accepted.result.expect("accept returns the real peer, not an error");
+    let recv = accepted
+        .result
+        .expect("accept returns the real peer, not an error");
     let dropped = accepted.listener.strangers_dropped();
     println!(
         "{STRAYS} strays in {strays_took:.2?}; real connect+accept {took:.2?}; \
          {dropped} strangers dropped"
     );
-    assert!(took < Duration::from_secs(1), "real connect+accept took {took:?}");
+    assert!(
+        took < Duration::from_secs(1),
+        "real connect+accept took {took:?}"
+    );
     assert!(
         dropped >= STRAYS as u64 - MAX_PENDING && dropped <= STRAYS as u64,
         "{dropped} of {STRAYS} strays dropped"
@@ -220,7 +226,8 @@ fn idle(addr: SocketAddr, stop: &AtomicBool) {
         let Ok(mut s) = TcpStream::connect(addr) else {
             return;
         };
-        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
         let mut b = [0u8; 1];
         loop {
             if stop.load(Ordering::Relaxed) {
@@ -239,7 +246,10 @@ fn slowloris_and_idle_sockets_do_not_delay_the_real_peer() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let secs: u64 = std::env::var("NCCL_WASM_TEST_SLOWLORIS_SECS")
         .ok()
-        .map(|v| v.parse().expect("NCCL_WASM_TEST_SLOWLORIS_SECS: whole seconds"))
+        .map(|v| {
+            v.parse()
+                .expect("NCCL_WASM_TEST_SLOWLORIS_SECS: whole seconds")
+        })
         .unwrap_or(5);
     let net = net();
     let (listener, mut handle) = net.listen(1).unwrap();
@@ -260,12 +270,17 @@ fn slowloris_and_idle_sockets_do_not_delay_the_real_peer() {
         stop.store(true, Ordering::Relaxed);
         out
     });
-    let recv = accepted.result.expect("accept returns the real peer, not an error");
+    let recv = accepted
+        .result
+        .expect("accept returns the real peer, not an error");
     println!(
         "after {secs} s of a 1 byte/s connection and an idle one: real connect+accept {took:.2?}; \
          {} strangers dropped",
         accepted.listener.strangers_dropped()
     );
-    assert!(took < Duration::from_secs(1), "real connect+accept took {took:?}");
+    assert!(
+        took < Duration::from_secs(1),
+        "real connect+accept took {took:?}"
+    );
     small_message(&send, &recv);
 }
