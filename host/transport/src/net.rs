@@ -8,6 +8,8 @@
 
 use std::collections::HashMap;
 use std::net::TcpListener;
+
+use socket2::{Domain, Protocol, Socket, Type};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -578,9 +580,25 @@ fn uniquify(table: &mut [NetDevice]) {
     }
 }
 
+/// Connections the kernel queues for a handshake listener before it refuses more: NCCL's own
+/// listening sockets ask for 16384 (the kernel caps it at `net.core.somaxconn`), so a burst of
+/// strangers does not push a real peer's SYN into retransmission while `accept` drains them.
+const LISTEN_BACKLOG: i32 = 16384;
+
 /// The handshake listener, on the out-of-band address with a port the kernel picks.
 fn bind_listener(oob: &OobChoice) -> Result<TcpListener, NetError> {
-    TcpListener::bind(oob.addr).map_err(NetError::io(format!(
+    let bind = || -> std::io::Result<TcpListener> {
+        let sock = Socket::new(
+            Domain::for_address(oob.addr),
+            Type::STREAM,
+            Some(Protocol::TCP),
+        )?;
+        sock.set_reuse_address(true)?;
+        sock.bind(&oob.addr.into())?;
+        sock.listen(LISTEN_BACKLOG)?;
+        Ok(sock.into())
+    };
+    bind().map_err(NetError::io(format!(
         "binding a handshake listener on {} of {} ({})",
         oob.addr.ip(),
         oob.ifname,

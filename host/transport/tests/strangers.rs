@@ -42,17 +42,17 @@ struct Accepted {
 }
 
 /// Calls `accept` as NCCL's proxy thread does until it returns a communicator or an error (or
-/// 60 s pass: then the test fails instead of hanging).
+/// 120 s pass: then the test fails instead of hanging).
 fn accept_in_background(mut listener: Listener) -> JoinHandle<Accepted> {
     thread::spawn(move || {
-        let end = Instant::now() + Duration::from_secs(60);
+        let end = Instant::now() + Duration::from_secs(120);
         loop {
             let result = match listener.accept() {
                 Ok(None) if Instant::now() < end => {
                     thread::yield_now();
                     continue;
                 }
-                Ok(None) => panic!("no peer accepted in 60 s"),
+                Ok(None) => panic!("no peer accepted in 120 s"),
                 Ok(Some(comm)) => Ok(comm),
                 Err(e) => Err(e),
             };
@@ -158,8 +158,9 @@ fn real_peer(
             break s;
         }
     };
+    let connected = Instant::now();
     let accepted = acceptor.join().expect("the accepting thread");
-    let took = accepted.at.max(Instant::now()) - start;
+    let took = accepted.at.max(connected) - start;
     (send, accepted, took)
 }
 
@@ -177,8 +178,7 @@ fn thirty_thousand_strangers_then_the_real_peer() {
     let strays_took = t0.elapsed();
     assert!(
         !acceptor.is_finished(),
-        "accept returned before the real peer came: {:?}",
-        acceptor.join().map(|a| a.result.map(|_| ()))
+        "accept returned before the real peer came"
     );
 
     let (send, accepted, took) = real_peer(&net, &mut handle, acceptor);
