@@ -8,10 +8,10 @@
 
 use std::collections::HashMap;
 use std::net::TcpListener;
-
-use socket2::{Domain, Protocol, Socket, Type};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+
+use socket2::{Domain, Protocol, Socket, Type};
 
 use ncclwasm_model::{LinkLayer, Port, PortState, VnicAnswer};
 use ncclwasm_verbs::Fabric;
