@@ -38,12 +38,18 @@ pub fn ports(toml: &str) -> Vec<Port> {
 }
 
 /// Every port of a machine as one vNIC, each with the GID the built-in default picks.
-fn endpoints(toml: &str) -> Vec<Endpoint> {
+fn vnic(toml: &str) -> Vec<Endpoint> {
     let cfg = IbConfig::default();
     ports(toml)
         .iter()
         .map(|p| p.endpoint(select_gid(&cfg, p).index))
         .collect()
+}
+
+/// The two sides' vNICs, parsed once: a target builds fresh machines for every input.
+fn sides() -> &'static (Vec<Endpoint>, Vec<Endpoint>) {
+    static SIDES: OnceLock<(Vec<Endpoint>, Vec<Endpoint>)> = OnceLock::new();
+    SIDES.get_or_init(|| (vnic(CONNECTOR_TOPOLOGY), vnic(ACCEPTOR_TOPOLOGY)))
 }
 
 /// A new connecting machine, its hello queued.
@@ -53,7 +59,7 @@ pub fn connector() -> Connector {
         traffic_class: -1,
         device: 0,
         device_name: "mlx5_0+mlx5_1".to_owned(),
-        endpoints: endpoints(CONNECTOR_TOPOLOGY),
+        endpoints: sides().0.clone(),
         nonce: NONCE,
         max_qps: ncclwasm_proto::MAX_QPS as u32,
     })
@@ -63,7 +69,7 @@ pub fn connector() -> Connector {
 /// A new accepting machine, waiting for a hello.
 pub fn acceptor() -> Acceptor {
     Acceptor::new(AcceptorConfig {
-        endpoints: endpoints(ACCEPTOR_TOPOLOGY),
+        endpoints: sides().1.clone(),
         nonce: NONCE,
         max_qps: ncclwasm_proto::MAX_QPS as u32,
     })
@@ -108,7 +114,7 @@ pub fn serve_connector(
                 c.plan_decided(plan_connection(&IbConfig::default(), &conn))?
             }
             ConnectorAction::CreateQps { endpoints } => {
-                let n_local = endpoints_of(CONNECTOR_TOPOLOGY);
+                let n_local = sides().0.len();
                 c.qps_created(
                     &created_qps(endpoints.len(), 0x100),
                     window(0x7f00_0000_0000, n_local),
@@ -133,7 +139,7 @@ pub fn serve_acceptor(
         };
         match action {
             AcceptorAction::CreateQps { endpoints } => {
-                let n_local = endpoints_of(ACCEPTOR_TOPOLOGY);
+                let n_local = sides().1.len();
                 a.qps_created(
                     &created_qps(endpoints.len(), 0x200),
                     window(0x7e00_0000_0000, n_local),
@@ -144,10 +150,6 @@ pub fn serve_acceptor(
             AcceptorAction::Established(setup) => return Ok(Some(*setup)),
         }
     }
-}
-
-fn endpoints_of(toml: &str) -> usize {
-    ports(toml).len()
 }
 
 /// A complete handshake between the two fixtures, in memory.
