@@ -27,7 +27,10 @@ fn main() {
         ("v6-scoped", "[fe80::1%3]:60001"),
         ("v6", "[2001:db8::7]:1"),
     ] {
-        let h = ListenHandle { addr: addr.parse().expect("address"), nonce: 0x5eed_0000_1234 };
+        let h = ListenHandle {
+            addr: addr.parse().expect("address"),
+            nonce: 0x5eed_0000_1234,
+        };
         write(&dir("handle"), name, &h.encode().expect("encode handle"));
     }
 
@@ -36,7 +39,11 @@ fn main() {
     for (m, name) in hs.to_acceptor.iter().zip(names) {
         write(&dir("message"), name, m);
     }
-    for (m, name) in hs.to_connector.iter().zip(["device-list", "acceptor-metadata"]) {
+    for (m, name) in hs
+        .to_connector
+        .iter()
+        .zip(["device-list", "acceptor-metadata"])
+    {
         write(&dir("message"), name, m);
     }
     let mut acceptor_side = vec![0u8];
@@ -72,16 +79,39 @@ fn main() {
     }
     write(&dir("cts"), "single-then-multi", &cts);
 
-    write(&dir("soft_wire"), "hello", &encode_hello(0x12, 0x34, 0xfeed_beef));
-    for (i, op) in [ReqOp::Write, ReqOp::WriteImm, ReqOp::Send, ReqOp::Read, ReqOp::Bye]
-        .into_iter()
-        .enumerate()
+    write(
+        &dir("soft_wire"),
+        "hello",
+        &encode_hello(0x12, 0x34, 0xfeed_beef),
+    );
+    for (i, op) in [
+        ReqOp::Write,
+        ReqOp::WriteImm,
+        ReqOp::Send,
+        ReqOp::Read,
+        ReqOp::Bye,
+    ]
+    .into_iter()
+    .enumerate()
     {
-        let r = Request { op, flags: 1, len: 4096, seq: 9 + i as u64, raddr: 0x7000, rkey: 3, imm: 5 };
+        let r = Request {
+            op,
+            flags: 1,
+            len: 4096,
+            seq: 9 + i as u64,
+            raddr: 0x7000,
+            rkey: 3,
+            imm: 5,
+        };
         write(&dir("soft_wire"), &format!("request-{op:?}"), &r.encode());
     }
     for op in [RespOp::Ack, RespOp::Nak, RespOp::RnrNak, RespOp::ReadResp] {
-        let r = Response { op, syndrome: 2, len: 64, seq: 11 };
+        let r = Response {
+            op,
+            syndrome: 2,
+            len: 64,
+            seq: 11,
+        };
         write(&dir("soft_wire"), &format!("response-{op:?}"), &r.encode());
     }
 
@@ -89,8 +119,16 @@ fn main() {
     for entry in fs::read_dir(&topologies).expect("topologies/") {
         let path = entry.expect("entry").path();
         if path.extension().is_some_and(|e| e == "toml") {
-            let name = path.file_name().expect("name").to_string_lossy().into_owned();
-            write(&dir("topology"), &name, &fs::read(&path).expect("read topology"));
+            let name = path
+                .file_name()
+                .expect("name")
+                .to_string_lossy()
+                .into_owned();
+            write(
+                &dir("topology"),
+                &name,
+                &fs::read(&path).expect("read topology"),
+            );
         }
     }
 

@@ -64,7 +64,10 @@ fn check_work(work: &SlotWork<'_>, entries: &[CtsEntry; MAX_RECVS]) {
             }
             if let LocalData::Send { r, offset, len } = wr.local {
                 let e = &entries[r];
-                assert!(len > 0 && offset + len <= e.size, "write {offset}+{len} outside {e:?}");
+                assert!(
+                    len > 0 && offset + len <= e.size,
+                    "write {offset}+{len} outside {e:?}"
+                );
                 assert_eq!(wr.remote_addr, e.addr + offset, "write not at its offset");
                 parts[r].push((offset, len));
             }
@@ -75,19 +78,30 @@ fn check_work(work: &SlotWork<'_>, entries: &[CtsEntry; MAX_RECVS]) {
         p.sort_unstable();
         let mut end = 0;
         for &(offset, len) in p.iter() {
-            assert_eq!(offset, end, "parts of one send overlap or leave a gap: {p:?}");
+            assert_eq!(
+                offset, end,
+                "parts of one send overlap or leave a gap: {p:?}"
+            );
             end += len;
         }
         totals.push(end);
     }
     if let Some((_, row)) = work.sizes_row() {
         for (r, &total) in totals.iter().enumerate() {
-            assert_eq!(u64::from(row[r]), total, "sizes row disagrees with the writes");
+            assert_eq!(
+                u64::from(row[r]),
+                total,
+                "sizes row disagrees with the writes"
+            );
         }
     } else {
         assert!(!imms.is_empty(), "no WRITE_WITH_IMM for the slot");
         for imm in imms {
-            assert_eq!(u64::from(imm), totals[0], "immediate is not the size written");
+            assert_eq!(
+                u64::from(imm),
+                totals[0],
+                "immediate is not the size written"
+            );
         }
     }
 }

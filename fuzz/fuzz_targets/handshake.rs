@@ -33,7 +33,10 @@ fn run_acceptor(stream: &[u8]) {
         };
         if fed.is_err() {
             assert_eq!(a.state(), "failed");
-            assert!(a.handle_bytes(b"NWHS").is_err(), "a failed acceptor took more input");
+            assert!(
+                a.handle_bytes(b"NWHS").is_err(),
+                "a failed acceptor took more input"
+            );
             return;
         }
         match serve_acceptor(&mut a, &mut out) {
@@ -69,7 +72,10 @@ fn run_connector(stream: &[u8]) {
         };
         if fed.is_err() {
             assert_eq!(c.state(), "failed");
-            assert!(c.handle_bytes(b"NWHS").is_err(), "a failed connector took more input");
+            assert!(
+                c.handle_bytes(b"NWHS").is_err(),
+                "a failed connector took more input"
+            );
             return;
         }
         match serve_connector(&mut c, &mut out) {

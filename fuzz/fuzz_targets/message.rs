@@ -14,7 +14,9 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     assert!(used <= data.len());
-    let again = msg.encode().expect("a decoded message fits the wire limits");
+    let again = msg
+        .encode()
+        .expect("a decoded message fits the wire limits");
     assert_eq!(again, data[..used], "{} re-encodes differently", msg.name());
     for cut in 0..used {
         assert!(

@@ -16,7 +16,11 @@ fuzz_target!(|data: &[u8]| {
     for e in &list.entries {
         assert!(!e.name.is_empty(), "empty name in {text:?}");
         assert!(
-            !e.name.contains(|c: char| c.is_whitespace() || c == '^' || c == '=' || c == ',' || c == ':'),
+            !e.name.contains(|c: char| c.is_whitespace()
+                || c == '^'
+                || c == '='
+                || c == ','
+                || c == ':'),
             "name {:?} kept a separator from {text:?}",
             e.name
         );

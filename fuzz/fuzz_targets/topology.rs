@@ -18,7 +18,8 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(p.index as usize, i, "port indices are 0..n in order");
     }
     let written = topo.to_toml();
-    let again = Topology::parse(&written, "fuzz input")
-        .unwrap_or_else(|e| panic!("the writer produced a file the parser refuses: {e}\n{written}"));
+    let again = Topology::parse(&written, "fuzz input").unwrap_or_else(|e| {
+        panic!("the writer produced a file the parser refuses: {e}\n{written}")
+    });
     assert_eq!(again, topo, "topology round trip");
 });

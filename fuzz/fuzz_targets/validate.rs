@@ -41,11 +41,17 @@ fn list(u: &mut Unstructured<'_>, max: usize) -> Result<Vec<u32>> {
 }
 
 fn port_by_index(index: u32) -> &'static Port {
-    table().iter().find(|p| p.index == index).expect("accepted index is a port")
+    table()
+        .iter()
+        .find(|p| p.index == index)
+        .expect("accepted index is a port")
 }
 
 fn one_link_layer(indices: impl IntoIterator<Item = u32>) {
-    let layers: HashSet<_> = indices.into_iter().map(|i| port_by_index(i).link_layer).collect();
+    let layers: HashSet<_> = indices
+        .into_iter()
+        .map(|i| port_by_index(i).link_layer)
+        .collect();
     assert!(layers.len() <= 1, "accepted members mix link layers");
 }
 
@@ -72,7 +78,11 @@ fn gid(u: &mut Unstructured<'_>) -> Result<()> {
     };
     if check_gid(&choice, port).is_ok() {
         let g = port.gids.iter().find(|g| g.index == choice.index);
-        assert!(g.is_some_and(|g| !g.is_unconfigured()), "accepted GID {}", choice.index);
+        assert!(
+            g.is_some_and(|g| !g.is_unconfigured()),
+            "accepted GID {}",
+            choice.index
+        );
     }
     Ok(())
 }
@@ -101,7 +111,11 @@ fn groups(u: &mut Unstructured<'_>) -> Result<()> {
                 assert!(taken.insert(i), "accepted port {i} twice");
             }
             one_link_layer(g.ports.iter().copied());
-            assert!(g.name.as_ref().is_none_or(|n| (1..=MAX_NAME_LEN).contains(&n.len())));
+            assert!(
+                g.name
+                    .as_ref()
+                    .is_none_or(|n| (1..=MAX_NAME_LEN).contains(&n.len()))
+            );
         }
     }
     Ok(())
@@ -115,9 +129,16 @@ fn vnic(u: &mut Unstructured<'_>) -> Result<()> {
         ports.pop();
     }
     let answer = match u.int_in_range(0..=2)? {
-        0 => VnicAnswer::Accept { reason: String::new() },
-        1 => VnicAnswer::Reshape { devices: list(u, 9)?, reason: String::new() },
-        _ => VnicAnswer::Refuse { reason: String::new() },
+        0 => VnicAnswer::Accept {
+            reason: String::new(),
+        },
+        1 => VnicAnswer::Reshape {
+            devices: list(u, 9)?,
+            reason: String::new(),
+        },
+        _ => VnicAnswer::Refuse {
+            reason: String::new(),
+        },
     };
     let max = u.int_in_range(0..=8)?;
     if check_vnic(&answer, &request, &ports, max).is_ok() {
@@ -152,20 +173,32 @@ fn plan(u: &mut Unstructured<'_>) -> Result<()> {
         local: pick(u)?,
         peer: pick(u)?,
     };
-    let n_qps = if u.ratio(15, 16)? { u.int_in_range(0..=9)? } else { u.int_in_range(0..=200)? };
+    let n_qps = if u.ratio(15, 16)? {
+        u.int_in_range(0..=9)?
+    } else {
+        u.int_in_range(0..=200)?
+    };
     let qps = (0..n_qps)
         .map(|_| {
             Ok(QpPlan {
                 local: small(u)?,
                 remote: small(u)?,
-                weight: if u.arbitrary()? { small(u)? } else { u.arbitrary()? },
+                weight: if u.arbitrary()? {
+                    small(u)?
+                } else {
+                    u.arbitrary()?
+                },
             })
         })
         .collect::<Result<Vec<_>>>()?;
     let plan = ConnPlan {
         qps,
         stripe_width: small(u)?,
-        align: if u.arbitrary()? { 1 << u.int_in_range(0..=31)? } else { u.arbitrary()? },
+        align: if u.arbitrary()? {
+            1 << u.int_in_range(0..=31)?
+        } else {
+            u.arbitrary()?
+        },
         adaptive_routing: u.arbitrary()?,
         ar_threshold: u.arbitrary()?,
         tc: u.arbitrary()?,
@@ -190,7 +223,11 @@ fn plan(u: &mut Unstructured<'_>) -> Result<()> {
     // The striping the data path does for every message of this connection.
     let mut start = u.arbitrary::<u32>()?;
     for _ in 0..u.int_in_range(1..=4)? {
-        let size = if u.arbitrary()? { u.int_in_range(0..=1 << 20)? } else { u.arbitrary()? };
+        let size = if u.arbitrary()? {
+            u.int_in_range(0..=1 << 20)?
+        } else {
+            u.arbitrary()?
+        };
         let stripes: Vec<_> = plan.stripes(size, start).collect();
         assert_eq!(stripes.len(), plan.stripe_count());
         assert!((1..=n).contains(&stripes.len()));

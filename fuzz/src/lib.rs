@@ -14,8 +14,8 @@ use ncclwasm_model::validate::check_plan;
 use ncclwasm_model::{Connection, Endpoint, Port, Topology};
 use ncclwasm_proto::ProtoError;
 use ncclwasm_proto::handshake::{
-    Acceptor, AcceptorAction, AcceptorConfig, Connector, ConnectorAction, ConnectorConfig,
-    LocalQp, RecvSetup, SendSetup,
+    Acceptor, AcceptorAction, AcceptorConfig, Connector, ConnectorAction, ConnectorConfig, LocalQp,
+    RecvSetup, SendSetup,
 };
 use ncclwasm_proto::message::RemoteWindow;
 
@@ -176,7 +176,8 @@ pub fn handshake() -> &'static Handshake {
                 send = Some(s);
             }
             if !out.is_empty() {
-                a.handle_bytes(&out).expect("acceptor takes the connector's bytes");
+                a.handle_bytes(&out)
+                    .expect("acceptor takes the connector's bytes");
                 to_acceptor.push(out);
             }
             let mut back = Vec::new();
@@ -184,7 +185,8 @@ pub fn handshake() -> &'static Handshake {
                 recv = Some(r);
             }
             if !back.is_empty() {
-                c.handle_bytes(&back).expect("connector takes the acceptor's bytes");
+                c.handle_bytes(&back)
+                    .expect("connector takes the acceptor's bytes");
                 to_connector.push(back);
             }
             if let (Some(send), Some(recv)) = (&send, &recv) {
@@ -212,7 +214,11 @@ pub fn check_setup(
     window: &RemoteWindow,
     connector: bool,
 ) {
-    let (planned_local, planned_peer) = if connector { (local, peer) } else { (peer, local) };
+    let (planned_local, planned_peer) = if connector {
+        (local, peer)
+    } else {
+        (peer, local)
+    };
     let conn = Connection {
         comm_id: 0,
         traffic_class: -1,
@@ -226,7 +232,10 @@ pub fn check_setup(
     }
     assert_eq!(routes.len(), plan.qps.len(), "one route per planned QP");
     for r in routes {
-        assert!(r.local < local.len() && r.remote < peer.len(), "route {r:?}");
+        assert!(
+            r.local < local.len() && r.remote < peer.len(),
+            "route {r:?}"
+        );
     }
     assert_eq!(window.rkeys.len(), peer.len(), "one rkey per peer endpoint");
     assert_ne!(window.addr, 0, "a FIFO window has an address");
