@@ -10,87 +10,88 @@
 
 use libfuzzer_sys::fuzz_target;
 use ncclwasm_fuzz::{acceptor, check_setup, chunks, connector, serve_acceptor, serve_connector};
+use ncclwasm_proto::ProtoError;
 use ncclwasm_proto::datapath::{Receiver, Sender};
+use ncclwasm_proto::handshake::{Acceptor, Connector, RecvSetup, SendSetup};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&side, stream)) = data.split_first() else {
         return;
     };
     if side % 2 == 0 {
-        run_acceptor(stream);
+        drive(acceptor(), stream);
     } else {
-        run_connector(stream);
+        drive(connector(), stream);
     }
 });
 
-fn run_acceptor(stream: &[u8]) {
-    let mut a = acceptor();
-    let mut out = Vec::new();
-    for chunk in chunks(stream) {
-        let fed = match chunk {
-            Some(bytes) => a.handle_bytes(bytes),
-            None => a.handle_eof(),
-        };
-        if fed.is_err() {
-            assert_eq!(a.state(), "failed");
-            assert!(
-                a.handle_bytes(b"NWHS").is_err(),
-                "a failed acceptor took more input"
-            );
-            return;
+/// What the driver needs of either machine.
+trait Side {
+    type Setup;
+    fn feed(&mut self, chunk: Option<&[u8]>) -> Result<(), ProtoError>;
+    fn state(&self) -> &'static str;
+    fn serve(&mut self, out: &mut Vec<u8>) -> Result<Option<Self::Setup>, ProtoError>;
+    /// Asserts the setup is usable and builds the data path's side from it.
+    fn check(setup: &Self::Setup);
+}
+
+impl Side for Acceptor {
+    type Setup = RecvSetup;
+    fn feed(&mut self, chunk: Option<&[u8]>) -> Result<(), ProtoError> {
+        match chunk {
+            Some(bytes) => self.handle_bytes(bytes),
+            None => self.handle_eof(),
         }
-        match serve_acceptor(&mut a, &mut out) {
-            Ok(Some(setup)) => {
-                check_setup(
-                    &setup.plan,
-                    &setup.local,
-                    &setup.peer,
-                    &setup.routes,
-                    &setup.cts_fifo,
-                    false,
-                );
-                let _ = Receiver::new(&setup);
-                return;
-            }
-            Ok(None) => {}
-            Err(_) => return,
-        }
+    }
+    fn state(&self) -> &'static str {
+        Acceptor::state(self)
+    }
+    fn serve(&mut self, out: &mut Vec<u8>) -> Result<Option<RecvSetup>, ProtoError> {
+        serve_acceptor(self, out)
+    }
+    fn check(s: &RecvSetup) {
+        check_setup(&s.plan, &s.local, &s.peer, &s.routes, &s.cts_fifo, false);
+        let _ = Receiver::new(s);
     }
 }
 
-fn run_connector(stream: &[u8]) {
-    let mut c = connector();
+impl Side for Connector {
+    type Setup = SendSetup;
+    fn feed(&mut self, chunk: Option<&[u8]>) -> Result<(), ProtoError> {
+        match chunk {
+            Some(bytes) => self.handle_bytes(bytes),
+            None => self.handle_eof(),
+        }
+    }
+    fn state(&self) -> &'static str {
+        Connector::state(self)
+    }
+    fn serve(&mut self, out: &mut Vec<u8>) -> Result<Option<SendSetup>, ProtoError> {
+        serve_connector(self, out)
+    }
+    fn check(s: &SendSetup) {
+        check_setup(&s.plan, &s.local, &s.peer, &s.routes, &s.sizes_fifo, true);
+        let _ = Sender::new(s);
+    }
+}
+
+fn drive<M: Side>(mut m: M, stream: &[u8]) {
     let mut out = Vec::new();
-    // The hello goes out before anything arrives.
-    if serve_connector(&mut c, &mut out).is_err() {
+    // The connector's hello goes out before anything arrives.
+    if m.serve(&mut out).is_err() {
         return;
     }
     for chunk in chunks(stream) {
-        let fed = match chunk {
-            Some(bytes) => c.handle_bytes(bytes),
-            None => c.handle_eof(),
-        };
-        if fed.is_err() {
-            assert_eq!(c.state(), "failed");
+        if m.feed(chunk).is_err() {
+            assert_eq!(m.state(), "failed");
             assert!(
-                c.handle_bytes(b"NWHS").is_err(),
-                "a failed connector took more input"
+                m.feed(Some(b"NWHS")).is_err(),
+                "a failed machine took more input"
             );
             return;
         }
-        match serve_connector(&mut c, &mut out) {
-            Ok(Some(setup)) => {
-                check_setup(
-                    &setup.plan,
-                    &setup.local,
-                    &setup.peer,
-                    &setup.routes,
-                    &setup.sizes_fifo,
-                    true,
-                );
-                let _ = Sender::new(&setup);
-                return;
-            }
+        match m.serve(&mut out) {
+            Ok(Some(setup)) => return M::check(&setup),
             Ok(None) => {}
             Err(_) => return,
         }
