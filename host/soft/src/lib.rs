@@ -130,7 +130,9 @@ mod mr;
 mod qp;
 mod sysfs;
 mod traffic;
-mod wire;
+/// Public only so the fuzz targets (`fuzz/`) can reach the pure header codecs; not an API.
+#[doc(hidden)]
+pub mod wire;
 
 #[cfg(test)]
 mod tests;

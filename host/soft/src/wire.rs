@@ -13,11 +13,11 @@ use std::os::fd::RawFd;
 /// First bytes of a connection: who is calling, whom, and the proof that the caller learnt the
 /// callee's secret through the out-of-band handshake (see the crate docs).
 pub(crate) const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"SFT1");
-pub(crate) const HELLO_LEN: usize = 16;
+pub const HELLO_LEN: usize = 16;
 
 /// The listener's answer to a hello.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum HelloReply {
+pub enum HelloReply {
     Accepted = 0,
     /// The QP exists and the proof is right, but it is not in RTR yet (hardware would drop the
     /// packets and the requester would retry): try again.
@@ -27,7 +27,7 @@ pub(crate) enum HelloReply {
 }
 
 impl HelloReply {
-    pub(crate) fn from_u32(v: u32) -> Option<HelloReply> {
+    pub fn from_u32(v: u32) -> Option<HelloReply> {
         match v {
             0 => Some(HelloReply::Accepted),
             1 => Some(HelloReply::NotReady),
@@ -38,7 +38,7 @@ impl HelloReply {
 }
 
 /// `HELLO{magic, src_qpn, dst_qpn, proof}`.
-pub(crate) fn encode_hello(src_qpn: u32, dst_qpn: u32, proof: u32) -> [u8; HELLO_LEN] {
+pub fn encode_hello(src_qpn: u32, dst_qpn: u32, proof: u32) -> [u8; HELLO_LEN] {
     let mut b = [0u8; HELLO_LEN];
     b[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
     b[4..8].copy_from_slice(&src_qpn.to_le_bytes());
@@ -48,13 +48,13 @@ pub(crate) fn encode_hello(src_qpn: u32, dst_qpn: u32, proof: u32) -> [u8; HELLO
 }
 
 /// Parses a hello into `(src_qpn, dst_qpn, proof)`; `None` for anything that is not one.
-pub(crate) fn decode_hello(b: &[u8; HELLO_LEN]) -> Option<(u32, u32, u32)> {
+pub fn decode_hello(b: &[u8; HELLO_LEN]) -> Option<(u32, u32, u32)> {
     (le32(b, 0) == HELLO_MAGIC).then(|| (le32(b, 4), le32(b, 8), le32(b, 12)))
 }
 
 /// Requester → responder operations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ReqOp {
+pub enum ReqOp {
     Write = 1,
     WriteImm = 2,
     Send = 3,
@@ -67,11 +67,11 @@ pub(crate) enum ReqOp {
 /// Set on requests whose completion the requester waits for (signaled WRs), like the BTH AckReq
 /// bit: the responder acknowledges only those, and NAKs always.
 pub(crate) const FLAG_ACK_REQ: u8 = 1;
-pub(crate) const REQ_LEN: usize = 32;
+pub const REQ_LEN: usize = 32;
 
 /// A request header; `len` payload bytes follow for writes and sends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Request {
+pub struct Request {
     pub op: ReqOp,
     pub flags: u8,
     pub len: u32,
@@ -83,7 +83,7 @@ pub(crate) struct Request {
 }
 
 impl Request {
-    pub(crate) fn encode(&self) -> [u8; REQ_LEN] {
+    pub fn encode(&self) -> [u8; REQ_LEN] {
         let mut b = [0u8; REQ_LEN];
         b[0] = self.op as u8;
         b[1] = self.flags;
@@ -96,7 +96,7 @@ impl Request {
     }
 
     /// `Err(seq)` for an unknown opcode: the responder answers REM_INV_REQ.
-    pub(crate) fn decode(b: &[u8; REQ_LEN]) -> Result<Request, u64> {
+    pub fn decode(b: &[u8; REQ_LEN]) -> Result<Request, u64> {
         let op = match b[0] {
             1 => ReqOp::Write,
             2 => ReqOp::WriteImm,
@@ -128,7 +128,7 @@ impl Request {
 
 /// Responder → requester answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum RespOp {
+pub enum RespOp {
     /// Everything up to and including `seq` is placed.
     Ack = 1,
     /// `seq` failed (syndrome: a [`Nak`]); everything before it is placed.
@@ -150,11 +150,11 @@ pub(crate) enum Nak {
     RemoteOperation = 3,
 }
 
-pub(crate) const RESP_LEN: usize = 24;
+pub const RESP_LEN: usize = 24;
 
 /// A response header; `len` bytes follow a READ response.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Response {
+pub struct Response {
     pub op: RespOp,
     pub syndrome: u8,
     pub len: u32,
@@ -162,7 +162,7 @@ pub(crate) struct Response {
 }
 
 impl Response {
-    pub(crate) fn encode(&self) -> [u8; RESP_LEN] {
+    pub fn encode(&self) -> [u8; RESP_LEN] {
         let mut b = [0u8; RESP_LEN];
         b[0] = self.op as u8;
         b[1] = self.syndrome;
@@ -171,7 +171,7 @@ impl Response {
         b
     }
 
-    pub(crate) fn decode(b: &[u8; RESP_LEN]) -> Option<Response> {
+    pub fn decode(b: &[u8; RESP_LEN]) -> Option<Response> {
         let op = match b[0] {
             1 => RespOp::Ack,
             2 => RespOp::Nak,
