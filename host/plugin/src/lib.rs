@@ -1294,26 +1294,26 @@ mod tests {
         let rc = unsafe { ncclwasm_send_comm_stats(std::ptr::null_mut(), &mut out) };
         assert_eq!(
             (rc, out.nqps),
-            (NCCL_INTERNAL_ERROR, 0),
+            (NCCL_INVALID_ARGUMENT, 0),
             "cleared on error too"
         );
 
         let mut junk = [0u8; 16];
         out.nqps = 7;
-        // SAFETY: only the first byte of a would-be communicator is read, and it is no kind.
+        // SAFETY: a handle is a key, never dereferenced: this one names no communicator.
         let rc = unsafe { ncclwasm_send_comm_stats(junk.as_mut_ptr().cast(), &mut out) };
-        assert_eq!((rc, out.nqps), (NCCL_INTERNAL_ERROR, 0));
+        assert_eq!((rc, out.nqps), (NCCL_INVALID_USAGE, 0));
 
         out.version = SEND_STATS_VERSION + 1;
         out.nqps = 7;
         // SAFETY: a layout of another version is refused before anything but its version is
         // read or written.
         let rc = unsafe { ncclwasm_send_comm_stats(junk.as_mut_ptr().cast(), &mut out) };
-        assert_eq!((rc, out.nqps), (NCCL_INTERNAL_ERROR, 7), "not written");
+        assert_eq!((rc, out.nqps), (NCCL_INVALID_USAGE, 7), "not written");
 
         // SAFETY: a NULL struct is refused.
         let rc =
             unsafe { ncclwasm_send_comm_stats(junk.as_mut_ptr().cast(), std::ptr::null_mut()) };
-        assert_eq!(rc, NCCL_INTERNAL_ERROR);
+        assert_eq!(rc, NCCL_INVALID_ARGUMENT);
     }
 }
