@@ -10,6 +10,7 @@ pub type NcclResult = c_int;
 pub const NCCL_SUCCESS: NcclResult = 0;
 pub const NCCL_SYSTEM_ERROR: NcclResult = 2;
 pub const NCCL_INTERNAL_ERROR: NcclResult = 3;
+pub const NCCL_INVALID_ARGUMENT: NcclResult = 4;
 pub const NCCL_INVALID_USAGE: NcclResult = 5;
 pub const NCCL_REMOTE_ERROR: NcclResult = 6;
 

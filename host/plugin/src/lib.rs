@@ -29,17 +29,22 @@
 //!
 //! # Lifetime
 //! The [`Net`] context is process-wide (NCCL reads devices once). ABI v8–v10 initialise once per
-//! load; v11/v12 call `init`/`finalize` per communicator, and the last `finalize` drops the
+//! load, and since `dlclose` may leave this image mapped, their `init` replaces whatever state an
+//! earlier load left; v11/v12 call `init`/`finalize` per communicator, and the last `finalize` drops the
 //! context, which stops the event and policy threads — so NCCL's `dlclose` finds nothing running
 //! and a later `dlopen` + `init` starts from scratch. Communicators hold their own references to
 //! the devices they use, so closing them later is still safe.
 //!
-//! # Requests
-//! A request handed to NCCL is the address of a slot in its communicator's fixed table (one per
-//! pool index), so `test` finds the communicator and the request without a lookup, and nothing is
-//! allocated per message.
+//! # Handles
+//! Nothing NCCL holds is an address: communicators, memory registrations and requests are
+//! generation-checked keys into the tables of [`handles`], so a call on a closed communicator, a
+//! second `deregMr` or a `test` of a request already reported done is refused as invalid usage
+//! instead of touching freed memory; a communicator a call panicked on fails every later call. A
+//! request handle carries its communicator's key and pool index, so `test` is one O(1) lookup and
+//! nothing is allocated per message.
 
 mod fabric;
+mod handles;
 mod log;
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
@@ -47,11 +52,13 @@ use std::os::fd::BorrowedFd;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
 
+use handles::{Handles, Held, RequestKey, Requests};
+
 use ncclwasm_policy::PolicyHost;
 use ncclwasm_transport::{
     CommConfig, DeviceProps, Done, ErrorClass, HANDLE_SIZE, Listener, MAX_ENDPOINTS, MAX_QPS,
     MAX_RECVS, MAX_REQUESTS, MemHandle, Net, NetError, PTR_CUDA, PTR_DMABUF, PTR_HOST, RecvBuf,
-    RecvComm, RegionSource, ReqId, SendComm,
+    RecvComm, RegionSource, SendComm,
 };
 use ncclwasm_verbs::{ForeignMemory, Memory};
 
@@ -83,10 +90,18 @@ fn net() -> Result<Net, NetError> {
         .ok_or_else(|| NetError::Usage("the plugin is not initialised (call init first)".into()))
 }
 
-/// Makes (or reuses) the context; `contexts` counts v11+ communicators.
+/// Makes (or, for v11+, reuses) the context; `contexts` counts v11+ communicators.
+///
+/// v8–v10 call `init` once per load and have no `finalize`, and `dlclose` need not unload this
+/// image (a Rust library with thread-local destructors stays mapped), so their `init` may find
+/// the state of an earlier load: it is replaced, so each load starts from what the machine is
+/// now, not with the earlier load's virtual NICs.
 fn init_net(logger: Logger, max_devs_per_nic: usize, context: bool) -> Result<(), NetError> {
     log::install(logger);
     let mut st = state();
+    if !context {
+        drop(st.take());
+    }
     if st.is_none() {
         let choice = fabric::choice()?;
         let decisions = Arc::new(PolicyHost::from_env(max_devs_per_nic)?);
@@ -104,6 +119,7 @@ fn code(class: ErrorClass) -> NcclResult {
     match class {
         ErrorClass::Internal => NCCL_INTERNAL_ERROR,
         ErrorClass::System => NCCL_SYSTEM_ERROR,
+        ErrorClass::InvalidArgument => NCCL_INVALID_ARGUMENT,
         ErrorClass::InvalidUsage => NCCL_INVALID_USAGE,
         ErrorClass::Remote => NCCL_REMOTE_ERROR,
     }
@@ -119,11 +135,7 @@ fn guard(entry: &str, f: impl FnOnce() -> Result<(), NetError>) -> NcclResult {
             code(e.class())
         }
         Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".to_owned());
+            let what = ncclwasm_verbs::panic_message(panic.as_ref());
             log::emit(
                 LOG_WARN,
                 &format!("NET/WASM: {entry}: internal error (panic: {what}); please report it"),
@@ -134,7 +146,7 @@ fn guard(entry: &str, f: impl FnOnce() -> Result<(), NetError>) -> NcclResult {
 }
 
 fn null_arg(what: &str) -> NetError {
-    NetError::Usage(format!("{what} is NULL"))
+    NetError::Argument(format!("{what} is NULL"))
 }
 
 /// Interned C strings for property names and paths: NCCL keeps the pointers, so they live as
@@ -155,70 +167,63 @@ fn c_string(s: &str) -> *const c_char {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Communicators and requests as NCCL holds them.
+// Communicators, registrations and requests as NCCL holds them.
 
-/// Which communicator a request slot belongs to.
-#[derive(Clone, Copy)]
-enum Owner {
-    Send(*const PluginSend),
-    Recv(*const PluginRecv),
+/// What a communicator handle names.
+enum Endpoint {
+    Send {
+        comm: SendComm,
+        requests: Requests,
+    },
+    Recv {
+        comm: RecvComm,
+        requests: Requests,
+    },
+    /// `accept` needs the listener exclusively; NCCL's service thread is its only user.
+    Listen(Mutex<Listener>),
 }
 
-/// A request as NCCL sees it: a slot of its communicator's table.
-struct Slot {
-    owner: Owner,
-    index: usize,
+static COMMS: Handles<Endpoint> = Handles::new("communicator");
+static MRS: Handles<MemHandle> = Handles::new("memory registration");
+
+/// A handle from NCCL as a table key (NULL refused, naming the argument).
+fn key(handle: *mut c_void, what: &str) -> Result<u64, NetError> {
+    if handle.is_null() {
+        return Err(null_arg(what));
+    }
+    Ok(handle as usize as u64)
 }
 
-fn slots(owner: Owner) -> Box<[Slot]> {
-    (0..MAX_REQUESTS)
-        .map(|index| Slot { owner, index })
-        .collect()
+fn as_handle(key: u64) -> *mut c_void {
+    key as usize as *mut c_void
 }
 
-/// The first byte of every communicator NCCL holds, because `regMr` does not say which kind it
-/// passes.
-const SEND_KIND: u8 = 0x5e;
-const RECV_KIND: u8 = 0x7e;
-
-#[repr(C)]
-struct PluginSend {
-    kind: u8,
-    comm: SendComm,
-    slots: Box<[Slot]>,
+fn not_a(handle: u64, kind: &str) -> NetError {
+    NetError::Argument(format!("{handle:#x} is not a {kind} of this plugin"))
 }
 
-#[repr(C)]
-struct PluginRecv {
-    kind: u8,
-    comm: RecvComm,
-    slots: Box<[Slot]>,
+/// Runs `f` on the send communicator `comm` and its request counters.
+fn on_send<R>(
+    comm: *mut c_void,
+    f: impl FnOnce(&SendComm, &Requests, u64) -> Result<R, NetError>,
+) -> Result<R, NetError> {
+    let k = key(comm, "sendComm")?;
+    COMMS.with(k, |e| match e {
+        Endpoint::Send { comm, requests } => f(comm, requests, k),
+        _ => Err(not_a(k, "send communicator")),
+    })
 }
 
-fn boxed_send(comm: SendComm) -> *mut c_void {
-    let b = Box::into_raw(Box::new(PluginSend {
-        kind: SEND_KIND,
-        comm,
-        slots: Box::new([]),
-    }));
-    // SAFETY: `b` was just allocated and is uniquely owned here.
-    unsafe { (*b).slots = slots(Owner::Send(b)) };
-    b.cast()
-}
-
-fn boxed_recv(comm: RecvComm) -> *mut c_void {
-    let b = Box::into_raw(Box::new(PluginRecv {
-        kind: RECV_KIND,
-        comm,
-        slots: Box::new([]),
-    }));
-    // SAFETY: as in `boxed_send`.
-    unsafe { (*b).slots = slots(Owner::Recv(b)) };
-    b.cast()
-}
-
-fn slot_ptr(slots: &[Slot], id: ReqId) -> *mut c_void {
-    (&raw const slots[id.index()]).cast_mut().cast()
+/// Runs `f` on the receive communicator `comm` and its request counters.
+fn on_recv<R>(
+    comm: *mut c_void,
+    f: impl FnOnce(&RecvComm, &Requests, u64) -> Result<R, NetError>,
+) -> Result<R, NetError> {
+    let k = key(comm, "recvComm")?;
+    COMMS.with(k, |e| match e {
+        Endpoint::Recv { comm, requests } => f(comm, requests, k),
+        _ => Err(not_a(k, "receive communicator")),
+    })
 }
 
 /// NCCL's buffers, registered page-rounded.
@@ -233,13 +238,12 @@ impl RegionSource for NcclMemory {
     }
 }
 
-/// A registration handle from NCCL (NULL = none).
-///
-/// # Safety
-/// `mh` is NULL or a handle from `reg_mr` not yet deregistered.
-unsafe fn mem<'a>(mh: *mut c_void) -> Option<&'a MemHandle> {
-    // SAFETY: per the contract.
-    unsafe { mh.cast::<MemHandle>().as_ref() }
+/// A registration handle from NCCL (NULL = none), held for the call.
+fn mem(mh: *mut c_void) -> Result<Option<Held<MemHandle>>, NetError> {
+    if mh.is_null() {
+        return Ok(None);
+    }
+    MRS.get(mh as usize as u64).map(Some)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -413,9 +417,10 @@ fn listen_impl(dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -
             return Err(null_arg("handle"));
         }
         let (listener, bytes) = net()?.listen(i64::from(dev))?;
+        let k = COMMS.insert(Endpoint::Listen(Mutex::new(listener)))?;
         // SAFETY: NCCL's handle buffer is NCCL_NET_HANDLE_MAXSIZE (128) bytes.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), handle.cast(), HANDLE_SIZE) };
-        *out = Box::into_raw(Box::new(listener)).cast();
+        *out = as_handle(k);
         Ok(())
     })
 }
@@ -447,8 +452,9 @@ fn connect_impl(
         // SAFETY: NCCL's handle buffer is 128 bytes, the same buffer on every call.
         let handle = unsafe { handle.cast::<[u8; HANDLE_SIZE]>().as_mut() }
             .ok_or_else(|| null_arg("handle"))?;
-        if let Some(c) = net()?.connect(i64::from(dev), handle, comm)? {
-            *out = boxed_send(c);
+        if let Some(comm) = net()?.connect(i64::from(dev), handle, comm)? {
+            let requests = Requests::new();
+            *out = as_handle(COMMS.insert(Endpoint::Send { comm, requests })?);
         }
         Ok(())
     })
@@ -509,31 +515,32 @@ unsafe extern "C" fn accept(
         // SAFETY: NCCL passes a valid out-pointer.
         let out = unsafe { recv_comm.as_mut() }.ok_or_else(|| null_arg("recvComm"))?;
         *out = std::ptr::null_mut();
-        // SAFETY: a listener from `listen`, used by one thread at a time (NCCL's service thread).
-        let l = unsafe { listen_comm.cast::<Listener>().as_mut() }
-            .ok_or_else(|| null_arg("listenComm"))?;
-        if let Some(c) = l.accept()? {
-            *out = boxed_recv(c);
+        let k = key(listen_comm, "listenComm")?;
+        let accepted = COMMS.with(k, |e| match e {
+            Endpoint::Listen(l) => l
+                .lock()
+                .map_err(|_| NetError::Internal("a listener's lock is poisoned".into()))?
+                .accept(),
+            _ => Err(not_a(k, "listener")),
+        })?;
+        if let Some(comm) = accepted {
+            let requests = Requests::new();
+            *out = as_handle(COMMS.insert(Endpoint::Recv { comm, requests })?);
         }
         Ok(())
     })
 }
 
-/// A communicator of either kind.
-#[derive(Clone, Copy)]
-enum Comm<'a> {
-    Send(&'a PluginSend),
-    Recv(&'a PluginRecv),
-}
-
-impl Comm<'_> {
-    /// The `ptrSupport` of the device the communicator was made on.
-    fn ptr_support(self) -> u32 {
-        match self {
-            Comm::Send(s) => s.comm.ptr_support(),
-            Comm::Recv(r) => r.comm.ptr_support(),
-        }
-    }
+/// Runs `f` on the send or receive communicator `comm` (`regMr` does not say which).
+fn on_comm<R>(
+    comm: *mut c_void,
+    f: impl FnOnce(&Endpoint) -> Result<R, NetError>,
+) -> Result<R, NetError> {
+    let k = key(comm, "comm")?;
+    COMMS.with(k, |e| match e {
+        Endpoint::Listen(_) => Err(not_a(k, "send or receive communicator")),
+        e => f(e),
+    })
 }
 
 /// `regMr` on a send or receive communicator: host memory, and GPU memory (`NCCL_PTR_CUDA`)
@@ -549,9 +556,8 @@ unsafe extern "C" fn reg_mr(
         // SAFETY: NCCL passes a valid out-pointer.
         let out = unsafe { mh.as_mut() }.ok_or_else(|| null_arg("mhandle"))?;
         *out = std::ptr::null_mut();
-        // SAFETY: a communicator from connect/accept, alive until close.
-        let comm = unsafe { which(comm) }?;
-        *out = Box::into_raw(Box::new(register(comm, data, size, ty, None)?)).cast();
+        let mr = on_comm(comm, |e| register(e, data, size, ty, None))?;
+        *out = as_handle(MRS.insert(mr)?);
         Ok(())
     })
 }
@@ -571,13 +577,12 @@ unsafe extern "C" fn reg_mr_dma_buf(
         // SAFETY: NCCL passes a valid out-pointer.
         let out = unsafe { mh.as_mut() }.ok_or_else(|| null_arg("mhandle"))?;
         *out = std::ptr::null_mut();
-        // SAFETY: a communicator from connect/accept, alive until close.
-        let comm = unsafe { which(comm) }?;
         // SAFETY: NCCL keeps the fd open for the duration of the call; the kernel (or the
         // provider) takes its own reference to the pages.
         let fd = (fd >= 0).then(|| unsafe { BorrowedFd::borrow_raw(fd) });
         let dmabuf = fd.map(|fd| (fd, offset));
-        *out = Box::into_raw(Box::new(register(comm, data, size, ty, dmabuf)?)).cast();
+        let mr = on_comm(comm, |e| register(e, data, size, ty, dmabuf))?;
+        *out = as_handle(MRS.insert(mr)?);
         Ok(())
     })
 }
@@ -585,7 +590,7 @@ unsafe extern "C" fn reg_mr_dma_buf(
 /// Registers NCCL's buffer of pointer type `ty`, from a dma-buf when `dmabuf` is given; a type
 /// the device did not advertise in `ptrSupport` is refused, naming it.
 fn register(
-    comm: Comm<'_>,
+    comm: &Endpoint,
     data: *mut c_void,
     size: usize,
     ty: c_int,
@@ -597,7 +602,11 @@ fn register(
             "regMrDmaBuf of 0 bytes at {addr:#x}"
         )));
     }
-    let ptr_support = comm.ptr_support();
+    let ptr_support = match comm {
+        Endpoint::Send { comm, .. } => comm.ptr_support(),
+        Endpoint::Recv { comm, .. } => comm.ptr_support(),
+        Endpoint::Listen(_) => 0,
+    };
     let wanted = u32::try_from(ty).unwrap_or(0);
     let allowed = match dmabuf {
         Some(_) => wanted & (PTR_CUDA | PTR_DMABUF) != 0 && ptr_support & PTR_DMABUF != 0,
@@ -615,40 +624,21 @@ fn register(
         )));
     }
     match (comm, dmabuf) {
-        (Comm::Send(s), None) => s.comm.reg_mr(addr, len, &NcclMemory),
-        (Comm::Recv(r), None) => r.comm.reg_mr(addr, len, &NcclMemory),
-        (Comm::Send(s), Some((fd, off))) => s.comm.reg_mr_dmabuf(addr, len, fd, off),
-        (Comm::Recv(r), Some((fd, off))) => r.comm.reg_mr_dmabuf(addr, len, fd, off),
-    }
-}
-
-/// Tells a send from a receive communicator by its first byte.
-///
-/// # Safety
-/// `comm` is a live communicator returned by `connect` or `accept`.
-unsafe fn which<'a>(comm: *mut c_void) -> Result<Comm<'a>, NetError> {
-    if comm.is_null() {
-        return Err(null_arg("comm"));
-    }
-    // SAFETY: both communicator structs are repr(C) with a `u8` kind first.
-    match unsafe { comm.cast::<u8>().read() } {
-        // SAFETY: the kind says it is a live PluginSend.
-        SEND_KIND => Ok(Comm::Send(unsafe { &*comm.cast::<PluginSend>() })),
-        // SAFETY: the kind says it is a live PluginRecv.
-        RECV_KIND => Ok(Comm::Recv(unsafe { &*comm.cast::<PluginRecv>() })),
-        k => Err(NetError::Usage(format!(
-            "{comm:p} is not a communicator of this plugin (kind byte {k:#x})"
-        ))),
+        (Endpoint::Send { comm, .. }, None) => comm.reg_mr(addr, len, &NcclMemory),
+        (Endpoint::Recv { comm, .. }, None) => comm.reg_mr(addr, len, &NcclMemory),
+        (Endpoint::Send { comm, .. }, Some((fd, off))) => comm.reg_mr_dmabuf(addr, len, fd, off),
+        (Endpoint::Recv { comm, .. }, Some((fd, off))) => comm.reg_mr_dmabuf(addr, len, fd, off),
+        (Endpoint::Listen(_), _) => Err(NetError::Argument("regMr on a listener".into())),
     }
 }
 
 unsafe extern "C" fn dereg_mr(_comm: *mut c_void, mh: *mut c_void) -> NcclResult {
     guard("deregMr", || {
-        if !mh.is_null() {
-            // SAFETY: a handle from regMr, deregistered once (NULL tolerated, see NCCL #782).
-            drop(unsafe { Box::from_raw(mh.cast::<MemHandle>()) });
+        // NULL is tolerated (NCCL #782); a handle deregistered already is refused.
+        if mh.is_null() {
+            return Ok(());
         }
-        Ok(())
+        MRS.remove(mh as usize as u64, |_| true)
     })
 }
 
@@ -664,18 +654,16 @@ fn isend_impl(
         // SAFETY: NCCL passes a valid out-pointer.
         let out = unsafe { request.as_mut() }.ok_or_else(|| null_arg("request"))?;
         *out = std::ptr::null_mut();
-        // SAFETY: a send communicator from connect.
-        let s = unsafe { comm.cast::<PluginSend>().as_ref() }.ok_or_else(|| null_arg("comm"))?;
         if size > MAX_BYTES {
-            return Err(NetError::Usage(format!(
+            return Err(NetError::Argument(format!(
                 "isend of {size} bytes; maxP2pBytes is {MAX_BYTES}"
             )));
         }
-        // SAFETY: NULL or a live handle from regMr.
-        let mr = unsafe { mem(mh) };
-        if let Some(id) = s.comm.isend(data as u64, size as u64, tag as u32, mr)? {
-            *out = slot_ptr(&s.slots, id);
-        }
+        let mr = mem(mh)?;
+        *out = on_send(comm, |s, requests, k| {
+            let id = s.isend(data as u64, size as u64, tag as u32, mr.as_deref())?;
+            Ok(id.map_or(std::ptr::null_mut(), |id| requests.issue(k, id)))
+        })?;
         Ok(())
     })
 }
@@ -728,23 +716,32 @@ enum Sizes {
     Size(*mut usize),
 }
 
+/// One buffer NCCL passes to `irecv`/`iflush`, its registration held for the call.
+#[derive(Default)]
+struct Arg {
+    addr: u64,
+    size: u64,
+    tag: u32,
+    mr: Option<Held<MemHandle>>,
+}
+
 /// The `n` buffers NCCL passes to `irecv`/`iflush` as parallel arrays (`tags` is NULL for a
 /// flush), read into a fixed array: both run per message, so nothing is allocated.
 ///
 /// # Safety
-/// Every non-NULL array holds `n` entries, each mhandle NULL or a live one from `regMr`.
-unsafe fn recv_bufs<'a>(
+/// Every non-NULL array holds `n` entries.
+unsafe fn recv_args(
     call: &str,
     n: c_int,
     data: *mut *mut c_void,
     sizes: Sizes,
     tags: *mut c_int,
     mhandles: *mut *mut c_void,
-) -> Result<([RecvBuf<'a>; MAX_RECVS], usize), NetError> {
+) -> Result<([Arg; MAX_RECVS], usize), NetError> {
     let n = usize::try_from(n)
         .ok()
         .filter(|n| (1..=MAX_RECVS).contains(n))
-        .ok_or_else(|| NetError::Usage(format!("{call} of {n} buffers")))?;
+        .ok_or_else(|| NetError::Argument(format!("{call} of {n} buffers")))?;
     let sizes_null = match sizes {
         Sizes::Int(p) => p.is_null(),
         Sizes::Size(p) => p.is_null(),
@@ -752,14 +749,8 @@ unsafe fn recv_bufs<'a>(
     if data.is_null() || sizes_null || mhandles.is_null() {
         return Err(null_arg("data, sizes or mhandles"));
     }
-    let empty = RecvBuf {
-        addr: 0,
-        size: 0,
-        tag: 0,
-        mr: None,
-    };
-    let mut bufs = [empty; MAX_RECVS];
-    for (i, buf) in bufs.iter_mut().enumerate().take(n) {
+    let mut args: [Arg; MAX_RECVS] = Default::default();
+    for (i, arg) in args.iter_mut().enumerate().take(n) {
         // SAFETY: every array holds n entries (the contract), `tags` only when non-NULL.
         let (addr, size, tag, mh) = unsafe {
             let size = match sizes {
@@ -769,15 +760,33 @@ unsafe fn recv_bufs<'a>(
             let tag = if tags.is_null() { 0 } else { *tags.add(i) };
             (*data.add(i), size, tag, *mhandles.add(i))
         };
-        *buf = RecvBuf {
+        *arg = Arg {
             addr: addr as u64,
             size,
             tag: tag as u32,
-            // SAFETY: NULL or a live handle from regMr.
-            mr: unsafe { mem(mh) },
+            mr: mem(mh)?,
         };
     }
-    Ok((bufs, n))
+    Ok((args, n))
+}
+
+/// The transport's view of the buffers `recv_args` read.
+fn recv_bufs(args: &[Arg]) -> [RecvBuf<'_>; MAX_RECVS] {
+    let mut bufs = [RecvBuf {
+        addr: 0,
+        size: 0,
+        tag: 0,
+        mr: None,
+    }; MAX_RECVS];
+    for (b, a) in bufs.iter_mut().zip(args) {
+        *b = RecvBuf {
+            addr: a.addr,
+            size: a.size,
+            tag: a.tag,
+            mr: a.mr.as_deref(),
+        };
+    }
+    bufs
 }
 
 /// `irecv`: `*request` is overwritten on every path, including NCCL's 0x1 sentinel
@@ -797,15 +806,15 @@ fn irecv_impl(
         // NCCL may have stored its `NCCL_NET_OPTIONAL_RECV_COMPLETION` hint (0x1) here; every
         // receive completes normally, so the slot is simply overwritten on every path.
         *out = std::ptr::null_mut();
-        // SAFETY: a receive communicator from accept.
-        let r = unsafe { comm.cast::<PluginRecv>().as_ref() }.ok_or_else(|| null_arg("comm"))?;
         if tags.is_null() {
             return Err(null_arg("irecv tags"));
         }
         // SAFETY: NCCL's arrays of n entries.
-        let (bufs, n) = unsafe { recv_bufs("irecv", n, data, sizes, tags, mhandles) }?;
-        let id = r.comm.irecv(&bufs[..n])?;
-        *out = slot_ptr(&r.slots, id);
+        let (args, n) = unsafe { recv_args("irecv", n, data, sizes, tags, mhandles) }?;
+        *out = on_recv(comm, |r, requests, k| {
+            let id = r.irecv(&recv_bufs(&args[..n])[..n])?;
+            Ok(requests.issue(k, id))
+        })?;
         Ok(())
     })
 }
@@ -859,11 +868,9 @@ unsafe extern "C" fn iflush(
         // SAFETY: NCCL passes a valid out-pointer.
         let out = unsafe { request.as_mut() }.ok_or_else(|| null_arg("request"))?;
         *out = std::ptr::null_mut();
-        // SAFETY: a receive communicator from accept.
-        let r = unsafe { comm.cast::<PluginRecv>().as_ref() }.ok_or_else(|| null_arg("comm"))?;
         // SAFETY: NCCL's arrays of n entries (a flush has no tags).
-        let (bufs, n) = unsafe {
-            recv_bufs(
+        let (args, n) = unsafe {
+            recv_args(
                 "iflush",
                 n,
                 data,
@@ -872,9 +879,10 @@ unsafe extern "C" fn iflush(
                 mhandles,
             )
         }?;
-        if let Some(id) = r.comm.iflush(&bufs[..n])? {
-            *out = slot_ptr(&r.slots, id);
-        }
+        *out = on_recv(comm, |r, requests, k| {
+            let id = r.iflush(&recv_bufs(&args[..n])[..n])?;
+            Ok(id.map_or(std::ptr::null_mut(), |id| requests.issue(k, id)))
+        })?;
         Ok(())
     })
 }
@@ -884,15 +892,23 @@ unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_
         // SAFETY: NCCL passes a valid out-pointer.
         let done = unsafe { done.as_mut() }.ok_or_else(|| null_arg("done"))?;
         *done = 0;
-        // SAFETY: a request slot returned by isend/irecv/iflush, of a live communicator.
-        let slot = unsafe { request.cast::<Slot>().as_ref() }.ok_or_else(|| null_arg("request"))?;
-        let id = ReqId::from_index(slot.index).map_err(|e| NetError::Usage(e.to_string()))?;
-        let result = match slot.owner {
-            // SAFETY: the owner outlives its requests (NCCL tests only before close).
-            Owner::Send(s) => unsafe { &*s }.comm.test(id)?,
-            // SAFETY: as above.
-            Owner::Recv(r) => unsafe { &*r }.comm.test(id)?,
-        };
+        key(request, "request")?;
+        let req = RequestKey::decode(request)?;
+        let result = COMMS.with(req.comm, |e| {
+            let (requests, result) = match e {
+                Endpoint::Send { comm, requests } if requests.current(&req) => {
+                    (requests, comm.test(req.id)?)
+                }
+                Endpoint::Recv { comm, requests } if requests.current(&req) => {
+                    (requests, comm.test(req.id)?)
+                }
+                _ => return Err(req.stale()),
+            };
+            if result.is_some() {
+                requests.retire(&req);
+            }
+            Ok(result)
+        })?;
         let Some(result) = result else {
             return Ok(());
         };
@@ -915,33 +931,41 @@ unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_
     })
 }
 
+/// Closes a communicator of the kind `is_kind` accepts; NULL is tolerated, a handle closed
+/// already (or of another kind) is refused.
+fn close(comm: *mut c_void, kind: &str, is_kind: fn(&Endpoint) -> bool) -> Result<(), NetError> {
+    if comm.is_null() {
+        return Ok(());
+    }
+    let k = comm as usize as u64;
+    COMMS.remove(k, is_kind).map_err(|e| {
+        if matches!(e, NetError::Argument(_)) {
+            not_a(k, kind)
+        } else {
+            e
+        }
+    })
+}
+
 unsafe extern "C" fn close_send(comm: *mut c_void) -> NcclResult {
     guard("closeSend", || {
-        if !comm.is_null() {
-            // SAFETY: a send communicator from connect, closed once.
-            drop(unsafe { Box::from_raw(comm.cast::<PluginSend>()) });
-        }
-        Ok(())
+        close(comm, "send communicator", |e| {
+            matches!(e, Endpoint::Send { .. })
+        })
     })
 }
 
 unsafe extern "C" fn close_recv(comm: *mut c_void) -> NcclResult {
     guard("closeRecv", || {
-        if !comm.is_null() {
-            // SAFETY: a receive communicator from accept, closed once.
-            drop(unsafe { Box::from_raw(comm.cast::<PluginRecv>()) });
-        }
-        Ok(())
+        close(comm, "receive communicator", |e| {
+            matches!(e, Endpoint::Recv { .. })
+        })
     })
 }
 
 unsafe extern "C" fn close_listen(comm: *mut c_void) -> NcclResult {
     guard("closeListen", || {
-        if !comm.is_null() {
-            // SAFETY: a listener from listen, closed once.
-            drop(unsafe { Box::from_raw(comm.cast::<Listener>()) });
-        }
-        Ok(())
+        close(comm, "listener", |e| matches!(e, Endpoint::Listen(_)))
     })
 }
 
@@ -1065,7 +1089,7 @@ const _: () = assert!(MAX_QPS <= STATS_MAX_QPS && MAX_ENDPOINTS <= STATS_MAX_END
 /// should have done.
 ///
 /// # Safety
-/// `send_comm` is NULL or a live communicator of this plugin; `out` is NULL or a struct whose
+/// `out` is NULL or a struct whose
 /// first field, `version`, names its layout.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclwasm_send_comm_stats(
@@ -1084,13 +1108,7 @@ pub unsafe extern "C" fn ncclwasm_send_comm_stats(
         // SAFETY: the version says `out` is a `SendStatsV1`, and the caller owns it.
         let out = unsafe { &mut *out };
         *out = SendStatsV1::empty();
-        // SAFETY: NULL or a communicator from connect or accept, alive until close.
-        let Comm::Send(s) = (unsafe { which(send_comm) })? else {
-            return Err(NetError::Usage(
-                "ncclwasm_send_comm_stats of a receive communicator".into(),
-            ));
-        };
-        let st = s.comm.stats();
+        let st = on_send(send_comm, |s, _, _| Ok(s.stats()))?;
         let p = st.plan;
         out.nqps = p.qps.len() as u32;
         out.nlocal = st.local.len() as u32;
@@ -1276,26 +1294,26 @@ mod tests {
         let rc = unsafe { ncclwasm_send_comm_stats(std::ptr::null_mut(), &mut out) };
         assert_eq!(
             (rc, out.nqps),
-            (NCCL_INTERNAL_ERROR, 0),
+            (NCCL_INVALID_ARGUMENT, 0),
             "cleared on error too"
         );
 
         let mut junk = [0u8; 16];
         out.nqps = 7;
-        // SAFETY: only the first byte of a would-be communicator is read, and it is no kind.
+        // SAFETY: a handle is a key, never dereferenced: this one names no communicator.
         let rc = unsafe { ncclwasm_send_comm_stats(junk.as_mut_ptr().cast(), &mut out) };
-        assert_eq!((rc, out.nqps), (NCCL_INTERNAL_ERROR, 0));
+        assert_eq!((rc, out.nqps), (NCCL_INVALID_USAGE, 0));
 
         out.version = SEND_STATS_VERSION + 1;
         out.nqps = 7;
         // SAFETY: a layout of another version is refused before anything but its version is
         // read or written.
         let rc = unsafe { ncclwasm_send_comm_stats(junk.as_mut_ptr().cast(), &mut out) };
-        assert_eq!((rc, out.nqps), (NCCL_INTERNAL_ERROR, 7), "not written");
+        assert_eq!((rc, out.nqps), (NCCL_INVALID_USAGE, 7), "not written");
 
         // SAFETY: a NULL struct is refused.
         let rc =
             unsafe { ncclwasm_send_comm_stats(junk.as_mut_ptr().cast(), std::ptr::null_mut()) };
-        assert_eq!(rc, NCCL_INTERNAL_ERROR);
+        assert_eq!(rc, NCCL_INVALID_ARGUMENT);
     }
 }

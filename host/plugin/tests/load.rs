@@ -49,6 +49,32 @@ fn one_message_through_each_table_of_the_built_library() {
     }
 }
 
+/// v9/v10 have no `finalize`: NCCL `dlclose`s and later `dlopen`s the library again, and the new
+/// load's `init` must not find the earlier load's virtual NIC (the library may stay mapped).
+#[test]
+fn a_reload_of_a_v9_or_v10_table_starts_fresh() {
+    const TEST: &str = "a_reload_of_a_v9_or_v10_table_starts_fresh";
+    if !ncclwasm_testkit::child::enter(TEST) {
+        in_child(TEST, &[]);
+        return;
+    }
+    for version in [9, 10] {
+        let mut plugin = Plugin::open_as(&library(), version).unwrap();
+        plugin.init().unwrap();
+        let first = plugin.devices().unwrap();
+        assert_eq!(plugin.make_vdevice(&[0, 1]).unwrap(), first);
+        assert_eq!(plugin.devices().unwrap(), first + 1);
+        drop(plugin);
+        let mut plugin = Plugin::open_as(&library(), version).unwrap();
+        plugin.init().unwrap();
+        assert_eq!(
+            plugin.devices().unwrap(),
+            first,
+            "v{version}: the earlier vNIC survived"
+        );
+    }
+}
+
 /// A bound for a hang, not a measurement: a debug build on a loaded machine is slow.
 const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 

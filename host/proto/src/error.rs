@@ -3,8 +3,9 @@
 /// Everything that can go wrong in the protocol core. Each message says what happened and what
 /// to do about it; the I/O shell maps them to NCCL results (a peer's fault or a bad handle to
 /// `ncclRemoteError`/`ncclInvalidUsage`, a bookkeeping violation to `ncclInternalError`).
+/// Deliberately not `#[non_exhaustive]`: the transport maps every variant to an NCCL result
+/// without a catch-all, so a new variant is classified on purpose.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
 pub enum ProtoError {
     /// The 128-byte NCCL handle did not decode.
     #[error(

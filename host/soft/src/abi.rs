@@ -4,6 +4,7 @@
 //! provider library embeds `ibv_qp` in its `mlx5_qp`.
 
 use std::os::raw::{c_char, c_int, c_uint, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -82,6 +83,28 @@ fn null<T>(e: c_int) -> *mut T {
     ptr::null_mut()
 }
 
+/// Runs an entry point's body; a panic (a bug of this provider) must not unwind into C, where it
+/// would abort the process (NCCL with it): it is logged and becomes the verb's error convention
+/// (`on_panic`: errno EIO with -1, the errno itself, or NULL). With `fault-injection`,
+/// [`crate::fault::panic_in_next_verb`] makes the next entry point panic here, to prove it.
+fn shield<R>(verb: &'static str, on_panic: impl FnOnce() -> R, body: impl FnOnce() -> R) -> R {
+    let run = || {
+        #[cfg(feature = "fault-injection")]
+        if crate::fault::take_injected_panic() {
+            panic!("injected panic in {verb}");
+        }
+        body()
+    };
+    match catch_unwind(AssertUnwindSafe(run)) {
+        Ok(r) => r,
+        Err(panic) => {
+            let what = ncclwasm_verbs::panic_message(panic.as_ref());
+            tracing::warn!("soft verbs: {verb} panicked ({what}); failing the call with EIO");
+            on_panic()
+        }
+    }
+}
+
 /// The soft context behind an `ibv_context` pointer.
 ///
 /// # Safety
@@ -106,70 +129,94 @@ pub(crate) unsafe fn qp_of<'a>(qp: *mut ibv_qp) -> &'a Arc<Qp> {
 /// `ibv_get_device_list`: the topology's devices (NULL + ENOSYS if the topology is unusable,
 /// which callers read as zero devices).
 pub unsafe extern "C" fn get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
-    let fabric = match fabric::fabric() {
-        Ok(f) => f,
-        Err(msg) => {
-            tracing::warn!("soft: no devices: {msg}");
-            if !num_devices.is_null() {
-                // SAFETY: the caller passed a writable int (checked non-NULL).
-                unsafe { *num_devices = 0 };
+    shield(
+        "get_device_list",
+        || null(libc::EIO),
+        || {
+            let fabric = match fabric::fabric() {
+                Ok(f) => f,
+                Err(msg) => {
+                    tracing::warn!("soft: no devices: {msg}");
+                    if !num_devices.is_null() {
+                        // SAFETY: the caller passed a writable int (checked non-NULL).
+                        unsafe { *num_devices = 0 };
+                    }
+                    return null(libc::ENOSYS);
+                }
+            };
+            let n = fabric.devices.len();
+            // SAFETY: calloc of n+1 pointers; checked for NULL below.
+            let list = unsafe { libc::calloc(n + 1, size_of::<*mut ibv_device>()) }
+                .cast::<*mut ibv_device>();
+            if list.is_null() {
+                return null(libc::ENOMEM);
             }
-            return null(libc::ENOSYS);
-        }
-    };
-    let n = fabric.devices.len();
-    // SAFETY: calloc of n+1 pointers; checked for NULL below.
-    let list =
-        unsafe { libc::calloc(n + 1, size_of::<*mut ibv_device>()) }.cast::<*mut ibv_device>();
-    if list.is_null() {
-        return null(libc::ENOMEM);
-    }
-    for (i, d) in fabric.devices.iter().enumerate() {
-        // SAFETY: `list` has n+1 slots; the device lives for the whole process.
-        unsafe { *list.add(i) = (&raw const d.ibv).cast_mut() };
-    }
-    if !num_devices.is_null() {
-        // SAFETY: checked non-NULL; the caller passed a writable int.
-        unsafe { *num_devices = n as c_int };
-    }
-    list
+            for (i, d) in fabric.devices.iter().enumerate() {
+                // SAFETY: `list` has n+1 slots; the device lives for the whole process.
+                unsafe { *list.add(i) = (&raw const d.ibv).cast_mut() };
+            }
+            if !num_devices.is_null() {
+                // SAFETY: checked non-NULL; the caller passed a writable int.
+                unsafe { *num_devices = n as c_int };
+            }
+            list
+        },
+    )
 }
 
 /// `ibv_free_device_list`. Devices themselves live as long as the process.
 pub unsafe extern "C" fn free_device_list(list: *mut *mut ibv_device) {
-    // SAFETY: `list` came from get_device_list's calloc (free(NULL) is a no-op).
-    unsafe { libc::free(list.cast()) };
+    shield(
+        "free_device_list",
+        || (),
+        || {
+            // SAFETY: `list` came from get_device_list's calloc (free(NULL) is a no-op).
+            unsafe { libc::free(list.cast()) };
+        },
+    )
 }
 
 /// `ibv_get_device_name`.
 pub unsafe extern "C" fn get_device_name(device: *mut ibv_device) -> *const c_char {
-    if device.is_null() {
-        return null::<c_char>(libc::EINVAL);
-    }
-    // SAFETY: soft device pointers point at the first field of a repr(C) SoftDevice.
-    unsafe { (*device.cast::<SoftDevice>()).name_c.as_ptr() }
+    shield(
+        "get_device_name",
+        || null::<c_char>(libc::EIO).cast_const(),
+        || {
+            if device.is_null() {
+                return null::<c_char>(libc::EINVAL);
+            }
+            // SAFETY: soft device pointers point at the first field of a repr(C) SoftDevice.
+            unsafe { (*device.cast::<SoftDevice>()).name_c.as_ptr() }
+        },
+    )
 }
 
 /// `ibv_open_device`: a context with the fast-path ops filled in and an eventfd as `async_fd`.
 pub unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv_context {
-    let Ok(fabric) = fabric::fabric() else {
-        return null(libc::ENODEV);
-    };
-    let Some(dev) = fabric
-        .devices
-        .iter()
-        .find(|d| ptr::eq((&raw const d.ibv).cast_mut(), device))
-    else {
-        return null(libc::ENODEV);
-    };
-    if !fabric::alive(dev) {
-        return null(libc::EIO);
-    }
-    let ctx = match Ctx::new(fabric, dev) {
-        Ok(c) => c,
-        Err(e) => return null(e.raw_os_error().unwrap_or(libc::EIO)),
-    };
-    new_context(ctx, device)
+    shield(
+        "open_device",
+        || null(libc::EIO),
+        || {
+            let Ok(fabric) = fabric::fabric() else {
+                return null(libc::ENODEV);
+            };
+            let Some(dev) = fabric
+                .devices
+                .iter()
+                .find(|d| ptr::eq((&raw const d.ibv).cast_mut(), device))
+            else {
+                return null(libc::ENODEV);
+            };
+            if !fabric::alive(dev) {
+                return null(libc::EIO);
+            }
+            let ctx = match Ctx::new(fabric, dev) {
+                Ok(c) => c,
+                Err(e) => return null(e.raw_os_error().unwrap_or(libc::EIO)),
+            };
+            new_context(ctx, device)
+        },
+    )
 }
 
 /// Wraps a context in its `ibv_context` (also used by tests that build private fabrics).
@@ -190,13 +237,19 @@ pub(crate) fn new_context(ctx: Arc<Ctx>, device: *mut ibv_device) -> *mut ibv_co
 
 /// `ibv_close_device`: stops every thread the context started.
 pub unsafe extern "C" fn close_device(context: *mut ibv_context) -> c_int {
-    if context.is_null() {
-        return fail(libc::EINVAL);
-    }
-    // SAFETY: the pointer came from open_device (Box<SoftContext>) and is closed only once.
-    let sc = unsafe { Box::from_raw(context.cast::<SoftContext>()) };
-    sc.ctx.close();
-    0
+    shield(
+        "close_device",
+        || fail(libc::EIO),
+        || {
+            if context.is_null() {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: the pointer came from open_device (Box<SoftContext>) and is closed only once.
+            let sc = unsafe { Box::from_raw(context.cast::<SoftContext>()) };
+            sc.ctx.close();
+            0
+        },
+    )
 }
 
 /// `ibv_query_device`.
@@ -204,37 +257,43 @@ pub unsafe extern "C" fn query_device(
     context: *mut ibv_context,
     attr: *mut ibv_device_attr,
 ) -> c_int {
-    if context.is_null() || attr.is_null() {
-        return fail(libc::EINVAL);
-    }
-    // SAFETY: a live soft context.
-    let ctx = unsafe { ctx_of(context) };
-    // SAFETY: plain C data; all-zero is valid.
-    let mut a: ibv_device_attr = unsafe { std::mem::zeroed() };
-    for (d, s) in a.fw_ver.iter_mut().zip(b"soft-1.0".iter()) {
-        *d = *s as c_char;
-    }
-    a.node_guid = ctx.dev.desc.guid.to_be();
-    a.sys_image_guid = ctx.dev.desc.guid.to_be();
-    a.max_mr_size = u64::MAX;
-    a.page_size_cap = 4096;
-    a.vendor_id = SOFT_ECE_VENDOR;
-    a.max_qp = ctx.dev.desc.max_qps.min(i32::MAX as u32) as c_int;
-    a.max_qp_wr = MAX_QP_WR as c_int;
-    a.max_sge = MAX_SGE as c_int;
-    a.max_sge_rd = MAX_SGE as c_int;
-    a.max_cq = 1 << 16;
-    a.max_cqe = MAX_CQE;
-    a.max_mr = 1 << 24;
-    a.max_pd = 1 << 24;
-    a.max_qp_rd_atom = MAX_RD_ATOM;
-    a.max_qp_init_rd_atom = MAX_RD_ATOM;
-    a.max_res_rd_atom = MAX_RD_ATOM * 1024;
-    a.max_pkeys = 1;
-    a.phys_port_cnt = ctx.dev.port_count();
-    // SAFETY: the caller passed a writable ibv_device_attr.
-    unsafe { *attr = a };
-    0
+    shield(
+        "query_device",
+        || fail(libc::EIO),
+        || {
+            if context.is_null() || attr.is_null() {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: a live soft context.
+            let ctx = unsafe { ctx_of(context) };
+            // SAFETY: plain C data; all-zero is valid.
+            let mut a: ibv_device_attr = unsafe { std::mem::zeroed() };
+            for (d, s) in a.fw_ver.iter_mut().zip(b"soft-1.0".iter()) {
+                *d = *s as c_char;
+            }
+            a.node_guid = ctx.dev.desc.guid.to_be();
+            a.sys_image_guid = ctx.dev.desc.guid.to_be();
+            a.max_mr_size = u64::MAX;
+            a.page_size_cap = 4096;
+            a.vendor_id = SOFT_ECE_VENDOR;
+            a.max_qp = ctx.dev.desc.max_qps.min(i32::MAX as u32) as c_int;
+            a.max_qp_wr = MAX_QP_WR as c_int;
+            a.max_sge = MAX_SGE as c_int;
+            a.max_sge_rd = MAX_SGE as c_int;
+            a.max_cq = 1 << 16;
+            a.max_cqe = MAX_CQE;
+            a.max_mr = 1 << 24;
+            a.max_pd = 1 << 24;
+            a.max_qp_rd_atom = MAX_RD_ATOM;
+            a.max_qp_init_rd_atom = MAX_RD_ATOM;
+            a.max_res_rd_atom = MAX_RD_ATOM * 1024;
+            a.max_pkeys = 1;
+            a.phys_port_cnt = ctx.dev.port_count();
+            // SAFETY: the caller passed a writable ibv_device_attr.
+            unsafe { *attr = a };
+            0
+        },
+    )
 }
 
 /// `ibv_query_port` (the compat symbol; the pointer is a full `ibv_port_attr`).
@@ -243,46 +302,53 @@ pub unsafe extern "C" fn query_port(
     port_num: u8,
     attr: *mut _compat_ibv_port_attr,
 ) -> c_int {
-    if context.is_null() || attr.is_null() {
-        return fail(libc::EINVAL);
-    }
-    // SAFETY: a live soft context.
-    let ctx = unsafe { ctx_of(context) };
-    let (Some(p), Some(state)) = (ctx.dev.port(port_num), ctx.dev.port_state(port_num)) else {
-        return fail(libc::EINVAL);
-    };
-    let mtu = match p.mtu {
-        256 => ibv_mtu::IBV_MTU_256,
-        512 => ibv_mtu::IBV_MTU_512,
-        1024 => ibv_mtu::IBV_MTU_1024,
-        2048 => ibv_mtu::IBV_MTU_2048,
-        _ => ibv_mtu::IBV_MTU_4096,
-    };
-    // SAFETY: plain C data; all-zero is valid.
-    let mut a: ibv_port_attr = unsafe { std::mem::zeroed() };
-    a.state = state;
-    a.max_mtu = mtu;
-    a.active_mtu = mtu;
-    a.gid_tbl_len = p.gids.len() as c_int;
-    a.max_msg_sz = MAX_MSG as u32;
-    a.pkey_tbl_len = 1;
-    a.lid = p.lid;
-    a.sm_lid = if p.lid != 0 { 1 } else { 0 };
-    a.max_vl_num = 1;
-    a.active_width = width_code(p.width);
-    a.active_speed = speed_code(p.speed_mbps / u32::from(p.width.max(1)));
-    a.phys_state = if state == rdma_sys::ibv_port_state::IBV_PORT_ACTIVE {
-        5
-    } else {
-        3
-    };
-    a.link_layer = match p.link_layer {
-        ncclwasm_model::LinkLayer::Infiniband => LINK_LAYER_INFINIBAND,
-        ncclwasm_model::LinkLayer::Ethernet => LINK_LAYER_ETHERNET,
-    };
-    // SAFETY: per the table contract the pointer is a full, writable ibv_port_attr.
-    unsafe { *attr.cast::<ibv_port_attr>() = a };
-    0
+    shield(
+        "query_port",
+        || fail(libc::EIO),
+        || {
+            if context.is_null() || attr.is_null() {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: a live soft context.
+            let ctx = unsafe { ctx_of(context) };
+            let (Some(p), Some(state)) = (ctx.dev.port(port_num), ctx.dev.port_state(port_num))
+            else {
+                return fail(libc::EINVAL);
+            };
+            let mtu = match p.mtu {
+                256 => ibv_mtu::IBV_MTU_256,
+                512 => ibv_mtu::IBV_MTU_512,
+                1024 => ibv_mtu::IBV_MTU_1024,
+                2048 => ibv_mtu::IBV_MTU_2048,
+                _ => ibv_mtu::IBV_MTU_4096,
+            };
+            // SAFETY: plain C data; all-zero is valid.
+            let mut a: ibv_port_attr = unsafe { std::mem::zeroed() };
+            a.state = state;
+            a.max_mtu = mtu;
+            a.active_mtu = mtu;
+            a.gid_tbl_len = p.gids.len() as c_int;
+            a.max_msg_sz = MAX_MSG as u32;
+            a.pkey_tbl_len = 1;
+            a.lid = p.lid;
+            a.sm_lid = if p.lid != 0 { 1 } else { 0 };
+            a.max_vl_num = 1;
+            a.active_width = width_code(p.width);
+            a.active_speed = speed_code(p.speed_mbps / u32::from(p.width.max(1)));
+            a.phys_state = if state == rdma_sys::ibv_port_state::IBV_PORT_ACTIVE {
+                5
+            } else {
+                3
+            };
+            a.link_layer = match p.link_layer {
+                ncclwasm_model::LinkLayer::Infiniband => LINK_LAYER_INFINIBAND,
+                ncclwasm_model::LinkLayer::Ethernet => LINK_LAYER_ETHERNET,
+            };
+            // SAFETY: per the table contract the pointer is a full, writable ibv_port_attr.
+            unsafe { *attr.cast::<ibv_port_attr>() = a };
+            0
+        },
+    )
 }
 
 /// `ibv_port_attr.active_width` code for a lane count (1x=1, 2x=16, 4x=2, 8x=4, 12x=8).
@@ -321,21 +387,27 @@ pub unsafe extern "C" fn query_gid(
     index: c_int,
     gid: *mut ibv_gid,
 ) -> c_int {
-    if context.is_null() || gid.is_null() {
-        return fail(libc::EINVAL);
-    }
-    // SAFETY: a live soft context.
-    let ctx = unsafe { ctx_of(context) };
-    let Some(g) = ctx
-        .dev
-        .port(port_num)
-        .and_then(|p| usize::try_from(index).ok().and_then(|i| p.gids.get(i)))
-    else {
-        return fail(libc::EINVAL);
-    };
-    // SAFETY: the caller passed a writable 16-byte ibv_gid.
-    unsafe { (*gid).raw = g.raw };
-    0
+    shield(
+        "query_gid",
+        || fail(libc::EIO),
+        || {
+            if context.is_null() || gid.is_null() {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: a live soft context.
+            let ctx = unsafe { ctx_of(context) };
+            let Some(g) = ctx
+                .dev
+                .port(port_num)
+                .and_then(|p| usize::try_from(index).ok().and_then(|i| p.gids.get(i)))
+            else {
+                return fail(libc::EINVAL);
+            };
+            // SAFETY: the caller passed a writable 16-byte ibv_gid.
+            unsafe { (*gid).raw = g.raw };
+            0
+        },
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -343,38 +415,50 @@ pub unsafe extern "C" fn query_gid(
 
 /// `ibv_alloc_pd`.
 pub unsafe extern "C" fn alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
-    if context.is_null() {
-        return null(libc::EINVAL);
-    }
-    // SAFETY: a live soft context.
-    let ctx = unsafe { ctx_of(context) };
-    if !fabric::alive(ctx.dev) {
-        return null(libc::EIO);
-    }
-    let ibv = ibv_pd {
-        context,
-        handle: ctx.alloc_pd_id(),
-    };
-    Box::into_raw(Box::new(SoftPd {
-        ibv,
-        ctx: Arc::clone(ctx),
-    }))
-    .cast()
+    shield(
+        "alloc_pd",
+        || null(libc::EIO),
+        || {
+            if context.is_null() {
+                return null(libc::EINVAL);
+            }
+            // SAFETY: a live soft context.
+            let ctx = unsafe { ctx_of(context) };
+            if !fabric::alive(ctx.dev) {
+                return null(libc::EIO);
+            }
+            let ibv = ibv_pd {
+                context,
+                handle: ctx.alloc_pd_id(),
+            };
+            Box::into_raw(Box::new(SoftPd {
+                ibv,
+                ctx: Arc::clone(ctx),
+            }))
+            .cast()
+        },
+    )
 }
 
 /// `ibv_dealloc_pd`: EBUSY while MRs still use it.
 pub unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
-    if pd.is_null() {
-        return fail(libc::EINVAL);
-    }
-    // SAFETY: a live soft PD (first field of a boxed SoftPd).
-    let sp = unsafe { &*pd.cast::<SoftPd>() };
-    if sp.ctx.mrs.count_for_pd(sp.ibv.handle) > 0 {
-        return fail(libc::EBUSY);
-    }
-    // SAFETY: allocated by alloc_pd, freed once.
-    drop(unsafe { Box::from_raw(pd.cast::<SoftPd>()) });
-    0
+    shield(
+        "dealloc_pd",
+        || fail(libc::EIO),
+        || {
+            if pd.is_null() {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: a live soft PD (first field of a boxed SoftPd).
+            let sp = unsafe { &*pd.cast::<SoftPd>() };
+            if sp.ctx.mrs.count_for_pd(sp.ibv.handle) > 0 {
+                return fail(libc::EBUSY);
+            }
+            // SAFETY: allocated by alloc_pd, freed once.
+            drop(unsafe { Box::from_raw(pd.cast::<SoftPd>()) });
+            0
+        },
+    )
 }
 
 /// `ibv_reg_mr`.
@@ -384,8 +468,14 @@ pub unsafe extern "C" fn reg_mr(
     length: usize,
     access: c_int,
 ) -> *mut ibv_mr {
-    // SAFETY: same contract as reg_mr_iova2 with iova = addr.
-    unsafe { reg_mr_iova2(pd, addr, length, addr as u64, access as c_uint) }
+    shield(
+        "reg_mr",
+        || null(libc::EIO),
+        || {
+            // SAFETY: same contract as reg_mr_iova2 with iova = addr.
+            unsafe { reg_mr_iova2(pd, addr, length, addr as u64, access as c_uint) }
+        },
+    )
 }
 
 /// `ibv_reg_mr_iova2`: remote peers address the region by `iova`.
@@ -396,12 +486,18 @@ pub unsafe extern "C" fn reg_mr_iova2(
     iova: u64,
     access: c_uint,
 ) -> *mut ibv_mr {
-    if pd.is_null() || (addr.is_null() && length > 0) {
-        return null(libc::EINVAL);
-    }
-    // SAFETY: a live soft PD.
-    let sp = unsafe { &*pd.cast::<SoftPd>() };
-    register(sp, pd, addr as usize, addr, length, iova, access, None)
+    shield(
+        "reg_mr_iova2",
+        || null(libc::EIO),
+        || {
+            if pd.is_null() || (addr.is_null() && length > 0) {
+                return null(libc::EINVAL);
+            }
+            // SAFETY: a live soft PD.
+            let sp = unsafe { &*pd.cast::<SoftPd>() };
+            register(sp, pd, addr as usize, addr, length, iova, access, None)
+        },
+    )
 }
 
 /// Registers `[host, host + length)` of this process under a fresh key, addressed by `iova`;
@@ -460,49 +556,61 @@ pub unsafe extern "C" fn reg_dmabuf_mr(
     fd: c_int,
     access: c_int,
 ) -> *mut ibv_mr {
-    if pd.is_null() {
-        return null(libc::EINVAL);
-    }
-    if fd < 0 {
-        return null(libc::EBADF);
-    }
-    if length == 0 {
-        return null(libc::EINVAL);
-    }
-    // SAFETY: a live soft PD.
-    let sp = unsafe { &*pd.cast::<SoftPd>() };
-    let mapping = match FdMapping::map(fd, offset, length) {
-        Ok(m) => m,
-        Err(MapError::Range) => return null(libc::EINVAL),
-        Err(MapError::Unmappable(e)) => {
-            tracing::debug!("soft: reg_dmabuf_mr of fd {fd}: mmap errno {e}");
-            return null(libc::EOPNOTSUPP);
-        }
-    };
-    let host = mapping.addr();
-    register(
-        sp,
-        pd,
-        host,
-        offset as usize as *mut c_void,
-        length,
-        iova,
-        access as c_uint,
-        Some(mapping),
+    shield(
+        "reg_dmabuf_mr",
+        || null(libc::EIO),
+        || {
+            if pd.is_null() {
+                return null(libc::EINVAL);
+            }
+            if fd < 0 {
+                return null(libc::EBADF);
+            }
+            if length == 0 {
+                return null(libc::EINVAL);
+            }
+            // SAFETY: a live soft PD.
+            let sp = unsafe { &*pd.cast::<SoftPd>() };
+            let mapping = match FdMapping::map(fd, offset, length) {
+                Ok(m) => m,
+                Err(MapError::Range) => return null(libc::EINVAL),
+                Err(MapError::Unmappable(e)) => {
+                    tracing::debug!("soft: reg_dmabuf_mr of fd {fd}: mmap errno {e}");
+                    return null(libc::EOPNOTSUPP);
+                }
+            };
+            let host = mapping.addr();
+            register(
+                sp,
+                pd,
+                host,
+                offset as usize as *mut c_void,
+                length,
+                iova,
+                access as c_uint,
+                Some(mapping),
+            )
+        },
     )
 }
 
 /// `ibv_dereg_mr`: the key stops working at once; returns when no access uses it any more.
 pub unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
-    if mr.is_null() {
-        return fail(libc::EINVAL);
-    }
-    // SAFETY: allocated by reg_mr_iova2, deregistered once.
-    let sm = unsafe { Box::from_raw(mr.cast::<SoftMr>()) };
-    sm.ctx.mrs.deregister(sm.ibv.lkey);
-    // The key is gone and no access holds it: now the dma-buf mapping (if any) may go.
-    drop(sm);
-    0
+    shield(
+        "dereg_mr",
+        || fail(libc::EIO),
+        || {
+            if mr.is_null() {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: allocated by reg_mr_iova2, deregistered once.
+            let sm = unsafe { Box::from_raw(mr.cast::<SoftMr>()) };
+            sm.ctx.mrs.deregister(sm.ibv.lkey);
+            // The key is gone and no access holds it: now the dma-buf mapping (if any) may go.
+            drop(sm);
+            0
+        },
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -516,85 +624,103 @@ pub unsafe extern "C" fn create_cq(
     channel: *mut ibv_comp_channel,
     _comp_vector: c_int,
 ) -> *mut ibv_cq {
-    if context.is_null() || !(1..=MAX_CQE).contains(&cqe) {
-        return null(libc::EINVAL);
-    }
-    if !channel.is_null() {
-        return null(libc::EOPNOTSUPP);
-    }
-    // SAFETY: a live soft context.
-    let ctx = unsafe { ctx_of(context) };
-    if !fabric::alive(ctx.dev) {
-        return null(libc::EIO);
-    }
-    let state = Arc::new(CqState {
-        cq: Cq::new(cqe as usize),
-        ibv: Default::default(),
-        ctx: Arc::clone(ctx),
-    });
-    // SAFETY: plain C data; the pthread mutex/cond all-zero values are their static initialisers.
-    let mut ibv: ibv_cq = unsafe { std::mem::zeroed() };
-    ibv.context = context;
-    ibv.cq_context = cq_context;
-    ibv.cqe = cqe;
-    let raw: *mut SoftCq = Box::into_raw(Box::new(SoftCq {
-        ibv,
-        cq: Arc::clone(&state),
-    }));
-    state.ibv.store(raw as usize, Ordering::Release);
-    raw.cast()
+    shield(
+        "create_cq",
+        || null(libc::EIO),
+        || {
+            if context.is_null() || !(1..=MAX_CQE).contains(&cqe) {
+                return null(libc::EINVAL);
+            }
+            if !channel.is_null() {
+                return null(libc::EOPNOTSUPP);
+            }
+            // SAFETY: a live soft context.
+            let ctx = unsafe { ctx_of(context) };
+            if !fabric::alive(ctx.dev) {
+                return null(libc::EIO);
+            }
+            let state = Arc::new(CqState {
+                cq: Cq::new(cqe as usize),
+                ibv: Default::default(),
+                ctx: Arc::clone(ctx),
+            });
+            // SAFETY: plain C data; the pthread mutex/cond all-zero values are their static initialisers.
+            let mut ibv: ibv_cq = unsafe { std::mem::zeroed() };
+            ibv.context = context;
+            ibv.cq_context = cq_context;
+            ibv.cqe = cqe;
+            let raw: *mut SoftCq = Box::into_raw(Box::new(SoftCq {
+                ibv,
+                cq: Arc::clone(&state),
+            }));
+            state.ibv.store(raw as usize, Ordering::Release);
+            raw.cast()
+        },
+    )
 }
 
 /// `ibv_destroy_cq`: EBUSY while a QP still uses it.
 pub unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
-    if cq.is_null() {
-        return fail(libc::EINVAL);
-    }
-    // SAFETY: a live soft CQ.
-    let sc = unsafe { &*cq.cast::<SoftCq>() };
-    if Arc::strong_count(&sc.cq) > 1 {
-        return fail(libc::EBUSY);
-    }
-    sc.cq.ctx.events.forget(Element::Cq(cq as usize));
-    // SAFETY: allocated by create_cq, destroyed once.
-    drop(unsafe { Box::from_raw(cq.cast::<SoftCq>()) });
-    0
+    shield(
+        "destroy_cq",
+        || fail(libc::EIO),
+        || {
+            if cq.is_null() {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: a live soft CQ.
+            let sc = unsafe { &*cq.cast::<SoftCq>() };
+            if Arc::strong_count(&sc.cq) > 1 {
+                return fail(libc::EBUSY);
+            }
+            sc.cq.ctx.events.forget(Element::Cq(cq as usize));
+            // SAFETY: allocated by create_cq, destroyed once.
+            drop(unsafe { Box::from_raw(cq.cast::<SoftCq>()) });
+            0
+        },
+    )
 }
 
 /// `ops.poll_cq`: up to `num_entries` completions, -1 once the CQ has overrun.
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
-    if cq.is_null() || (wc.is_null() && num_entries > 0) {
-        return -libc::EINVAL;
-    }
-    // SAFETY: a live soft CQ.
-    let sc = unsafe { &*cq.cast::<SoftCq>() };
-    let max = usize::try_from(num_entries).unwrap_or(0);
-    let n = sc.cq.cq.poll(max, |i, w| {
-        // SAFETY: plain C data; all-zero is valid.
-        let mut out: ibv_wc = unsafe { std::mem::zeroed() };
-        out.wr_id = w.wr_id;
-        out.status = w.status;
-        out.opcode = w.opcode;
-        out.byte_len = w.byte_len;
-        out.qp_num = w.qp_num;
-        out.src_qp = w.src_qp;
-        if let Some(imm) = w.imm {
-            out.imm_data_invalidated_rkey_union.imm_data = imm;
-            out.wc_flags = ibv_wc_flags::IBV_WC_WITH_IMM.0;
-        }
-        // SAFETY: the caller's array has `num_entries` slots and `i < num_entries`.
-        unsafe { wc.add(i).write(out) };
-    });
-    match n {
-        Some(n) => {
-            idle_backoff(n == 0);
-            n as c_int
-        }
-        None => {
-            set_errno(libc::EOVERFLOW);
-            -1
-        }
-    }
+    shield(
+        "poll_cq",
+        || -libc::EIO,
+        || {
+            if cq.is_null() || (wc.is_null() && num_entries > 0) {
+                return -libc::EINVAL;
+            }
+            // SAFETY: a live soft CQ.
+            let sc = unsafe { &*cq.cast::<SoftCq>() };
+            let max = usize::try_from(num_entries).unwrap_or(0);
+            let n = sc.cq.cq.poll(max, |i, w| {
+                // SAFETY: plain C data; all-zero is valid.
+                let mut out: ibv_wc = unsafe { std::mem::zeroed() };
+                out.wr_id = w.wr_id;
+                out.status = w.status;
+                out.opcode = w.opcode;
+                out.byte_len = w.byte_len;
+                out.qp_num = w.qp_num;
+                out.src_qp = w.src_qp;
+                if let Some(imm) = w.imm {
+                    out.imm_data_invalidated_rkey_union.imm_data = imm;
+                    out.wc_flags = ibv_wc_flags::IBV_WC_WITH_IMM.0;
+                }
+                // SAFETY: the caller's array has `num_entries` slots and `i < num_entries`.
+                unsafe { wc.add(i).write(out) };
+            });
+            match n {
+                Some(n) => {
+                    idle_backoff(n == 0);
+                    n as c_int
+                }
+                None => {
+                    set_errno(libc::EOVERFLOW);
+                    -1
+                }
+            }
+        },
+    )
 }
 
 /// Empty polls in a row after which a polling thread naps once.
@@ -626,7 +752,7 @@ fn idle_backoff(empty: bool) {
 
 /// `ops.req_notify_cq`: accepted; there are no completion channels to notify.
 pub unsafe extern "C" fn req_notify_cq(_cq: *mut ibv_cq, _solicited_only: c_int) -> c_int {
-    0
+    shield("req_notify_cq", || fail(libc::EIO), || 0)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -634,78 +760,85 @@ pub unsafe extern "C" fn req_notify_cq(_cq: *mut ibv_cq, _solicited_only: c_int)
 
 /// `ibv_create_qp`: RC only; the granted capacities are written back into `init_attr.cap`.
 pub unsafe extern "C" fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> *mut ibv_qp {
-    if pd.is_null() || init.is_null() {
-        return null(libc::EINVAL);
-    }
-    // SAFETY: live soft PD and a readable/writable init attr from the caller.
-    let (sp, ia) = unsafe { (&*pd.cast::<SoftPd>(), &mut *init) };
-    if ia.qp_type != ibv_qp_type::IBV_QPT_RC {
-        return null(libc::EOPNOTSUPP);
-    }
-    if !ia.srq.is_null() {
-        return null(libc::EOPNOTSUPP);
-    }
-    if ia.send_cq.is_null() || ia.recv_cq.is_null() {
-        return null(libc::EINVAL);
-    }
-    if !fabric::alive(sp.ctx.dev) {
-        return null(libc::EIO);
-    }
-    let c = ia.cap;
-    if c.max_send_wr > MAX_QP_WR
-        || c.max_recv_wr > MAX_QP_WR
-        || c.max_send_sge > MAX_SGE
-        || c.max_recv_sge > MAX_SGE
-        || c.max_inline_data > MAX_INLINE
-    {
-        return null(libc::EINVAL);
-    }
-    let caps = Caps {
-        max_send_wr: c.max_send_wr.max(1),
-        max_recv_wr: c.max_recv_wr.max(1),
-        max_send_sge: c.max_send_sge.max(1),
-        max_recv_sge: c.max_recv_sge.max(1),
-        max_inline: c.max_inline_data,
-    };
-    ia.cap.max_send_wr = caps.max_send_wr;
-    ia.cap.max_recv_wr = caps.max_recv_wr;
-    ia.cap.max_send_sge = caps.max_send_sge;
-    ia.cap.max_recv_sge = caps.max_recv_sge;
-    let slot = match sp.ctx.reserve_qpn() {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!("soft: create_qp: {e}");
-            return null(e.raw_os_error().unwrap_or(libc::EADDRNOTAVAIL));
-        }
-    };
-    // SAFETY: both CQ pointers are live soft CQs (checked non-NULL above).
-    let (scq, rcq) = unsafe { (&*ia.send_cq.cast::<SoftCq>(), &*ia.recv_cq.cast::<SoftCq>()) };
-    let qp = Qp::new(
-        Arc::clone(&sp.ctx),
-        slot,
-        sp.ibv.handle,
-        caps,
-        ia.sq_sig_all != 0,
-        Arc::clone(&scq.cq),
-        Arc::clone(&rcq.cq),
-    );
-    // SAFETY: plain C data; pthread mutex/cond all-zero values are their static initialisers.
-    let mut ibv: ibv_qp = unsafe { std::mem::zeroed() };
-    ibv.context = sp.ibv.context;
-    ibv.qp_context = ia.qp_context;
-    ibv.pd = pd;
-    ibv.send_cq = ia.send_cq;
-    ibv.recv_cq = ia.recv_cq;
-    ibv.handle = qp.qpn;
-    ibv.qp_num = qp.qpn;
-    ibv.state = rdma_sys::ibv_qp_state::IBV_QPS_RESET;
-    ibv.qp_type = ibv_qp_type::IBV_QPT_RC;
-    let raw: *mut SoftQp = Box::into_raw(Box::new(SoftQp {
-        ibv,
-        qp: Arc::clone(&qp),
-    }));
-    qp.ibv.store(raw as usize, Ordering::Release);
-    raw.cast()
+    shield(
+        "create_qp",
+        || null(libc::EIO),
+        || {
+            if pd.is_null() || init.is_null() {
+                return null(libc::EINVAL);
+            }
+            // SAFETY: live soft PD and a readable/writable init attr from the caller.
+            let (sp, ia) = unsafe { (&*pd.cast::<SoftPd>(), &mut *init) };
+            if ia.qp_type != ibv_qp_type::IBV_QPT_RC {
+                return null(libc::EOPNOTSUPP);
+            }
+            if !ia.srq.is_null() {
+                return null(libc::EOPNOTSUPP);
+            }
+            if ia.send_cq.is_null() || ia.recv_cq.is_null() {
+                return null(libc::EINVAL);
+            }
+            if !fabric::alive(sp.ctx.dev) {
+                return null(libc::EIO);
+            }
+            let c = ia.cap;
+            if c.max_send_wr > MAX_QP_WR
+                || c.max_recv_wr > MAX_QP_WR
+                || c.max_send_sge > MAX_SGE
+                || c.max_recv_sge > MAX_SGE
+                || c.max_inline_data > MAX_INLINE
+            {
+                return null(libc::EINVAL);
+            }
+            let caps = Caps {
+                max_send_wr: c.max_send_wr.max(1),
+                max_recv_wr: c.max_recv_wr.max(1),
+                max_send_sge: c.max_send_sge.max(1),
+                max_recv_sge: c.max_recv_sge.max(1),
+                max_inline: c.max_inline_data,
+            };
+            ia.cap.max_send_wr = caps.max_send_wr;
+            ia.cap.max_recv_wr = caps.max_recv_wr;
+            ia.cap.max_send_sge = caps.max_send_sge;
+            ia.cap.max_recv_sge = caps.max_recv_sge;
+            let slot = match sp.ctx.reserve_qpn() {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!("soft: create_qp: {e}");
+                    return null(e.raw_os_error().unwrap_or(libc::EADDRNOTAVAIL));
+                }
+            };
+            // SAFETY: both CQ pointers are live soft CQs (checked non-NULL above).
+            let (scq, rcq) =
+                unsafe { (&*ia.send_cq.cast::<SoftCq>(), &*ia.recv_cq.cast::<SoftCq>()) };
+            let qp = Qp::new(
+                Arc::clone(&sp.ctx),
+                slot,
+                sp.ibv.handle,
+                caps,
+                ia.sq_sig_all != 0,
+                Arc::clone(&scq.cq),
+                Arc::clone(&rcq.cq),
+            );
+            // SAFETY: plain C data; pthread mutex/cond all-zero values are their static initialisers.
+            let mut ibv: ibv_qp = unsafe { std::mem::zeroed() };
+            ibv.context = sp.ibv.context;
+            ibv.qp_context = ia.qp_context;
+            ibv.pd = pd;
+            ibv.send_cq = ia.send_cq;
+            ibv.recv_cq = ia.recv_cq;
+            ibv.handle = qp.qpn;
+            ibv.qp_num = qp.qpn;
+            ibv.state = rdma_sys::ibv_qp_state::IBV_QPS_RESET;
+            ibv.qp_type = ibv_qp_type::IBV_QPT_RC;
+            let raw: *mut SoftQp = Box::into_raw(Box::new(SoftQp {
+                ibv,
+                qp: Arc::clone(&qp),
+            }));
+            qp.ibv.store(raw as usize, Ordering::Release);
+            raw.cast()
+        },
+    )
 }
 
 /// `ibv_modify_qp`.
@@ -714,46 +847,52 @@ pub unsafe extern "C" fn modify_qp(
     attr: *mut ibv_qp_attr,
     attr_mask: c_int,
 ) -> c_int {
-    if qp.is_null() || attr.is_null() {
-        return fail(libc::EINVAL);
-    }
-    // SAFETY: a live soft QP and the caller's attr.
-    let (q, a) = unsafe { (qp_of(qp), &*attr) };
-    let m = attr_mask as u32;
-    let has = |b: rdma_sys::ibv_qp_attr_mask| m & b.0 != 0;
-    // SAFETY: reading the `raw` view of the caller's GID union; every bit pattern is valid.
-    let dgid = unsafe { a.ah_attr.grh.dgid.raw };
-    let attrs = Attrs {
-        port: a.port_num,
-        pkey_index: a.pkey_index,
-        access: a.qp_access_flags,
-        path_mtu: a.path_mtu,
-        dest_qpn: a.dest_qp_num,
-        rq_psn: a.rq_psn,
-        sq_psn: a.sq_psn,
-        max_dest_rd_atomic: a.max_dest_rd_atomic,
-        max_rd_atomic: a.max_rd_atomic,
-        min_rnr_timer: a.min_rnr_timer,
-        timeout: a.timeout,
-        retry_cnt: a.retry_cnt,
-        rnr_retry: a.rnr_retry,
-        dgid: (a.ah_attr.is_global != 0).then_some(dgid),
-        sgid_index: a.ah_attr.grh.sgid_index,
-        dlid: a.ah_attr.dlid,
-        hop_limit: a.ah_attr.grh.hop_limit,
-        traffic_class: a.ah_attr.grh.traffic_class,
-        sl: a.ah_attr.sl,
-    };
-    let state = has(rdma_sys::ibv_qp_attr_mask::IBV_QP_STATE).then_some(a.qp_state);
-    let cur = has(rdma_sys::ibv_qp_attr_mask::IBV_QP_CUR_STATE).then_some(a.cur_qp_state);
-    match q.modify(&attrs, state, m, cur) {
-        Ok(()) => {
-            // SAFETY: a live soft QP; the caller owns it and serialises modify_qp.
-            unsafe { (*qp).state = q.state() };
-            0
-        }
-        Err(e) => fail(e),
-    }
+    shield(
+        "modify_qp",
+        || fail(libc::EIO),
+        || {
+            if qp.is_null() || attr.is_null() {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: a live soft QP and the caller's attr.
+            let (q, a) = unsafe { (qp_of(qp), &*attr) };
+            let m = attr_mask as u32;
+            let has = |b: rdma_sys::ibv_qp_attr_mask| m & b.0 != 0;
+            // SAFETY: reading the `raw` view of the caller's GID union; every bit pattern is valid.
+            let dgid = unsafe { a.ah_attr.grh.dgid.raw };
+            let attrs = Attrs {
+                port: a.port_num,
+                pkey_index: a.pkey_index,
+                access: a.qp_access_flags,
+                path_mtu: a.path_mtu,
+                dest_qpn: a.dest_qp_num,
+                rq_psn: a.rq_psn,
+                sq_psn: a.sq_psn,
+                max_dest_rd_atomic: a.max_dest_rd_atomic,
+                max_rd_atomic: a.max_rd_atomic,
+                min_rnr_timer: a.min_rnr_timer,
+                timeout: a.timeout,
+                retry_cnt: a.retry_cnt,
+                rnr_retry: a.rnr_retry,
+                dgid: (a.ah_attr.is_global != 0).then_some(dgid),
+                sgid_index: a.ah_attr.grh.sgid_index,
+                dlid: a.ah_attr.dlid,
+                hop_limit: a.ah_attr.grh.hop_limit,
+                traffic_class: a.ah_attr.grh.traffic_class,
+                sl: a.ah_attr.sl,
+            };
+            let state = has(rdma_sys::ibv_qp_attr_mask::IBV_QP_STATE).then_some(a.qp_state);
+            let cur = has(rdma_sys::ibv_qp_attr_mask::IBV_QP_CUR_STATE).then_some(a.cur_qp_state);
+            match q.modify(&attrs, state, m, cur) {
+                Ok(()) => {
+                    // SAFETY: a live soft QP; the caller owns it and serialises modify_qp.
+                    unsafe { (*qp).state = q.state() };
+                    0
+                }
+                Err(e) => fail(e),
+            }
+        },
+    )
 }
 
 /// `ibv_query_qp`: the current state and every attribute set so far.
@@ -763,71 +902,83 @@ pub unsafe extern "C" fn query_qp(
     _attr_mask: c_int,
     init: *mut ibv_qp_init_attr,
 ) -> c_int {
-    if qp.is_null() || attr.is_null() {
-        return fail(libc::EINVAL);
-    }
-    // SAFETY: a live soft QP.
-    let q = unsafe { qp_of(qp) };
-    let s = q.attrs();
-    // SAFETY: plain C data; all-zero is valid.
-    let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
-    a.qp_state = q.state();
-    a.cur_qp_state = a.qp_state;
-    a.path_mtu = s.path_mtu;
-    a.rq_psn = s.rq_psn;
-    a.sq_psn = s.sq_psn;
-    a.dest_qp_num = s.dest_qpn;
-    a.qp_access_flags = s.access;
-    a.cap.max_send_wr = q.caps.max_send_wr;
-    a.cap.max_recv_wr = q.caps.max_recv_wr;
-    a.cap.max_send_sge = q.caps.max_send_sge;
-    a.cap.max_recv_sge = q.caps.max_recv_sge;
-    a.cap.max_inline_data = q.caps.max_inline;
-    if let Some(g) = s.dgid {
-        a.ah_attr.is_global = 1;
-        a.ah_attr.grh.dgid.raw = g;
-    }
-    a.ah_attr.grh.sgid_index = s.sgid_index;
-    a.ah_attr.grh.hop_limit = s.hop_limit;
-    a.ah_attr.grh.traffic_class = s.traffic_class;
-    a.ah_attr.dlid = s.dlid;
-    a.ah_attr.sl = s.sl;
-    a.ah_attr.port_num = s.port;
-    a.pkey_index = s.pkey_index;
-    a.max_rd_atomic = s.max_rd_atomic;
-    a.max_dest_rd_atomic = s.max_dest_rd_atomic;
-    a.min_rnr_timer = s.min_rnr_timer;
-    a.port_num = s.port;
-    a.timeout = s.timeout;
-    a.retry_cnt = s.retry_cnt;
-    a.rnr_retry = s.rnr_retry;
-    let cap = a.cap;
-    // SAFETY: the caller passed a writable ibv_qp_attr.
-    unsafe { *attr = a };
-    if !init.is_null() {
-        // SAFETY: a live soft QP and the caller's writable init attr.
-        unsafe {
-            (*init).qp_context = (*qp).qp_context;
-            (*init).send_cq = (*qp).send_cq;
-            (*init).recv_cq = (*qp).recv_cq;
-            (*init).srq = ptr::null_mut();
-            (*init).cap = cap;
-            (*init).qp_type = ibv_qp_type::IBV_QPT_RC;
-            (*init).sq_sig_all = c_int::from(q.sq_sig_all);
-        }
-    }
-    0
+    shield(
+        "query_qp",
+        || fail(libc::EIO),
+        || {
+            if qp.is_null() || attr.is_null() {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: a live soft QP.
+            let q = unsafe { qp_of(qp) };
+            let s = q.attrs();
+            // SAFETY: plain C data; all-zero is valid.
+            let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+            a.qp_state = q.state();
+            a.cur_qp_state = a.qp_state;
+            a.path_mtu = s.path_mtu;
+            a.rq_psn = s.rq_psn;
+            a.sq_psn = s.sq_psn;
+            a.dest_qp_num = s.dest_qpn;
+            a.qp_access_flags = s.access;
+            a.cap.max_send_wr = q.caps.max_send_wr;
+            a.cap.max_recv_wr = q.caps.max_recv_wr;
+            a.cap.max_send_sge = q.caps.max_send_sge;
+            a.cap.max_recv_sge = q.caps.max_recv_sge;
+            a.cap.max_inline_data = q.caps.max_inline;
+            if let Some(g) = s.dgid {
+                a.ah_attr.is_global = 1;
+                a.ah_attr.grh.dgid.raw = g;
+            }
+            a.ah_attr.grh.sgid_index = s.sgid_index;
+            a.ah_attr.grh.hop_limit = s.hop_limit;
+            a.ah_attr.grh.traffic_class = s.traffic_class;
+            a.ah_attr.dlid = s.dlid;
+            a.ah_attr.sl = s.sl;
+            a.ah_attr.port_num = s.port;
+            a.pkey_index = s.pkey_index;
+            a.max_rd_atomic = s.max_rd_atomic;
+            a.max_dest_rd_atomic = s.max_dest_rd_atomic;
+            a.min_rnr_timer = s.min_rnr_timer;
+            a.port_num = s.port;
+            a.timeout = s.timeout;
+            a.retry_cnt = s.retry_cnt;
+            a.rnr_retry = s.rnr_retry;
+            let cap = a.cap;
+            // SAFETY: the caller passed a writable ibv_qp_attr.
+            unsafe { *attr = a };
+            if !init.is_null() {
+                // SAFETY: a live soft QP and the caller's writable init attr.
+                unsafe {
+                    (*init).qp_context = (*qp).qp_context;
+                    (*init).send_cq = (*qp).send_cq;
+                    (*init).recv_cq = (*qp).recv_cq;
+                    (*init).srq = ptr::null_mut();
+                    (*init).cap = cap;
+                    (*init).qp_type = ibv_qp_type::IBV_QPT_RC;
+                    (*init).sq_sig_all = c_int::from(q.sq_sig_all);
+                }
+            }
+            0
+        },
+    )
 }
 
 /// `ibv_destroy_qp`: stops the QP's threads (its peer sees an orderly goodbye).
 pub unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
-    if qp.is_null() {
-        return fail(libc::EINVAL);
-    }
-    // SAFETY: allocated by create_qp, destroyed once.
-    let sq = unsafe { Box::from_raw(qp.cast::<SoftQp>()) };
-    sq.qp.destroy();
-    0
+    shield(
+        "destroy_qp",
+        || fail(libc::EIO),
+        || {
+            if qp.is_null() {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: allocated by create_qp, destroyed once.
+            let sq = unsafe { Box::from_raw(qp.cast::<SoftQp>()) };
+            sq.qp.destroy();
+            0
+        },
+    )
 }
 
 /// Reads an SGE list from the caller.
@@ -905,26 +1056,32 @@ pub unsafe extern "C" fn post_send(
     wr: *mut ibv_send_wr,
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
-    if qp.is_null() {
-        return libc::EINVAL;
-    }
-    // SAFETY: a live soft QP.
-    let q = unsafe { qp_of(qp) };
-    let mut cur = wr;
-    while !cur.is_null() {
-        // SAFETY: the caller's WR chain is readable; `send_wqe` reads what it points at.
-        let r = unsafe { send_wqe(q, &*cur) }.and_then(|w| q.post_send(w));
-        if let Err(e) = r {
-            if !bad_wr.is_null() {
-                // SAFETY: the caller passed a writable out-pointer.
-                unsafe { *bad_wr = cur };
+    shield(
+        "post_send",
+        || fail(libc::EIO),
+        || {
+            if qp.is_null() {
+                return libc::EINVAL;
             }
-            return e;
-        }
-        // SAFETY: readable WR (above).
-        cur = unsafe { (*cur).next };
-    }
-    0
+            // SAFETY: a live soft QP.
+            let q = unsafe { qp_of(qp) };
+            let mut cur = wr;
+            while !cur.is_null() {
+                // SAFETY: the caller's WR chain is readable; `send_wqe` reads what it points at.
+                let r = unsafe { send_wqe(q, &*cur) }.and_then(|w| q.post_send(w));
+                if let Err(e) = r {
+                    if !bad_wr.is_null() {
+                        // SAFETY: the caller passed a writable out-pointer.
+                        unsafe { *bad_wr = cur };
+                    }
+                    return e;
+                }
+                // SAFETY: readable WR (above).
+                cur = unsafe { (*cur).next };
+            }
+            0
+        },
+    )
 }
 
 /// `ops.post_recv`.
@@ -933,36 +1090,42 @@ pub unsafe extern "C" fn post_recv(
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    if qp.is_null() {
-        return libc::EINVAL;
-    }
-    // SAFETY: a live soft QP.
-    let q = unsafe { qp_of(qp) };
-    let mut cur = wr;
-    while !cur.is_null() {
-        // SAFETY: the caller's WR chain and SGE lists are readable.
-        let r = unsafe {
-            let w = &*cur;
-            if w.num_sge < 0 {
-                Err(libc::EINVAL)
-            } else {
-                q.post_recv(RecvWqe {
-                    wr_id: w.wr_id,
-                    sges: sges(w.sg_list, w.num_sge),
-                })
+    shield(
+        "post_recv",
+        || fail(libc::EIO),
+        || {
+            if qp.is_null() {
+                return libc::EINVAL;
             }
-        };
-        if let Err(e) = r {
-            if !bad_wr.is_null() {
-                // SAFETY: the caller passed a writable out-pointer.
-                unsafe { *bad_wr = cur };
+            // SAFETY: a live soft QP.
+            let q = unsafe { qp_of(qp) };
+            let mut cur = wr;
+            while !cur.is_null() {
+                // SAFETY: the caller's WR chain and SGE lists are readable.
+                let r = unsafe {
+                    let w = &*cur;
+                    if w.num_sge < 0 {
+                        Err(libc::EINVAL)
+                    } else {
+                        q.post_recv(RecvWqe {
+                            wr_id: w.wr_id,
+                            sges: sges(w.sg_list, w.num_sge),
+                        })
+                    }
+                };
+                if let Err(e) = r {
+                    if !bad_wr.is_null() {
+                        // SAFETY: the caller passed a writable out-pointer.
+                        unsafe { *bad_wr = cur };
+                    }
+                    return e;
+                }
+                // SAFETY: readable WR (above).
+                cur = unsafe { (*cur).next };
             }
-            return e;
-        }
-        // SAFETY: readable WR (above).
-        cur = unsafe { (*cur).next };
-    }
-    0
+            0
+        },
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -970,33 +1133,45 @@ pub unsafe extern "C" fn post_recv(
 
 /// `ibv_query_ece`: `{SOFT_ECE_VENDOR, this QP's secret, 0}`.
 pub unsafe extern "C" fn query_ece(qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_int {
-    if qp.is_null() || ece.is_null() {
-        return fail(libc::EINVAL);
-    }
-    // SAFETY: a live soft QP and the caller's writable ibv_ece.
-    unsafe {
-        *ece = ibv_ece {
-            vendor_id: SOFT_ECE_VENDOR,
-            options: qp_of(qp).secret,
-            comp_mask: 0,
-        };
-    }
-    0
+    shield(
+        "query_ece",
+        || fail(libc::EIO),
+        || {
+            if qp.is_null() || ece.is_null() {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: a live soft QP and the caller's writable ibv_ece.
+            unsafe {
+                *ece = ibv_ece {
+                    vendor_id: SOFT_ECE_VENDOR,
+                    options: qp_of(qp).secret,
+                    comp_mask: 0,
+                };
+            }
+            0
+        },
+    )
 }
 
 /// `ibv_set_ece`: the peer's ECE, i.e. the secret this QP presents when it connects.
 pub unsafe extern "C" fn set_ece(qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_int {
-    if qp.is_null() || ece.is_null() {
-        return fail(libc::EINVAL);
-    }
-    // SAFETY: the caller's readable ibv_ece.
-    let e = unsafe { *ece };
-    if e.vendor_id != SOFT_ECE_VENDOR {
-        return fail(libc::EINVAL);
-    }
-    // SAFETY: a live soft QP.
-    unsafe { qp_of(qp) }.set_peer_secret(e.options);
-    0
+    shield(
+        "set_ece",
+        || fail(libc::EIO),
+        || {
+            if qp.is_null() || ece.is_null() {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: the caller's readable ibv_ece.
+            let e = unsafe { *ece };
+            if e.vendor_id != SOFT_ECE_VENDOR {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: a live soft QP.
+            unsafe { qp_of(qp) }.set_peer_secret(e.options);
+            0
+        },
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1007,33 +1182,42 @@ pub unsafe extern "C" fn get_async_event(
     context: *mut ibv_context,
     event: *mut ibv_async_event,
 ) -> c_int {
-    if context.is_null() || event.is_null() {
-        return fail(libc::EINVAL);
-    }
-    // Clone the context's Arc first: the wait below must not touch the context memory, which
-    // close_device may free while this thread sleeps.
-    // SAFETY: a live soft context at the time of the call.
-    let ctx = Arc::clone(unsafe { ctx_of(context) });
-    match ctx.events.next() {
-        Ok((kind, element)) => {
-            // SAFETY: the caller's writable ibv_async_event.
-            let ev = unsafe { &mut *event };
-            ev.event_type = kind;
-            match element {
-                Element::Cq(p) => ev.element.cq = p as *mut ibv_cq,
-                Element::Qp(p) => ev.element.qp = p as *mut ibv_qp,
-                #[cfg(feature = "fault-injection")]
-                Element::Port(n) => ev.element.port_num = c_int::from(n),
-                #[cfg(feature = "fault-injection")]
-                Element::Device => ev.element.port_num = 0,
-            }
-            0
-        }
-        Err(e) => {
-            set_errno(e.raw_os_error().unwrap_or(libc::EIO));
+    shield(
+        "get_async_event",
+        || {
+            set_errno(libc::EIO);
             -1
-        }
-    }
+        },
+        || {
+            if context.is_null() || event.is_null() {
+                return fail(libc::EINVAL);
+            }
+            // Clone the context's Arc first: the wait below must not touch the context memory, which
+            // close_device may free while this thread sleeps.
+            // SAFETY: a live soft context at the time of the call.
+            let ctx = Arc::clone(unsafe { ctx_of(context) });
+            match ctx.events.next() {
+                Ok((kind, element)) => {
+                    // SAFETY: the caller's writable ibv_async_event.
+                    let ev = unsafe { &mut *event };
+                    ev.event_type = kind;
+                    match element {
+                        Element::Cq(p) => ev.element.cq = p as *mut ibv_cq,
+                        Element::Qp(p) => ev.element.qp = p as *mut ibv_qp,
+                        #[cfg(feature = "fault-injection")]
+                        Element::Port(n) => ev.element.port_num = c_int::from(n),
+                        #[cfg(feature = "fault-injection")]
+                        Element::Device => ev.element.port_num = 0,
+                    }
+                    0
+                }
+                Err(e) => {
+                    set_errno(e.raw_os_error().unwrap_or(libc::EIO));
+                    -1
+                }
+            }
+        },
+    )
 }
 
 /// `ibv_ack_async_event`: nothing to release (events about destroyed objects are dropped at
@@ -1042,28 +1226,34 @@ pub unsafe extern "C" fn ack_async_event(_event: *mut ibv_async_event) {}
 
 /// `ibv_event_type_str`.
 pub unsafe extern "C" fn event_type_str(event: ibv_event_type) -> *const c_char {
-    use ibv_event_type::*;
-    let s: &'static [u8] = match event {
-        IBV_EVENT_CQ_ERR => b"CQ error\0",
-        IBV_EVENT_QP_FATAL => b"local work queue catastrophic error\0",
-        IBV_EVENT_QP_REQ_ERR => b"invalid request local work queue error\0",
-        IBV_EVENT_QP_ACCESS_ERR => b"local access violation work queue error\0",
-        IBV_EVENT_COMM_EST => b"communication established\0",
-        IBV_EVENT_SQ_DRAINED => b"send queue drained\0",
-        IBV_EVENT_PATH_MIG => b"path migrated\0",
-        IBV_EVENT_PATH_MIG_ERR => b"path migration request error\0",
-        IBV_EVENT_DEVICE_FATAL => b"local catastrophic error\0",
-        IBV_EVENT_PORT_ACTIVE => b"port active\0",
-        IBV_EVENT_PORT_ERR => b"port error\0",
-        IBV_EVENT_LID_CHANGE => b"LID change\0",
-        IBV_EVENT_PKEY_CHANGE => b"P_Key change\0",
-        IBV_EVENT_SM_CHANGE => b"SM change\0",
-        IBV_EVENT_SRQ_ERR => b"SRQ catastrophic error\0",
-        IBV_EVENT_SRQ_LIMIT_REACHED => b"SRQ limit reached\0",
-        IBV_EVENT_QP_LAST_WQE_REACHED => b"last WQE reached\0",
-        IBV_EVENT_CLIENT_REREGISTER => b"client reregistration\0",
-        IBV_EVENT_GID_CHANGE => b"GID table change\0",
-        IBV_EVENT_WQ_FATAL => b"WQ fatal\0",
-    };
-    s.as_ptr().cast()
+    shield(
+        "event_type_str",
+        || null::<c_char>(libc::EIO).cast_const(),
+        || {
+            use ibv_event_type::*;
+            let s: &'static [u8] = match event {
+                IBV_EVENT_CQ_ERR => b"CQ error\0",
+                IBV_EVENT_QP_FATAL => b"local work queue catastrophic error\0",
+                IBV_EVENT_QP_REQ_ERR => b"invalid request local work queue error\0",
+                IBV_EVENT_QP_ACCESS_ERR => b"local access violation work queue error\0",
+                IBV_EVENT_COMM_EST => b"communication established\0",
+                IBV_EVENT_SQ_DRAINED => b"send queue drained\0",
+                IBV_EVENT_PATH_MIG => b"path migrated\0",
+                IBV_EVENT_PATH_MIG_ERR => b"path migration request error\0",
+                IBV_EVENT_DEVICE_FATAL => b"local catastrophic error\0",
+                IBV_EVENT_PORT_ACTIVE => b"port active\0",
+                IBV_EVENT_PORT_ERR => b"port error\0",
+                IBV_EVENT_LID_CHANGE => b"LID change\0",
+                IBV_EVENT_PKEY_CHANGE => b"P_Key change\0",
+                IBV_EVENT_SM_CHANGE => b"SM change\0",
+                IBV_EVENT_SRQ_ERR => b"SRQ catastrophic error\0",
+                IBV_EVENT_SRQ_LIMIT_REACHED => b"SRQ limit reached\0",
+                IBV_EVENT_QP_LAST_WQE_REACHED => b"last WQE reached\0",
+                IBV_EVENT_CLIENT_REREGISTER => b"client reregistration\0",
+                IBV_EVENT_GID_CHANGE => b"GID table change\0",
+                IBV_EVENT_WQ_FATAL => b"WQ fatal\0",
+            };
+            s.as_ptr().cast()
+        },
+    )
 }

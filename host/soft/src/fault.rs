@@ -162,3 +162,17 @@ unsafe extern "C" fn c_refused_connections(context: *mut ibv_context) -> u64 {
     // SAFETY: the caller passes a live soft context.
     unsafe { refused_connections(context) }
 }
+
+/// Set by [`panic_in_next_verb`], taken by the next entry point of this provider.
+static PANIC_NEXT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes the next call of any entry point of this provider (in this process) panic inside it, so
+/// a test can prove that a provider bug fails that call with the verbs error convention instead
+/// of unwinding into C and aborting the process.
+pub fn panic_in_next_verb() {
+    PANIC_NEXT.store(true, Ordering::SeqCst);
+}
+
+pub(crate) fn take_injected_panic() -> bool {
+    PANIC_NEXT.swap(false, Ordering::SeqCst)
+}

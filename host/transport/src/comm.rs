@@ -226,3 +226,18 @@ impl OwnedRegion {
         self.mrs.iter().map(Mr::rkey).collect()
     }
 }
+
+/// Locks a communicator's state. A poisoned lock means a call panicked half-way through updating
+/// it (request bookkeeping, FIFO positions): carrying on could complete the wrong request or
+/// reuse a slot the peer still writes, so every later call on the communicator fails instead.
+pub(crate) fn lock_state<T>(
+    state: &std::sync::Mutex<T>,
+) -> Result<std::sync::MutexGuard<'_, T>, NetError> {
+    state.lock().map_err(|_| {
+        NetError::Internal(
+            "this communicator's state was left half-updated by an earlier panic; it can only \
+             be closed"
+                .into(),
+        )
+    })
+}

@@ -207,43 +207,66 @@ impl EventThread {
         let handle = std::thread::Builder::new()
             .name(name)
             .spawn(move || {
-                while !flag.load(Ordering::Acquire) {
-                    match dev.ctx.next_async_event(EVENT_POLL) {
-                        Ok(Some(ev)) => {
-                            let fatal = matches!(
-                                ev.kind,
-                                AsyncEventKind::DeviceFatal
-                                    | AsyncEventKind::QpFatal
-                                    | AsyncEventKind::QpReqErr
-                                    | AsyncEventKind::QpAccessErr
-                                    | AsyncEventKind::PathMigErr
-                            );
-                            let what = match (ev.port, ev.qp_num) {
-                                (Some(p), _) => format!("{} port {p}", dev.name()),
-                                (_, Some(q)) => format!("{} QP {q}", dev.name()),
-                                _ => dev.name().to_owned(),
-                            };
-                            if fatal {
-                                tracing::warn!("NET/WASM: {what}: async event {}", ev.description);
-                            } else {
-                                tracing::info!("NET/WASM: {what}: async event {}", ev.description);
+                let events = || {
+                    while !flag.load(Ordering::Acquire) {
+                        match dev.ctx.next_async_event(EVENT_POLL) {
+                            Ok(Some(ev)) => {
+                                let fatal = matches!(
+                                    ev.kind,
+                                    AsyncEventKind::DeviceFatal
+                                        | AsyncEventKind::QpFatal
+                                        | AsyncEventKind::QpReqErr
+                                        | AsyncEventKind::QpAccessErr
+                                        | AsyncEventKind::PathMigErr
+                                );
+                                let what = match (ev.port, ev.qp_num) {
+                                    (Some(p), _) => format!("{} port {p}", dev.name()),
+                                    (_, Some(q)) => format!("{} QP {q}", dev.name()),
+                                    _ => dev.name().to_owned(),
+                                };
+                                if fatal {
+                                    tracing::warn!(
+                                        "NET/WASM: {what}: async event {}",
+                                        ev.description
+                                    );
+                                } else {
+                                    tracing::info!(
+                                        "NET/WASM: {what}: async event {}",
+                                        ev.description
+                                    );
+                                }
+                                let state = match ev.kind {
+                                    AsyncEventKind::PortActive => Some(PortState::Active),
+                                    AsyncEventKind::PortErr => Some(PortState::Down),
+                                    _ => None,
+                                };
+                                if let (Some(state), Some(port)) = (state, ev.port) {
+                                    decisions.port_changed(dev.name(), port, state);
+                                }
+                                dev.record(ev.kind, ev.qp_num, ev.description);
                             }
-                            let state = match ev.kind {
-                                AsyncEventKind::PortActive => Some(PortState::Active),
-                                AsyncEventKind::PortErr => Some(PortState::Down),
-                                _ => None,
-                            };
-                            if let (Some(state), Some(port)) = (state, ev.port) {
-                                decisions.port_changed(dev.name(), port, state);
+                            Ok(None) => {}
+                            Err(e) => {
+                                tracing::warn!("NET/WASM: async events of {}: {e}", dev.name());
+                                std::thread::sleep(EVENT_POLL);
                             }
-                            dev.record(ev.kind, ev.qp_num, ev.description);
-                        }
-                        Ok(None) => {}
-                        Err(e) => {
-                            tracing::warn!("NET/WASM: async events of {}: {e}", dev.name());
-                            std::thread::sleep(EVENT_POLL);
                         }
                     }
+                };
+                // A panic here (a bug) must not end event handling silently: the device is
+                // failed, so the next call on any of its connections says why.
+                if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(events)) {
+                    let what = ncclwasm_verbs::panic_message(panic.as_ref());
+                    tracing::warn!(
+                        "NET/WASM: the async event thread of {} panicked ({what}); the device \
+                         fails every call from now on",
+                        dev.name()
+                    );
+                    dev.record(
+                        AsyncEventKind::DeviceFatal,
+                        None,
+                        format!("its async event thread panicked: {what}"),
+                    );
                 }
             })
             .map_err(NetError::io("starting the async event thread"))?;

@@ -136,7 +136,7 @@ impl MrCache {
                     fd.as_raw_fd()
                 );
                 let span = usize::try_from(span)
-                    .map_err(|_| NetError::Usage(format!("{what}: too large")))?;
+                    .map_err(|_| NetError::Argument(format!("{what}: too large")))?;
                 if mode.data_direct {
                     pd.reg_dmabuf_mr_data_direct(fd, offset, span, start, access)
                 } else {
@@ -146,7 +146,7 @@ impl MrCache {
             }
         };
         if !(mr.addr() <= addr && end <= mr.addr() + mr.len()) {
-            return Err(NetError::Usage(format!(
+            return Err(NetError::Internal(format!(
                 "the memory given for [{addr:#x}, {end:#x}) registered as [{:#x}, +{})",
                 mr.addr(),
                 mr.len()

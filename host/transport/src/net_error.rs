@@ -6,15 +6,19 @@ use ncclwasm_proto::ProtoError;
 
 use crate::decide::DecisionError;
 
-/// Which `ncclResult_t` an error becomes at the plugin edge (the README's guidance: system errors
-/// for the OS and the NIC, internal errors for misuse by NCCL core or our own bugs, invalid usage
-/// for configuration, remote errors for what the peer or the fabric did).
+/// Which `ncclResult_t` an error becomes at the plugin edge: system errors for the OS and the NIC,
+/// invalid argument for a value NCCL passed that cannot be right (a NULL out-pointer, a device
+/// that does not exist, a buffer outside its registration), invalid usage for configuration and
+/// for calls the API does not allow (a closed communicator, a stale request), remote errors for
+/// what the peer or the fabric did, and internal errors only for our own bugs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorClass {
     /// `ncclInternalError`.
     Internal,
     /// `ncclSystemError`.
     System,
+    /// `ncclInvalidArgument`.
+    InvalidArgument,
     /// `ncclInvalidUsage`.
     InvalidUsage,
     /// `ncclRemoteError`.
@@ -80,9 +84,19 @@ pub enum NetError {
     /// NCCL core's fusion request was refused.
     #[error("cannot make a virtual NIC of devices {devices:?}: {reason}")]
     Vnic { devices: Vec<u32>, reason: String },
-    /// The caller used the API in a way it does not support.
+    /// The caller used the API in a way it does not support (a call before `init`, on a closed
+    /// communicator, on a request already completed).
     #[error("invalid use: {0}")]
     Usage(String),
+    /// The caller passed a value that cannot be right (NULL where a pointer is needed, a count
+    /// out of range, a buffer outside its registration).
+    #[error("invalid argument: {0}")]
+    Argument(String),
+    /// A bug in nccl-net-wasm: bookkeeping that cannot happen, or a panic caught at the edge.
+    #[error(
+        "internal error: {0}; this is a bug in nccl-net-wasm — please report it with the NCCL log"
+    )]
+    Internal(String),
     /// A configuration variable has a value the plugin cannot follow: the message names the
     /// variable, its value, and what there is to choose from.
     #[error("{variable}={value:?}: {problem}")]
@@ -96,11 +110,13 @@ pub enum NetError {
 impl NetError {
     /// The NCCL result this error becomes.
     pub fn class(&self) -> ErrorClass {
+        // No catch-all: a new variant must be classified here, on purpose.
         match self {
             NetError::Protocol { source, .. } => match source {
                 ProtoError::BadHandle { .. }
                 | ProtoError::InvalidPlan { .. }
-                | ProtoError::Incompatible { .. } => ErrorClass::InvalidUsage,
+                | ProtoError::Incompatible { .. }
+                | ProtoError::RequestsExhausted { .. } => ErrorClass::InvalidUsage,
                 ProtoError::BadMagic { .. }
                 | ProtoError::VersionMismatch { .. }
                 | ProtoError::Malformed { .. }
@@ -109,17 +125,21 @@ impl NetError {
                 | ProtoError::BadPeerInfo { .. }
                 | ProtoError::UnexpectedEof { .. }
                 | ProtoError::BadCts { .. } => ErrorClass::Remote,
-                _ => ErrorClass::Internal,
+                ProtoError::WrongState { .. }
+                | ProtoError::BadLocalInput { .. }
+                | ProtoError::Bookkeeping { .. } => ErrorClass::Internal,
             },
             NetError::Verbs { .. }
             | NetError::Io { .. }
             | NetError::NoDevice(_)
             | NetError::Fatal { .. } => ErrorClass::System,
-            NetError::Decision(_) | NetError::Vnic { .. } | NetError::Config { .. } => {
-                ErrorClass::InvalidUsage
-            }
-            NetError::BadDevice { .. } | NetError::Usage(_) => ErrorClass::Internal,
+            NetError::Decision(_)
+            | NetError::Vnic { .. }
+            | NetError::Config { .. }
+            | NetError::Usage(_) => ErrorClass::InvalidUsage,
+            NetError::BadDevice { .. } | NetError::Argument(_) => ErrorClass::InvalidArgument,
             NetError::Completion { .. } => ErrorClass::Remote,
+            NetError::Internal(_) => ErrorClass::Internal,
         }
     }
 
@@ -135,5 +155,111 @@ impl NetError {
 
     pub(crate) fn protocol(during: &'static str) -> impl FnOnce(ProtoError) -> NetError {
         move |source| NetError::Protocol { during, source }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Configuration and misuse are the caller's, peers' faults are remote, only our bugs are
+    /// internal.
+    #[test]
+    fn every_kind_of_error_has_its_class() {
+        let s = || String::from("x");
+        let cases = [
+            (NetError::Usage(s()), ErrorClass::InvalidUsage),
+            (NetError::Argument(s()), ErrorClass::InvalidArgument),
+            (NetError::Internal(s()), ErrorClass::Internal),
+            (
+                NetError::Config {
+                    variable: "NCCL_IB_HCA",
+                    value: s(),
+                    problem: s(),
+                },
+                ErrorClass::InvalidUsage,
+            ),
+            (
+                NetError::BadDevice { dev: 9, count: 2 },
+                ErrorClass::InvalidArgument,
+            ),
+            (
+                NetError::Vnic {
+                    devices: vec![0, 0],
+                    reason: s(),
+                },
+                ErrorClass::InvalidUsage,
+            ),
+            (NetError::NoDevice(s()), ErrorClass::System),
+            (
+                NetError::Verbs {
+                    what: s(),
+                    source: VerbsError::NoSuchDevice(s()),
+                },
+                ErrorClass::System,
+            ),
+            (
+                NetError::Io {
+                    what: s(),
+                    source: std::io::Error::other("x"),
+                },
+                ErrorClass::System,
+            ),
+            (
+                NetError::Fatal {
+                    object: s(),
+                    event: s(),
+                },
+                ErrorClass::System,
+            ),
+            (
+                NetError::Completion {
+                    qpn: 1,
+                    local: s(),
+                    peer: s(),
+                    status: s(),
+                    opcode: s(),
+                    vendor_err: 0,
+                    wr_id: 0,
+                },
+                ErrorClass::Remote,
+            ),
+        ];
+        for (e, class) in cases {
+            assert_eq!(e.class(), class, "{e}");
+        }
+        let proto = [
+            (
+                ProtoError::BadHandle { detail: s() },
+                ErrorClass::InvalidUsage,
+            ),
+            (
+                ProtoError::RequestsExhausted { capacity: 32 },
+                ErrorClass::InvalidUsage,
+            ),
+            (
+                ProtoError::NonceMismatch {
+                    expected: 1,
+                    got: 2,
+                },
+                ErrorClass::Remote,
+            ),
+            (ProtoError::UnexpectedEof { state: "x" }, ErrorClass::Remote),
+            (
+                ProtoError::Bookkeeping { detail: s() },
+                ErrorClass::Internal,
+            ),
+            (
+                ProtoError::BadLocalInput { detail: s() },
+                ErrorClass::Internal,
+            ),
+        ];
+        for (source, class) in proto {
+            let e = NetError::Protocol {
+                during: "test",
+                source,
+            };
+            assert_eq!(e.class(), class, "{e}");
+        }
     }
 }

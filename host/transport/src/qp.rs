@@ -203,7 +203,7 @@ impl ConnQp {
                 .map_err(NetError::verbs(what("set_ece (required by the provider)")))?;
         }
         let path_mtu = Mtu::from_bytes(b.mtu).ok_or_else(|| {
-            NetError::Usage(format!("path MTU {} is not an InfiniBand MTU", b.mtu))
+            NetError::Internal(format!("path MTU {} is not an InfiniBand MTU", b.mtu))
         })?;
         self.qp
             .to_rtr(&RtrAttr {

@@ -160,7 +160,7 @@ impl Accepting {
         let regions = self
             .regions
             .take()
-            .ok_or_else(|| NetError::Usage("established without FIFOs".into()))?;
+            .ok_or_else(|| NetError::Internal("established without FIFOs".into()))?;
         let desc = describe(&setup.peer, &setup.local);
         tracing::info!("NET/WASM: accepted {desc}: {} QP(s)", setup.plan.qps.len());
         let qps = std::mem::take(&mut self.qps);
@@ -253,7 +253,7 @@ impl RecvComm {
         match b.mr {
             Some(m) if b.size == 0 || m.covers(b.addr, b.size) => Ok(m.rkeys()),
             None if b.size == 0 => Ok([0; MAX_ENDPOINTS]),
-            _ => Err(NetError::Usage(format!(
+            _ => Err(NetError::Argument(format!(
                 "receive buffer of {} bytes at {:#x} outside its memory registration",
                 b.size, b.addr
             ))),
@@ -265,7 +265,7 @@ impl RecvComm {
     pub fn irecv(&self, bufs: &[RecvBuf<'_>]) -> Result<ReqId, NetError> {
         self.side.check()?;
         if bufs.is_empty() || bufs.len() > MAX_RECVS {
-            return Err(NetError::Usage(format!(
+            return Err(NetError::Argument(format!(
                 "irecv of {} buffers; 1..={MAX_RECVS} are supported",
                 bufs.len()
             )));
@@ -285,7 +285,7 @@ impl RecvComm {
                 rkeys: Self::rkeys(b)?,
             };
         }
-        let mut receiver = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut receiver = crate::comm::lock_state(&self.state)?;
         self.side.poll(receiver.requests(), self.side.all())?;
         let post = receiver
             .irecv(&recvs[..bufs.len()])
@@ -333,7 +333,7 @@ impl RecvComm {
     pub fn iflush(&self, bufs: &[RecvBuf<'_>]) -> Result<Option<ReqId>, NetError> {
         self.side.check()?;
         let sizes: Vec<u64> = bufs.iter().map(|b| b.size).collect();
-        let mut receiver = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut receiver = crate::comm::lock_state(&self.state)?;
         let Some(f) = receiver
             .iflush(&sizes)
             .map_err(NetError::protocol("iflush"))?
@@ -371,7 +371,7 @@ impl RecvComm {
     /// `test`: polls the completion queues the request waits on; `Some` once done (and freed).
     pub fn test(&self, req: ReqId) -> Result<Option<Done>, NetError> {
         self.side.check()?;
-        let mut receiver = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut receiver = crate::comm::lock_state(&self.state)?;
         let pool = receiver.requests();
         let waiting = pool.awaiting(req).map_err(NetError::protocol("test"))?;
         self.side.poll(pool, waiting.iter())?;
@@ -396,7 +396,7 @@ impl RecvComm {
                 Some(Done::Recv { n, sizes: out })
             }
             Some(Finished::Send { .. }) => {
-                return Err(NetError::Usage(format!(
+                return Err(NetError::Internal(format!(
                     "request {} of a receive communicator finished as a send",
                     req.index()
                 )));

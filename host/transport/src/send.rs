@@ -143,7 +143,7 @@ impl Connecting {
         let cts = self
             .cts
             .take()
-            .ok_or_else(|| NetError::Usage("established without a CTS FIFO".into()))?;
+            .ok_or_else(|| NetError::Internal("established without a CTS FIFO".into()))?;
         let sizes = OwnedRegion::new(&self.ports, SIZES_FIFO_BYTES, Access::LOCAL_WRITE)?;
         let desc = describe(&setup.local, &setup.peer);
         tracing::info!("NET/WASM: connected {desc}: {} QP(s)", setup.plan.qps.len());
@@ -296,12 +296,12 @@ impl SendComm {
             Some(m) if size == 0 || m.covers(addr, size) => m.lkeys(),
             None if size == 0 => [0; MAX_ENDPOINTS],
             _ => {
-                return Err(NetError::Usage(format!(
+                return Err(NetError::Argument(format!(
                     "isend of {size} bytes at {addr:#x} outside its memory registration"
                 )));
             }
         };
-        let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = crate::comm::lock_state(&self.state)?;
         let SendState {
             sender,
             bufs,
@@ -392,14 +392,14 @@ impl SendComm {
     /// freed).
     pub fn test(&self, req: ReqId) -> Result<Option<Done>, NetError> {
         self.side.check()?;
-        let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = crate::comm::lock_state(&self.state)?;
         let pool = guard.sender.requests();
         let waiting = pool.awaiting(req).map_err(NetError::protocol("test"))?;
         self.side.poll(pool, waiting.iter())?;
         match pool.test(req).map_err(NetError::protocol("test"))? {
             None => Ok(None),
             Some(Finished::Send { size }) => Ok(Some(Done::Send { size })),
-            Some(other) => Err(NetError::Usage(format!(
+            Some(other) => Err(NetError::Internal(format!(
                 "request {} of a send communicator finished as {other:?}",
                 req.index()
             ))),

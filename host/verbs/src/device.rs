@@ -1,10 +1,12 @@
 //! Fabrics, devices and contexts: the top of the object tree.
 
+use std::collections::HashMap;
 use std::ffi::CStr;
 use std::os::raw::c_int;
 use std::path::PathBuf;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use ncclwasm_model::{LinkLayer, PortState};
@@ -27,6 +29,12 @@ pub struct Fabric {
     pub(crate) provider: Provider,
     /// The `dlopen`ed library behind `provider`'s table, for the `ib` fabric.
     library: Option<ib::Library>,
+    /// The device list while anything opened from it lives: opening N devices reads it once,
+    /// not N times (each read walks every device, so that was O(N²) in the device count). A
+    /// poisoned lock is recovered: the critical section only swaps a `Weak`, never half-done.
+    list: Mutex<Weak<DeviceList>>,
+    /// How many times the list was read from the provider, for tests of the above.
+    lists_read: AtomicUsize,
 }
 
 /// Where the `ib` fabric finds its library and sysfs.
@@ -57,18 +65,26 @@ impl Fabric {
             Some(faults) => provider.with_faults(faults),
             None => provider,
         };
-        Ok(Arc::new(Fabric {
-            provider,
-            library: Some(library),
-        }))
+        Ok(Arc::new(Fabric::new(provider, Some(library))))
     }
 
     /// A fabric over an in-process provider (a provider crate's own constructor calls this).
     pub fn from_provider(provider: Provider) -> Arc<Fabric> {
-        Arc::new(Fabric {
+        Arc::new(Fabric::new(provider, None))
+    }
+
+    fn new(provider: Provider, library: Option<ib::Library>) -> Fabric {
+        Fabric {
             provider,
-            library: None,
-        })
+            library,
+            list: Mutex::new(Weak::new()),
+            lists_read: AtomicUsize::new(0),
+        }
+    }
+
+    /// How many times this fabric read the provider's device list (`ibv_get_device_list`).
+    pub fn device_lists_read(&self) -> usize {
+        self.lists_read.load(Ordering::Relaxed)
     }
 
     /// The provider's name (`"ib"` for a loaded library), for messages.
@@ -90,9 +106,21 @@ impl Fabric {
         &self.provider.table
     }
 
-    /// The device list; NULL from `get_device_list` (no kernel support, no library devices) is
-    /// an empty list, as NCCL's `wrap_ibv_get_device_list`.
-    fn device_list(self: &Arc<Self>) -> Arc<DeviceList> {
+    /// The device list, shared while any of it is in use, else read afresh; NULL from
+    /// `get_device_list` (no kernel support, no library devices) is an empty list, as NCCL's
+    /// `wrap_ibv_get_device_list`.
+    pub(crate) fn device_list(self: &Arc<Self>) -> Arc<DeviceList> {
+        let mut cached = self.list.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(list) = cached.upgrade() {
+            return list;
+        }
+        let list = self.read_device_list();
+        *cached = Arc::downgrade(&list);
+        list
+    }
+
+    fn read_device_list(self: &Arc<Self>) -> Arc<DeviceList> {
+        self.lists_read.fetch_add(1, Ordering::Relaxed);
         let mut n: c_int = 0;
         // SAFETY: `n` is a valid out-pointer; the table honours the contract.
         let list = unsafe { (self.table().get_device_list)(&mut n) };
@@ -117,10 +145,17 @@ impl Fabric {
                 devices.push((dev, name));
             }
         }
+        let by_name = devices
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(i, (_, name))| (name.clone(), i))
+            .collect();
         Arc::new(DeviceList {
             fabric: Arc::clone(self),
             list,
             devices,
+            by_name,
         })
     }
 
@@ -137,10 +172,9 @@ impl Fabric {
     pub fn open(self: &Arc<Self>, name: &str) -> Result<Arc<Context>> {
         let list = self.device_list();
         let dev = list
-            .devices
-            .iter()
-            .find(|(_, n)| n == name)
-            .map(|(d, _)| *d)
+            .by_name
+            .get(name)
+            .map(|&i| list.devices[i].0)
             .ok_or_else(|| VerbsError::NoSuchDevice(name.to_owned()))?;
         // SAFETY: `dev` belongs to `list`, which the context keeps alive.
         let ctx = unsafe { (self.table().open_device)(dev.as_ptr()) };
@@ -168,10 +202,12 @@ impl Fabric {
 
 /// A device list, freed when the last context opened from it is closed.
 #[derive(Debug)]
-struct DeviceList {
+pub(crate) struct DeviceList {
     fabric: Arc<Fabric>,
     list: *mut *mut ibv_device,
     devices: Vec<(NonNull<ibv_device>, String)>,
+    /// Index in `devices` by name (the first of equal names, as a linear search finds).
+    by_name: HashMap<String, usize>,
 }
 
 // SAFETY: the list is immutable after creation and libibverbs devices may be used from any thread.

@@ -26,6 +26,8 @@ impl Fabric {
     pub fn discover(self: &Arc<Self>, merge_vfs: bool) -> Vec<Port> {
         let sysfs = Sysfs::open(&self.provider.sysfs_root);
         let mut ports = Vec::new();
+        // Held across the loop: every open below shares this one read of the list.
+        let _held = self.device_list();
         for name in self.device_names() {
             let ctx = match self.open(&name) {
                 Ok(c) => c,

@@ -106,3 +106,14 @@ pub(crate) fn check(rc: i32, verb: &'static str, object: impl FnOnce() -> String
         }),
     }
 }
+
+/// The text of a caught panic's payload, for the WARN that reports it: every crate that catches
+/// panics at a boundary (the C entry points of the plugin and of the soft provider, background
+/// threads) reports them the same way.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_owned())
+}

@@ -74,7 +74,7 @@ mod wr;
 pub use cq::{Completion, Cq, WcOpcode, WcStatus};
 pub use device::{AsyncEvent, AsyncEventKind, Context, DeviceAttr, Fabric, IbOptions, PortAttr};
 pub use discover::merge_vfs_from_env;
-pub use error::{Result, VerbsError};
+pub use error::{Result, VerbsError, panic_message};
 pub use gpu::{PEER_MEMORY_MODULES, RelaxedOrderingMode};
 pub use memory::{Access, DmaBuf, ForeignMemory, Memory, Mr, Pd};
 pub use provider::{Capabilities, ENV_SYSFS_ROOT, Provider, ProviderCaps};
