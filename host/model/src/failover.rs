@@ -39,9 +39,10 @@ pub struct PortEvent {
     pub cause: PortEventCause,
 }
 
-/// What a connection does about a [`PortEvent`].
+/// What a connection does about a [`PortEvent`]. In JSON: `{"kind": "move-to", "ports": [1],
+/// "reason": "…"}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum PortAnswer {
     /// Down: carry the failed QPs' traffic over the QPs on these ports (indices into
     /// [`crate::Connection::local`]).
