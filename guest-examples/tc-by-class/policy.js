@@ -84,3 +84,6 @@ export function groupDevices(_ports, _maxDevices) {
 export function makeVnic(_request, _ports, _maxDevices) {
   return undefined;
 }
+export function onPortEvent(_event, _conn, _qps, _states) {
+  return undefined;
+}

@@ -2,7 +2,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 
-import { init, planConnection } from "../policy.js";
+import { init, onPortEvent, planConnection } from "../policy.js";
 import { lines } from "./log-stub.mjs";
 
 const config = (text) => [
@@ -46,4 +46,10 @@ test("refuses malformed settings, naming the entry", () => {
     assert.throws(() => init(config(text)), (e) => e.includes(why), text);
   }
   assert.throws(() => init([]), /map at least one/);
+});
+
+test("has no opinion on port events (the hook is exported but not declared)", () => {
+  const info = init(config("1=106"));
+  assert.equal(info.hooks.onPortEvent, undefined);
+  assert.equal(onPortEvent({ port: 0, change: "down", cause: "async-event" }, {}, [], []), undefined);
 });

@@ -2,6 +2,7 @@
 //! source, the plan of a sample connection and how messages are striped over it.
 
 use clap::Args as ClapArgs;
+use ncclwasm_model::{PortAnswer, PortChange};
 
 use crate::fail::{Fail, Outcome};
 use crate::render::{self, Table, field};
@@ -70,6 +71,10 @@ pub fn render(r: &Report) -> String {
     if let Some(c) = &r.connection {
         out.push('\n');
         out += &connection_section(c);
+        if !c.port_events.is_empty() {
+            out.push('\n');
+            out += &port_events_section(c);
+        }
     }
     if !r.striping.is_empty() {
         out.push('\n');
@@ -283,6 +288,36 @@ fn connection_section(c: &report::ConnectionView) -> String {
     out + &t.render()
 }
 
+/// What the sample connection does if its first port fails, and when it comes back.
+fn port_events_section(c: &report::ConnectionView) -> String {
+    let mut out = String::new();
+    for e in &c.port_events {
+        let (label, change) = match e.change {
+            PortChange::Down => ("port-down", "down"),
+            PortChange::Up => ("port-up", "up"),
+        };
+        let answer = match &e.answer.value {
+            PortAnswer::MoveTo { ports, .. } => {
+                let to: Vec<&str> = ports
+                    .iter()
+                    .map(|&p| c.local.get(p as usize).map_or("?", |v| v.name.as_str()))
+                    .collect();
+                format!("move its traffic to {}", to.join(", "))
+            }
+            PortAnswer::Wait { ms, .. } => format!("wait up to {ms} ms for it, then fail"),
+            PortAnswer::Fail { .. } => "fail the connection".to_owned(),
+            PortAnswer::FailBack { .. } => "fail back to it".to_owned(),
+            PortAnswer::Stay { .. } => "stay on the other ports".to_owned(),
+        };
+        out += &field(label, &format!("{} {change}: {answer}", e.port));
+        out += &source_lines(
+            &e.answer.source,
+            &why(e.answer.value.reason(), &e.answer.source),
+        );
+    }
+    out
+}
+
 fn striping_section(r: &Report) -> String {
     let qps = r
         .connection
@@ -337,6 +372,8 @@ mod tests {
             "fused",
             "vnic",
             "connection",
+            "port-down",
+            "port-up",
             "striping",
         ] {
             assert!(
@@ -346,6 +383,19 @@ mod tests {
         }
         assert!(text.contains("fuse devices 0,1 (mlx5_0:1, mlx5_1:1)? accept"));
         assert!(text.contains("  qp  8    1M\n"), "{text}");
+        // NCCL's defaults: no failover, no failback.
+        assert!(
+            text.contains("port-down   mlx5_0:1 down: fail the connection\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("NCCL_IB_RESILIENCY_PORT_FAILOVER=0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("port-up     mlx5_0:1 up: stay on the other ports\n"),
+            "{text}"
+        );
     }
 
     #[test]

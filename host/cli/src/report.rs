@@ -12,7 +12,8 @@ use std::sync::Arc;
 
 use ncclwasm_default::IbConfig;
 use ncclwasm_model::{
-    ConnPlan, Connection, DeviceGroup, Endpoint, GidType, LinkLayer, Port, Topology, VnicAnswer,
+    ConnPlan, Connection, DeviceGroup, Endpoint, GidType, LinkLayer, Port, PortAnswer, PortChange,
+    PortEvent, PortEventCause, PortState, QpPlan, Topology, VnicAnswer,
 };
 use ncclwasm_policy::{Decision, PolicyError, PolicyHost, PolicyId, Source};
 use serde::Serialize;
@@ -302,6 +303,19 @@ pub struct ConnectionView {
     pub local: Vec<EndpointView>,
     pub peer: Vec<EndpointView>,
     pub plan: PlanView,
+    /// `on-port-event` for the connection's first local port: down (the others active), then
+    /// up again.
+    pub port_events: Vec<PortEventView>,
+}
+
+/// What the sample connection would do about one port event.
+#[derive(Clone, Debug, Serialize)]
+pub struct PortEventView {
+    /// `device:port` of the port that changed.
+    pub port: String,
+    pub change: PortChange,
+    /// Ports named by a `move-to` answer are indices into `local`.
+    pub answer: Decided<PortAnswer>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -601,12 +615,14 @@ pub fn evaluate(
             };
             let base = ncclwasm_default::plan_connection(host.ib_config(), &conn);
             let plan = host.plan_connection(&conn)?;
+            let port_events = port_events(host, &conn, &plan.value.qps)?;
             Some(ConnectionView {
                 device: dev.device,
                 device_name: dev.name.clone(),
                 local: conn.local.iter().map(endpoint_view).collect(),
                 peer: conn.peer.iter().map(endpoint_view).collect(),
                 plan: plan_view(plan, &base),
+                port_events,
             })
         }
         _ => None,
@@ -649,6 +665,40 @@ pub fn evaluate(
         connection,
         striping,
     })
+}
+
+/// Ask `on-port-event` as the transport would if the connection's first local port went down
+/// (an async port event, every other port active) and later came back.
+fn port_events(
+    host: &PolicyHost,
+    conn: &Connection,
+    qps: &[QpPlan],
+) -> Result<Vec<PortEventView>, PolicyError> {
+    let Some(first) = conn.local.first() else {
+        return Ok(Vec::new());
+    };
+    let n = conn.local.len();
+    let mut down_states = vec![PortState::Active; n];
+    down_states[0] = PortState::Down;
+    [
+        (PortChange::Down, down_states),
+        (PortChange::Up, vec![PortState::Active; n]),
+    ]
+    .into_iter()
+    .map(|(change, states)| {
+        let event = PortEvent {
+            port: 0,
+            change,
+            cause: PortEventCause::AsyncEvent,
+        };
+        let answer = host.on_port_event(&event, conn, qps, &states)?;
+        Ok(PortEventView {
+            port: endpoint_view(first).name,
+            change,
+            answer: decided(answer, |a| a),
+        })
+    })
+    .collect()
 }
 
 /// The plan with field attribution. `PlanPatch::apply` words a policy's plan reason as
@@ -866,6 +916,11 @@ pub fn fallbacks(report: &Report) -> Vec<(String, &SourceView)> {
             .iter()
             .map(|c| ("plan-connection".to_owned(), &c.plan.decided.source)),
     );
+    all.extend(report.connection.iter().flat_map(|c| {
+        c.port_events
+            .iter()
+            .map(|e| ("on-port-event".to_owned(), &e.answer.source))
+    }));
     all.retain(|(_, s)| s.kind == "fallback");
     all
 }

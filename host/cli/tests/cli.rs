@@ -359,7 +359,7 @@ fn check_reports_name_version_and_hooks() {
     assert!(line(&out, "policy").contains("nccl-default"));
     assert_eq!(
         line(&out, "hooks"),
-        "hooks       select-devices, select-gid, group-devices, make-vnic, plan-connection"
+        "hooks       select-devices, select-gid, group-devices, make-vnic, plan-connection, on-port-event"
     );
     let o = run(&["policy", "check", &guest("weighted-stripe"), "--json"]);
     assert_ok(&o);
@@ -984,4 +984,39 @@ fn check<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
         .iter()
         .find(|c| c["name"] == name)
         .unwrap_or_else(|| panic!("no {name} check in {v}"))
+}
+
+#[test]
+fn explain_shows_the_answer_to_a_port_failure_and_its_return() {
+    let failover = [
+        "--env",
+        "NCCL_IB_RESILIENCY_PORT_FAILOVER=1",
+        "--env",
+        "NCCL_IB_RESILIENCY_PORT_RECOVERY=1",
+    ];
+    let dual = topology("dual-port");
+    for policy in ["builtin".to_owned(), guest("nccl-default")] {
+        let mut args = vec!["policy", "explain", policy.as_str(), "-t", dual.as_str()];
+        args.extend(failover);
+        let o = run(&args);
+        assert_ok(&o);
+        let out = stdout(&o);
+        assert_eq!(
+            line(&out, "port-down"),
+            "port-down   mlx5_0:1 down: move its traffic to mlx5_1:1",
+            "{out}"
+        );
+        assert_eq!(
+            line(&out, "port-up"),
+            "port-up     mlx5_0:1 up: fail back to it"
+        );
+        assert!(out.contains("NCCL_IB_RESILIENCY_PORT_FAILOVER=1: its traffic moves"));
+    }
+    let o = run(&["policy", "explain", "builtin", "-t", &dual, "--json"]);
+    assert_ok(&o);
+    let events = &json(&o)["connection"]["port_events"];
+    assert_eq!(events[0]["change"], "down");
+    assert_eq!(events[0]["answer"]["value"]["kind"], "fail");
+    assert_eq!(events[1]["answer"]["value"]["kind"], "stay");
+    assert_eq!(events[1]["answer"]["source"]["kind"], "builtin");
 }

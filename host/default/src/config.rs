@@ -204,12 +204,18 @@ pub struct IbConfig {
     pub timeout: u8,
     /// `NCCL_IB_RETRY_CNT` (default 7).
     pub retry_cnt: u8,
+    /// `NCCL_IB_RESILIENCY_PORT_FAILOVER` (NCCL 2.30, default 0): when a port of a connection's
+    /// vNIC fails, carry its traffic over the surviving ports instead of failing the connection.
+    pub port_failover: bool,
+    /// `NCCL_IB_RESILIENCY_PORT_RECOVERY` (NCCL 2.30, default 0): when a failed port comes back,
+    /// use it again.
+    pub port_recovery: bool,
     sources: Vec<Setting>,
     ignored: Vec<(String, String)>,
 }
 
 /// The variables [`IbConfig`] reads, with NCCL's defaults as NCCL would print them.
-const KNOWN: [(&str, &str); 17] = [
+const KNOWN: [(&str, &str); 19] = [
     ("NCCL_IB_HCA", "(unset: every port)"),
     ("NCCL_IB_GID_INDEX", "-1"),
     ("NCCL_IB_ADDR_FAMILY", "AF_INET"),
@@ -227,6 +233,8 @@ const KNOWN: [(&str, &str); 17] = [
     ("NCCL_IB_ECE_ENABLE", "1"),
     ("NCCL_IB_TIMEOUT", "20"),
     ("NCCL_IB_RETRY_CNT", "7"),
+    ("NCCL_IB_RESILIENCY_PORT_FAILOVER", "0"),
+    ("NCCL_IB_RESILIENCY_PORT_RECOVERY", "0"),
 ];
 
 impl Default for IbConfig {
@@ -250,6 +258,8 @@ impl Default for IbConfig {
             ece: true,
             timeout: 20,
             retry_cnt: 7,
+            port_failover: false,
+            port_recovery: false,
             sources: KNOWN
                 .iter()
                 .map(|&(name, default)| Setting {
@@ -396,6 +406,8 @@ impl IbConfig {
             "NCCL_IB_ECE_ENABLE" => self.ece = flag()?,
             "NCCL_IB_TIMEOUT" => self.timeout = ranged(1, 31, "1..31")? as u8,
             "NCCL_IB_RETRY_CNT" => self.retry_cnt = ranged(0, 7, "0..7")? as u8,
+            "NCCL_IB_RESILIENCY_PORT_FAILOVER" => self.port_failover = flag()?,
+            "NCCL_IB_RESILIENCY_PORT_RECOVERY" => self.port_recovery = flag()?,
             _ => unreachable!("only names from KNOWN are set"),
         }
         Ok(())
@@ -499,7 +511,8 @@ mod tests {
         );
         assert_eq!((c.tc, c.sl, c.fifo_tc), (None, None, None));
         assert_eq!((c.timeout, c.retry_cnt), (20, 7));
-        assert_eq!(c.sources().len(), 17);
+        assert!(!c.port_failover && !c.port_recovery);
+        assert_eq!(c.sources().len(), 19);
         assert!(c.sources().iter().all(|s| s.source == Source::Default));
     }
 
@@ -594,6 +607,8 @@ mod tests {
             ("NCCL_IB_ADAPTIVE_ROUTING", "2", "must be 0, 1 or -2"),
             ("NCCL_IB_AR_THRESHOLD", "-1", "must be a byte count"),
             ("NCCL_IB_ECE_ENABLE", "1x", "not an integer"),
+            ("NCCL_IB_RESILIENCY_PORT_FAILOVER", "2", "must be 0 or 1"),
+            ("NCCL_IB_RESILIENCY_PORT_RECOVERY", "on", "not an integer"),
             (
                 "NCCL_IB_ROUTABLE_FLID_GID_INDEX",
                 "-1",

@@ -15,6 +15,7 @@
 mod config;
 mod conn;
 mod devices;
+mod failover;
 mod fusion;
 mod gid;
 
@@ -23,6 +24,7 @@ pub use config::{
 };
 pub use conn::plan_connection;
 pub use devices::{MAX_IB_DEVS, select_devices};
+pub use failover::on_port_event;
 pub use fusion::{NO_GROUPS_REASON, group_devices, make_vnic};
 pub use gid::select_gid;
 

@@ -1,13 +1,15 @@
 //! Plain data shared by every layer of nccl-net-wasm.
 //!
 //! Nothing here does I/O or calls a policy: these are the snapshots a policy decides over
-//! ([`Port`], [`Gid`], [`Connection`]), the decisions it returns ([`DeviceSelection`],
-//! [`GidChoice`], [`DeviceGroup`], [`VnicAnswer`], [`ConnPlan`]) and the topology file format that
-//! describes a machine as data. The types mirror `wit/policy.wit` one to one, so the host, the
-//! built-in default, the CLI and Rust guests all speak the same language.
+//! ([`Port`], [`Gid`], [`Connection`], [`PortEvent`]), the decisions it returns
+//! ([`DeviceSelection`], [`GidChoice`], [`DeviceGroup`], [`VnicAnswer`], [`ConnPlan`],
+//! [`PortAnswer`]) and the topology file format that describes a machine as data. The types
+//! mirror `wit/policy.wit` one to one, so the host, the built-in default, the CLI and Rust guests
+//! all speak the same language.
 #![forbid(unsafe_code)]
 
 mod decision;
+mod failover;
 pub mod name_list;
 mod plan;
 mod port;
@@ -15,6 +17,7 @@ pub mod topology;
 pub mod validate;
 
 pub use decision::*;
+pub use failover::*;
 pub use plan::*;
 pub use port::*;
 pub use topology::{Topology, TopologyError};

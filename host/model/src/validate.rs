@@ -10,8 +10,8 @@ use std::collections::HashSet;
 use std::fmt;
 
 use crate::{
-    ConnPlan, Connection, DeviceGroup, DeviceSelection, GidChoice, LinkLayer, Port, PortState,
-    VnicAnswer,
+    ConnPlan, Connection, DeviceGroup, DeviceSelection, GidChoice, LinkLayer, MAX_PORT_WAIT_MS,
+    Port, PortAnswer, PortChange, PortEvent, PortState, QpPlan, VnicAnswer,
 };
 
 /// NCCL's limit on QPs per connection (`NCCL_IB_MAX_QPS`).
@@ -280,6 +280,56 @@ pub fn check_plan(plan: &ConnPlan, conn: &Connection, max_qps: u32) -> Checked {
     })
 }
 
+/// `on-port-event`: the case answers the change (`move-to`/`wait`/`fail` a port-down,
+/// `fail-back`/`stay` a port-up); `move-to` names distinct ports of the vNIC (`conn.local`) that
+/// are active in `states`, are not the failed port, and carry a QP of the plan `qps` (the data
+/// path moves traffic onto existing QPs only); `wait` is 1..=[`MAX_PORT_WAIT_MS`].
+pub fn check_port_answer(
+    answer: &PortAnswer,
+    event: &PortEvent,
+    conn: &Connection,
+    qps: &[QpPlan],
+    states: &[PortState],
+) -> Checked {
+    let change = match event.change {
+        PortChange::Down => "port-down",
+        PortChange::Up => "port-up",
+    };
+    ensure(answer.answers(event.change), || {
+        format!("{} does not answer a {change}", answer.kind())
+    })?;
+    match answer {
+        PortAnswer::MoveTo { ports, .. } => {
+            ensure(!ports.is_empty(), || {
+                "move-to names no port to move the traffic to".to_owned()
+            })?;
+            no_duplicates(ports, "move-to")?;
+            for &p in ports {
+                ensure((p as usize) < conn.local.len(), || {
+                    format!(
+                        "move-to names port {p} but the vNIC has {} port(s)",
+                        conn.local.len()
+                    )
+                })?;
+                ensure(p != event.port, || {
+                    format!("move-to names port {p}, the port that failed")
+                })?;
+                ensure(states.get(p as usize) == Some(&PortState::Active), || {
+                    format!("move-to names port {p}, which is not active")
+                })?;
+                ensure(qps.iter().any(|q| q.local == p), || {
+                    format!("move-to names port {p}, which carries no QP of the connection")
+                })?;
+            }
+            Ok(())
+        }
+        PortAnswer::Wait { ms, .. } => ensure((1..=MAX_PORT_WAIT_MS).contains(ms), || {
+            format!("wait of {ms} ms is outside 1..={MAX_PORT_WAIT_MS}")
+        }),
+        PortAnswer::Fail { .. } | PortAnswer::FailBack { .. } | PortAnswer::Stay { .. } => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,5 +520,85 @@ mod tests {
         assert!(bad(|p| p.timeout = 32).contains("timeout 32"));
         assert!(bad(|p| p.retry_cnt = 8).contains("retry count 8"));
         assert!(bad(|p| p.sl = 16).contains("service level 16"));
+    }
+    #[test]
+    fn port_answer_rules() {
+        use crate::PortEventCause;
+        let conn = Connection {
+            comm_id: 1,
+            traffic_class: -1,
+            device: 0,
+            device_name: "mlx5_0+mlx5_1+mlx5_2".to_owned(),
+            local: vec![endpoint(), endpoint(), endpoint()],
+            peer: vec![endpoint()],
+        };
+        // QPs on ports 0 and 1; port 2 carries none.
+        let qps = plan(4).qps;
+        let states = [PortState::Down, PortState::Active, PortState::Active];
+        let down = PortEvent {
+            port: 0,
+            change: PortChange::Down,
+            cause: PortEventCause::AsyncEvent,
+        };
+        let up = PortEvent {
+            change: PortChange::Up,
+            ..down
+        };
+        let reason = String::new;
+        let move_to = |ports: &[u32]| PortAnswer::MoveTo {
+            ports: ports.to_vec(),
+            reason: reason(),
+        };
+        let check = |a: &PortAnswer, e: &PortEvent| check_port_answer(a, e, &conn, &qps, &states);
+        assert!(check(&move_to(&[1]), &down).is_ok());
+        assert!(check(&PortAnswer::Fail { reason: reason() }, &down).is_ok());
+        assert!(
+            check(
+                &PortAnswer::Wait {
+                    ms: 500,
+                    reason: reason()
+                },
+                &down
+            )
+            .is_ok()
+        );
+        assert!(check(&PortAnswer::Stay { reason: reason() }, &up).is_ok());
+        assert!(check(&PortAnswer::FailBack { reason: reason() }, &up).is_ok());
+        assert!(err(check(&move_to(&[]), &down)).contains("no port"));
+        assert!(err(check(&move_to(&[1, 1]), &down)).contains("twice"));
+        assert!(err(check(&move_to(&[3]), &down)).contains("has 3 port(s)"));
+        assert!(err(check(&move_to(&[0]), &down)).contains("the port that failed"));
+        assert!(err(check(&move_to(&[2]), &down)).contains("carries no QP"));
+        let inactive = [PortState::Down, PortState::Down, PortState::Active];
+        assert!(
+            err(check_port_answer(
+                &move_to(&[1]),
+                &down,
+                &conn,
+                &qps,
+                &inactive
+            ))
+            .contains("not active")
+        );
+        assert!(
+            err(check(
+                &PortAnswer::Wait {
+                    ms: 0,
+                    reason: reason()
+                },
+                &down
+            ))
+            .contains("1..=")
+        );
+        let long = PortAnswer::Wait {
+            ms: MAX_PORT_WAIT_MS + 1,
+            reason: reason(),
+        };
+        assert!(err(check(&long, &down)).contains("outside"));
+        assert!(
+            err(check(&PortAnswer::Stay { reason: reason() }, &down))
+                .contains("stay does not answer a port-down")
+        );
+        assert!(err(check(&move_to(&[1]), &up)).contains("move-to does not answer a port-up"));
     }
 }

@@ -32,6 +32,15 @@ fn link_layer(l: m::LinkLayer) -> t::LinkLayer {
     }
 }
 
+pub(crate) fn port_state(s: m::PortState) -> t::PortState {
+    match s {
+        m::PortState::Down => t::PortState::Down,
+        m::PortState::Initializing => t::PortState::Initializing,
+        m::PortState::Armed => t::PortState::Armed,
+        m::PortState::Active => t::PortState::Active,
+    }
+}
+
 fn gid(g: &m::Gid) -> t::Gid {
     t::Gid {
         index: g.index,
@@ -58,12 +67,7 @@ pub(crate) fn port(p: &m::Port) -> t::Port {
         index: p.index,
         device: p.device.clone(),
         port: p.port,
-        state: match p.state {
-            m::PortState::Down => t::PortState::Down,
-            m::PortState::Initializing => t::PortState::Initializing,
-            m::PortState::Armed => t::PortState::Armed,
-            m::PortState::Active => t::PortState::Active,
-        },
+        state: port_state(p.state),
         link_layer: link_layer(p.link_layer),
         speed_mbps: p.speed_mbps,
         width: p.width,
@@ -162,5 +166,45 @@ pub(crate) fn patch(p: t::ConnPlan) -> m::PlanPatch {
         timeout: p.timeout,
         retry_cnt: p.retry_cnt,
         reason: reason(p.reason),
+    }
+}
+
+pub(crate) fn port_event(e: &m::PortEvent) -> t::PortEvent {
+    t::PortEvent {
+        port: e.port,
+        change: match e.change {
+            m::PortChange::Down => t::PortChange::Down,
+            m::PortChange::Up => t::PortChange::Up,
+        },
+        cause: match e.cause {
+            m::PortEventCause::AsyncEvent => t::PortEventCause::AsyncEvent,
+            m::PortEventCause::FatalCompletion => t::PortEventCause::FatalCompletion,
+        },
+    }
+}
+
+pub(crate) fn qp_plans(qps: &[m::QpPlan]) -> Vec<t::QpPlan> {
+    qps.iter()
+        .map(|q| t::QpPlan {
+            local: q.local,
+            remote: q.remote,
+            weight: q.weight,
+        })
+        .collect()
+}
+
+pub(crate) fn port_answer(a: t::PortAnswer) -> m::PortAnswer {
+    match a {
+        t::PortAnswer::MoveTo((ports, r)) => m::PortAnswer::MoveTo {
+            ports,
+            reason: reason(r),
+        },
+        t::PortAnswer::Wait((ms, r)) => m::PortAnswer::Wait {
+            ms,
+            reason: reason(r),
+        },
+        t::PortAnswer::Fail(r) => m::PortAnswer::Fail { reason: reason(r) },
+        t::PortAnswer::FailBack(r) => m::PortAnswer::FailBack { reason: reason(r) },
+        t::PortAnswer::Stay(r) => m::PortAnswer::Stay { reason: reason(r) },
     }
 }

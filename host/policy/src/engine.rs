@@ -47,13 +47,14 @@ const LOG_LINES_PER_CALL: u32 = 16;
 const LOG_LINE_MAX: usize = 512;
 
 /// The exports that make a component a policy.
-const REQUIRED_EXPORTS: [&str; 6] = [
+const REQUIRED_EXPORTS: [&str; 7] = [
     "init",
     "select-devices",
     "select-gid",
     "group-devices",
     "make-vnic",
     "plan-connection",
+    "on-port-event",
 ];
 /// Import names (or name prefixes) a policy may have; see the module docs.
 const ALLOWED_IMPORTS: [&str; 5] = [

@@ -12,16 +12,18 @@ pub enum Hook {
     GroupDevices,
     MakeVnic,
     PlanConnection,
+    OnPortEvent,
 }
 
 impl Hook {
     /// The decision hooks, in the order the plugin calls them.
-    pub const DECISIONS: [Hook; 5] = [
+    pub const DECISIONS: [Hook; 6] = [
         Hook::SelectDevices,
         Hook::SelectGid,
         Hook::GroupDevices,
         Hook::MakeVnic,
         Hook::PlanConnection,
+        Hook::OnPortEvent,
     ];
 
     /// The WIT name.
@@ -33,6 +35,7 @@ impl Hook {
             Hook::GroupDevices => "group-devices",
             Hook::MakeVnic => "make-vnic",
             Hook::PlanConnection => "plan-connection",
+            Hook::OnPortEvent => "on-port-event",
         }
     }
 }

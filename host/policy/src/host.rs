@@ -16,7 +16,8 @@ use arc_swap::ArcSwapOption;
 use ncclwasm_default::IbConfig;
 use ncclwasm_model::validate::{self, InvalidAnswer};
 use ncclwasm_model::{
-    ConnPlan, Connection, DeviceGroup, DeviceSelection, GidChoice, Port, PortState, VnicAnswer,
+    ConnPlan, Connection, DeviceGroup, DeviceSelection, GidChoice, Port, PortAnswer, PortChange,
+    PortEvent, PortEventCause, PortState, QpPlan, VnicAnswer,
 };
 
 use crate::convert;
@@ -108,7 +109,7 @@ pub struct Decision<T> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stats {
     /// Calls per decision hook, in [`Hook::DECISIONS`] order.
-    pub calls: [(Hook, u64); 5],
+    pub calls: [(Hook, u64); 6],
     /// Faults per cause, in [`FailureCause::ALL`] order (fallbacks under `open`, errors under
     /// `closed`).
     pub faults: [(FailureCause, u64); 5],
@@ -118,7 +119,7 @@ pub struct Stats {
 
 #[derive(Debug, Default)]
 struct Counters {
-    calls: [AtomicU64; 5],
+    calls: [AtomicU64; 6],
     faults: [AtomicU64; 5],
     swaps_ok: AtomicU64,
     swaps_refused: AtomicU64,
@@ -380,6 +381,25 @@ impl PolicyHost {
         )
     }
 
+    /// What connection `conn`, running QPs `qps`, does about `event`; `states[i]` is the
+    /// current state of `conn.local[i]`. The answer is checked by
+    /// `validate::check_port_answer`, so the transport can carry it out as given.
+    pub fn on_port_event(
+        &self,
+        event: &PortEvent,
+        conn: &Connection,
+        qps: &[QpPlan],
+        states: &[PortState],
+    ) -> Result<Decision<PortAnswer>, PolicyError> {
+        let s = &*self.shared;
+        s.decide(
+            Hook::OnPortEvent,
+            || ncclwasm_default::on_port_event(&s.ib, event, conn, qps, states),
+            |a, _| format!("{}: {}", a.kind(), a.reason()),
+            |l| s.ask_on_port_event(l, event, conn, qps, states),
+        )
+    }
+
     /// A port changed state: the live topology (what a hot-swapped policy is tried on) follows.
     pub fn port_changed(&self, device: &str, port: u8, state: PortState) {
         let s = &*self.shared;
@@ -580,6 +600,30 @@ impl Shared {
         )
     }
 
+    fn ask_on_port_event(
+        &self,
+        l: &Loaded,
+        event: &PortEvent,
+        conn: &Connection,
+        qps: &[QpPlan],
+        states: &[PortState],
+    ) -> Result<Asked<PortAnswer>, Fault> {
+        let (e, c, q) = (
+            convert::port_event(event),
+            convert::connection(conn),
+            convert::qp_plans(qps),
+        );
+        let st: Vec<_> = states.iter().map(|&s| convert::port_state(s)).collect();
+        l.ask(
+            Hook::OnPortEvent,
+            |i| i.bindings.call_on_port_event(&mut i.store, e, &c, &q, &st),
+            |w| {
+                let answer = convert::port_answer(w);
+                validate::check_port_answer(&answer, event, conn, qps, states).map(|()| answer)
+            },
+        )
+    }
+
     /// The QP limit of a connection: the smallest `max_qps` of its local ports, when the live
     /// topology knows them.
     fn max_qps(&self, conn: &Connection) -> u32 {
@@ -727,6 +771,19 @@ impl Shared {
             let base = ncclwasm_default::plan_connection(&self.ib, &conn);
             self.ask_plan_connection(l, &conn, &base, &|_| Ok(()))
                 .map_err(failed(Hook::PlanConnection))?;
+            // Its one port goes down, then comes back.
+            for (change, state) in [
+                (PortChange::Down, PortState::Down),
+                (PortChange::Up, PortState::Active),
+            ] {
+                let event = PortEvent {
+                    port: 0,
+                    change,
+                    cause: PortEventCause::AsyncEvent,
+                };
+                self.ask_on_port_event(l, &event, &conn, &base.qps, &[state])
+                    .map_err(failed(Hook::OnPortEvent))?;
+            }
         }
         Ok(())
     }
@@ -755,6 +812,7 @@ fn declares(flags: HookFlags, hook: Hook) -> bool {
         Hook::GroupDevices => HookFlags::GROUP_DEVICES,
         Hook::MakeVnic => HookFlags::MAKE_VNIC,
         Hook::PlanConnection => HookFlags::PLAN_CONNECTION,
+        Hook::OnPortEvent => HookFlags::ON_PORT_EVENT,
     };
     flags.contains(flag)
 }

@@ -2,7 +2,9 @@
 //! the corpus under every `NCCL_IB_*` setting of the table (`docs/architecture.md`, "The failure model").
 
 use ncclwasm_model::validate;
-use ncclwasm_model::{ConnPlan, Port, Topology};
+use ncclwasm_model::{
+    ConnPlan, Connection, Port, PortChange, PortEvent, PortEventCause, PortState, Topology,
+};
 use ncclwasm_policy::{Decision, FailureCause, FailureMode, PolicyError, PolicyHost, Source};
 
 use crate::{connection, guest, settings};
@@ -38,6 +40,10 @@ const SETTINGS: &[&[(&str, &str)]] = &[
     ],
     &[("NCCL_IB_TIMEOUT", "22"), ("NCCL_IB_RETRY_CNT", "5")],
     &[("NCCL_IB_MERGE_NICS", "0")],
+    &[
+        ("NCCL_IB_RESILIENCY_PORT_FAILOVER", "1"),
+        ("NCCL_IB_RESILIENCY_PORT_RECOVERY", "1"),
+    ],
 ];
 
 /// Both hosts' answers for one hook must be equal, and the wasm one must not be a fallback.
@@ -155,6 +161,47 @@ fn compare(
         wasm.group_devices(&selected),
         failures,
     );
+    // on-port-event, on a connection over the first two selected ports (as a fused NIC).
+    let local: Vec<_> = selected
+        .iter()
+        .take(2)
+        .filter_map(|p| Some(p.endpoint(native.select_gid(p).ok()?.value.index)))
+        .collect();
+    let conn = Connection {
+        comm_id: 1,
+        traffic_class: -1,
+        device: 0,
+        device_name: "sample".into(),
+        peer: local.clone(),
+        local,
+    };
+    if let Ok(plan) = native.plan_connection(&conn) {
+        let n = conn.local.len();
+        for failed in 0..n as u32 {
+            for (change, cause) in [
+                (PortChange::Down, PortEventCause::AsyncEvent),
+                (PortChange::Down, PortEventCause::FatalCompletion),
+                (PortChange::Up, PortEventCause::AsyncEvent),
+            ] {
+                let mut states = vec![PortState::Active; n];
+                if (change, cause) == (PortChange::Down, PortEventCause::AsyncEvent) {
+                    states[failed as usize] = PortState::Down;
+                }
+                let event = PortEvent {
+                    port: failed,
+                    change,
+                    cause,
+                };
+                let qps = &plan.value.qps;
+                same(
+                    &at(&format!("on-port-event {event:?}")),
+                    native.on_port_event(&event, &conn, qps, &states),
+                    wasm.on_port_event(&event, &conn, qps, &states),
+                    failures,
+                );
+            }
+        }
+    }
     for n_req in [2, selected.len().min(8)] {
         if selected.len() >= n_req && n_req >= 2 {
             let request: Vec<u32> = (0..n_req as u32).collect();

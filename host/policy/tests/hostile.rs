@@ -3,7 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use ncclwasm_model::VnicAnswer;
+use ncclwasm_model::{
+    PortAnswer, PortChange, PortEvent, PortEventCause, PortState, QpPlan, VnicAnswer,
+};
 use ncclwasm_policy::{FailureCause, FailureMode, Hook, PolicyError, PolicyHost, Source};
 
 use crate::{capture_logs, connection, guest, host_with, logged, ports, settings};
@@ -252,6 +254,48 @@ fn out_of_range_answers_are_refused() {
         closed.plan_connection(&connection(&ports[0], 3)),
         Hook::PlanConnection,
         FailureCause::InvalidAnswer,
+    );
+}
+
+#[test]
+fn a_port_answer_naming_a_port_the_vnic_lacks_is_refused() {
+    capture_logs();
+    let ports = ports();
+    let mut conn = connection(&ports[0], 3);
+    conn.local.push(ports[1].endpoint(3));
+    let qps = [0, 1].map(|local| QpPlan {
+        local,
+        remote: 0,
+        weight: 1,
+    });
+    let down = PortEvent {
+        port: 0,
+        change: PortChange::Down,
+        cause: PortEventCause::AsyncEvent,
+    };
+    let states = [PortState::Down, PortState::Active];
+    // Open: the built-in default decides (NCCL's: failover off, the connection fails).
+    let host = host_with("hostile-out-of-range", FailureMode::Open, None);
+    let d = host.on_port_event(&down, &conn, &qps, &states).unwrap();
+    let (cause, detail) = fallback(&d.source);
+    assert_eq!(cause, FailureCause::InvalidAnswer);
+    assert!(detail.contains("move-to names port 99"), "{detail}");
+    assert!(matches!(d.value, PortAnswer::Fail { .. }), "{:?}", d.value);
+    assert!(logged().contains("hostile-out-of-range@1 failed in on-port-event: invalid answer"));
+    // Closed: the call fails, so the transport fails the connection cleanly.
+    let closed = host_with("hostile-out-of-range", FailureMode::Closed, None);
+    failed(
+        closed.on_port_event(&down, &conn, &qps, &states),
+        Hook::OnPortEvent,
+        FailureCause::InvalidAnswer,
+    );
+    // A policy that does not declare the hook is never asked.
+    let quiet = host_with("rail-aligned", FailureMode::Closed, None);
+    let d = quiet.on_port_event(&down, &conn, &qps, &states).unwrap();
+    assert!(
+        matches!(d.source, Source::NotImplemented(_)),
+        "{}",
+        d.source
     );
 }
 

@@ -18,11 +18,14 @@
 //! * [`request`]: the request pool, `wr_id` encoding and completion accounting.
 //! * [`datapath`]: per-message decisions — matching sends to posted receives, the work requests
 //!   of one slot, receive and flush posting.
+//! * [`failover`]: rail failover on the data path — the design, tagged immediates, duplicate
+//!   slices, what to re-post where.
 //! * [`ProtoError`]: the one error type, each message saying what to do.
 #![forbid(unsafe_code)]
 
 pub mod admission;
 pub mod datapath;
+pub mod failover;
 pub mod fifo;
 pub mod handle;
 pub mod handshake;

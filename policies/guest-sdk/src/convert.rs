@@ -173,6 +173,44 @@ impl From<model::PlanPatch> for wit::ConnPlan {
     }
 }
 
+impl From<wit::QpPlan> for model::QpPlan {
+    fn from(q: wit::QpPlan) -> Self {
+        model::QpPlan {
+            local: q.local,
+            remote: q.remote,
+            weight: q.weight,
+        }
+    }
+}
+
+impl From<wit::PortEvent> for model::PortEvent {
+    fn from(e: wit::PortEvent) -> Self {
+        model::PortEvent {
+            port: e.port,
+            change: match e.change {
+                wit::PortChange::Down => model::PortChange::Down,
+                wit::PortChange::Up => model::PortChange::Up,
+            },
+            cause: match e.cause {
+                wit::PortEventCause::AsyncEvent => model::PortEventCause::AsyncEvent,
+                wit::PortEventCause::FatalCompletion => model::PortEventCause::FatalCompletion,
+            },
+        }
+    }
+}
+
+impl From<model::PortAnswer> for wit::PortAnswer {
+    fn from(a: model::PortAnswer) -> Self {
+        match a {
+            model::PortAnswer::MoveTo { ports, reason } => wit::PortAnswer::MoveTo((ports, reason)),
+            model::PortAnswer::Wait { ms, reason } => wit::PortAnswer::Wait((ms, reason)),
+            model::PortAnswer::Fail { reason } => wit::PortAnswer::Fail(reason),
+            model::PortAnswer::FailBack { reason } => wit::PortAnswer::FailBack(reason),
+            model::PortAnswer::Stay { reason } => wit::PortAnswer::Stay(reason),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -332,5 +370,52 @@ mod tests {
             }
             other => panic!("expected reshape, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn port_event_and_answer_keep_every_field() {
+        let e: model::PortEvent = wit::PortEvent {
+            port: 3,
+            change: wit::PortChange::Down,
+            cause: wit::PortEventCause::FatalCompletion,
+        }
+        .into();
+        assert_eq!(
+            e,
+            model::PortEvent {
+                port: 3,
+                change: model::PortChange::Down,
+                cause: model::PortEventCause::FatalCompletion,
+            }
+        );
+        let up: model::PortEvent = wit::PortEvent {
+            port: 0,
+            change: wit::PortChange::Up,
+            cause: wit::PortEventCause::AsyncEvent,
+        }
+        .into();
+        assert_eq!(
+            (up.change, up.cause),
+            (model::PortChange::Up, model::PortEventCause::AsyncEvent)
+        );
+        let a: wit::PortAnswer = model::PortAnswer::MoveTo {
+            ports: vec![1, 2],
+            reason: "r".into(),
+        }
+        .into();
+        assert!(matches!(a, wit::PortAnswer::MoveTo((p, r)) if p == [1, 2] && r == "r"));
+        let a: wit::PortAnswer = model::PortAnswer::Wait {
+            ms: 250,
+            reason: "w".into(),
+        }
+        .into();
+        assert!(matches!(a, wit::PortAnswer::Wait((250, r)) if r == "w"));
+        let q: model::QpPlan = wit::QpPlan {
+            local: 1,
+            remote: 2,
+            weight: 3,
+        }
+        .into();
+        assert_eq!((q.local, q.remote, q.weight), (1, 2, 3));
     }
 }

@@ -56,7 +56,8 @@ pub use config::{Config, Options, POLICY_CONFIG_KEY};
 pub use ncclwasm_model as model;
 pub use ncclwasm_model::{
     AddrFamily, Connection, DeviceGroup, DeviceSelection, Endpoint, Gid, GidChoice, GidType,
-    LinkLayer, PlanPatch, Port, PortState, QpPlan, VnicAnswer,
+    LinkLayer, PlanPatch, Port, PortAnswer, PortChange, PortEvent, PortEventCause, PortState,
+    QpPlan, VnicAnswer,
 };
 pub use policy::Policy;
 pub use subnet::Subnet;
@@ -124,6 +125,14 @@ macro_rules! export_policy {
                     conn: $crate::bindings::Connection,
                 ) -> ::core::option::Option<$crate::bindings::ConnPlan> {
                     SLOT.plan_connection(conn)
+                }
+                fn on_port_event(
+                    event: $crate::bindings::PortEvent,
+                    conn: $crate::bindings::Connection,
+                    qps: ::std::vec::Vec<$crate::bindings::QpPlan>,
+                    states: ::std::vec::Vec<$crate::bindings::PortState>,
+                ) -> ::core::option::Option<$crate::bindings::PortAnswer> {
+                    SLOT.on_port_event(event, conn, qps, states)
                 }
             }
 

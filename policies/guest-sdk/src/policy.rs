@@ -1,7 +1,8 @@
 //! The trait a policy implements.
 
 use crate::{
-    Config, Connection, DeviceGroup, DeviceSelection, GidChoice, Hooks, PlanPatch, Port, VnicAnswer,
+    Config, Connection, DeviceGroup, DeviceSelection, GidChoice, Hooks, PlanPatch, Port,
+    PortAnswer, PortEvent, PortState, QpPlan, VnicAnswer,
 };
 
 /// A placement policy, in model types.
@@ -51,6 +52,19 @@ pub trait Policy: Sized + Send + 'static {
 
     /// The plan of one connection; `None` fields of the patch keep the built-in default's value.
     fn plan_connection(&mut self, _conn: &Connection) -> Option<PlanPatch> {
+        None
+    }
+
+    /// A port of an established connection went down or came back. `qps` is the plan the
+    /// connection runs and `states[i]` the current state of `conn.local[i]`. Answer a port-down
+    /// with `MoveTo`, `Wait` or `Fail`, a port-up with `FailBack` or `Stay`.
+    fn on_port_event(
+        &mut self,
+        _event: &PortEvent,
+        _conn: &Connection,
+        _qps: &[QpPlan],
+        _states: &[PortState],
+    ) -> Option<PortAnswer> {
         None
     }
 }

@@ -79,6 +79,21 @@ impl<P: Policy> Slot<P> {
         let conn = conn.into();
         self.with(|p| p.plan_connection(&conn)).map(Into::into)
     }
+
+    pub fn on_port_event(
+        &self,
+        event: wit::PortEvent,
+        conn: wit::Connection,
+        qps: Vec<wit::QpPlan>,
+        states: Vec<wit::PortState>,
+    ) -> Option<wit::PortAnswer> {
+        let event = event.into();
+        let conn = conn.into();
+        let qps: Vec<crate::QpPlan> = qps.into_iter().map(Into::into).collect();
+        let states: Vec<crate::PortState> = states.into_iter().map(Into::into).collect();
+        self.with(|p| p.on_port_event(&event, &conn, &qps, &states))
+            .map(Into::into)
+    }
 }
 
 fn convert_ports(ports: Vec<wit::Port>) -> Vec<crate::Port> {

@@ -13,7 +13,7 @@ use ncclwasm_default::IbConfig;
 use ncclwasm_guest::model::ConnPlan;
 use ncclwasm_guest::{
     Config, Connection, DeviceGroup, DeviceSelection, GidChoice, Hooks, PlanPatch, Policy, Port,
-    VnicAnswer,
+    PortAnswer, PortEvent, PortState, QpPlan, VnicAnswer,
 };
 
 #[derive(Debug)]
@@ -58,6 +58,18 @@ impl Policy for NcclDefault {
 
     fn plan_connection(&mut self, conn: &Connection) -> Option<PlanPatch> {
         Some(whole(ncclwasm_default::plan_connection(&self.ib, conn)))
+    }
+
+    fn on_port_event(
+        &mut self,
+        event: &PortEvent,
+        conn: &Connection,
+        qps: &[QpPlan],
+        states: &[PortState],
+    ) -> Option<PortAnswer> {
+        Some(ncclwasm_default::on_port_event(
+            &self.ib, event, conn, qps, states,
+        ))
     }
 }
 
@@ -166,6 +178,44 @@ mod tests {
             },
             native
         );
+    }
+
+    #[test]
+    fn port_events_are_answered_as_the_native_default() {
+        use ncclwasm_guest::{PortChange, PortEventCause};
+        let ports = topology("dual-port");
+        let a = endpoint(port(&ports, "mlx5_0"), 3);
+        let b = endpoint(port(&ports, "mlx5_1"), 3);
+        let conn = connection(vec![a.clone(), b.clone()], vec![a, b]);
+        use PortState::{Active, Down};
+        for settings in [
+            &[][..],
+            &[
+                ("NCCL_IB_RESILIENCY_PORT_FAILOVER", "1"),
+                ("NCCL_IB_RESILIENCY_PORT_RECOVERY", "1"),
+            ],
+        ] {
+            let mut p = policy(settings).unwrap();
+            let plan = ncclwasm_default::plan_connection(&p.ib, &conn);
+            for change in [PortChange::Down, PortChange::Up] {
+                for cause in [PortEventCause::AsyncEvent, PortEventCause::FatalCompletion] {
+                    for states in [[Down, Active], [Down, Down], [Active, Active]] {
+                        let event = PortEvent {
+                            port: 0,
+                            change,
+                            cause,
+                        };
+                        assert_eq!(
+                            p.on_port_event(&event, &conn, &plan.qps, &states),
+                            Some(ncclwasm_default::on_port_event(
+                                &p.ib, &event, &conn, &plan.qps, &states
+                            )),
+                            "{settings:?} {event:?} {states:?}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -40,6 +40,15 @@ impl Guest for Bomb {
     fn plan_connection(_conn: Connection) -> Option<ConnPlan> {
         None
     }
+
+    fn on_port_event(
+        _event: PortEvent,
+        _conn: Connection,
+        _qps: Vec<QpPlan>,
+        _states: Vec<PortState>,
+    ) -> Option<PortAnswer> {
+        None
+    }
 }
 
 export!(Bomb);

@@ -5,7 +5,7 @@
 #![allow(clippy::too_many_arguments)]
 wit_bindgen::generate!({ path: "../../../wit", world: "policy" });
 
-use ncclwasm::policy::types::{Hooks, LinkLayer, QpPlan};
+use ncclwasm::policy::types::{Hooks, LinkLayer};
 use std::sync::OnceLock;
 
 static OVERLAP: OnceLock<bool> = OnceLock::new();
@@ -88,6 +88,15 @@ impl Guest for Contradictory {
             retry_cnt: None,
             reason: "two stripes over one QP".into(),
         })
+    }
+
+    fn on_port_event(
+        _event: PortEvent,
+        _conn: Connection,
+        _qps: Vec<QpPlan>,
+        _states: Vec<PortState>,
+    ) -> Option<PortAnswer> {
+        None
     }
 }
 

@@ -32,6 +32,15 @@ impl Guest for InitErr {
     fn plan_connection(_conn: Connection) -> Option<ConnPlan> {
         unreachable!("init refused")
     }
+
+    fn on_port_event(
+        _event: PortEvent,
+        _conn: Connection,
+        _qps: Vec<QpPlan>,
+        _states: Vec<PortState>,
+    ) -> Option<PortAnswer> {
+        unreachable!("init refused")
+    }
 }
 
 export!(InitErr);

@@ -4,7 +4,7 @@
 #![allow(clippy::too_many_arguments)]
 wit_bindgen::generate!({ path: "../../../wit", world: "policy" });
 
-use ncclwasm::policy::types::{Hooks, QpPlan};
+use ncclwasm::policy::types::Hooks;
 use std::sync::OnceLock;
 
 static CASE: OnceLock<String> = OnceLock::new();
@@ -93,6 +93,16 @@ impl Guest for OutOfRange {
             },
             _ => plan(Vec::new()),
         })
+    }
+
+    fn on_port_event(
+        _event: PortEvent,
+        _conn: Connection,
+        _qps: Vec<QpPlan>,
+        _states: Vec<PortState>,
+    ) -> Option<PortAnswer> {
+        // A port no vNIC has.
+        Some(PortAnswer::MoveTo((vec![99], "port 99".into())))
     }
 }
 

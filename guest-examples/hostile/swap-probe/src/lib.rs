@@ -6,7 +6,7 @@
 #![allow(clippy::too_many_arguments)]
 wit_bindgen::generate!({ path: "../../../wit", world: "policy" });
 
-use ncclwasm::policy::types::{Hooks, PortState};
+use ncclwasm::policy::types::Hooks;
 
 static VERSION: [u8; 20] = *b"SWAP-PROBE-VERSION:A";
 
@@ -69,6 +69,15 @@ impl Guest for SwapProbe {
             retry_cnt: None,
             reason: format!("swap-probe {}", char::from(v)),
         })
+    }
+
+    fn on_port_event(
+        _event: PortEvent,
+        _conn: Connection,
+        _qps: Vec<QpPlan>,
+        _states: Vec<PortState>,
+    ) -> Option<PortAnswer> {
+        None
     }
 }
 
