@@ -1,6 +1,7 @@
 //! Plain data shared by every layer of nccl-net-wasm.
 //!
-//! Nothing here does I/O or calls a policy: these are the snapshots a policy decides over
+//! Nothing here calls a policy, and the only I/O is [`file`], the bounded reader every layer
+//! uses for the files it is pointed at. The rest are the snapshots a policy decides over
 //! ([`Port`], [`Gid`], [`Connection`]), the decisions it returns ([`DeviceSelection`],
 //! [`GidChoice`], [`DeviceGroup`], [`VnicAnswer`], [`ConnPlan`]) and the topology file format that
 //! describes a machine as data. The types mirror `wit/policy.wit` one to one, so the host, the
@@ -8,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod decision;
+pub mod file;
 pub mod name_list;
 mod plan;
 mod port;
