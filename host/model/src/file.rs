@@ -66,7 +66,7 @@ impl Limit {
 #[non_exhaustive]
 pub enum FileError {
     /// `open` or `fstat` failed (absent, no permission, a symlink loop, ...).
-    #[error("cannot open {what} {path}: {source}")]
+    #[error("cannot read {what} {path}: {source}")]
     Open {
         what: &'static str,
         path: PathBuf,
@@ -303,7 +303,7 @@ mod tests {
         );
         let absent = s.path("absent.wasm");
         assert!(
-            refused(&absent).starts_with(&format!("cannot open policy {}: ", absent.display()))
+            refused(&absent).starts_with(&format!("cannot read policy {}: ", absent.display()))
         );
     }
 
