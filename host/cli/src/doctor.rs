@@ -437,7 +437,8 @@ fn memlock(host: &Host) -> Check {
 
 /// Soft and hard `Max locked memory` in bytes (`None`: unlimited).
 fn memlock_limits() -> Option<(Option<u64>, Option<u64>)> {
-    let limits = file::read_to_string(std::path::Path::new("/proc/self/limits"), Limit::PROC).ok()?;
+    let limits =
+        file::read_to_string(std::path::Path::new("/proc/self/limits"), Limit::PROC).ok()?;
     let line = limits
         .lines()
         .find(|l| l.starts_with("Max locked memory"))?;

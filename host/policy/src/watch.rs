@@ -148,7 +148,9 @@ impl Watcher {
         let thread = std::thread::Builder::new()
             .name("ncclwasm-watch".into())
             .spawn(move || run(&flag, every, || poll.step(&shared)))
-            .map_err(|e| PolicyError::Engine(format!("cannot start the policy watcher thread: {e}")))?;
+            .map_err(|e| {
+                PolicyError::Engine(format!("cannot start the policy watcher thread: {e}"))
+            })?;
         Ok(Watcher {
             stop,
             thread: Some(thread),

@@ -28,10 +28,19 @@ fn hostile(s: &Scratch) -> Vec<(PathBuf, &'static str)> {
     let dir = s.dir("policies.d");
     vec![
         (s.fifo("fifo"), "is a FIFO, not a regular file"),
-        (s.symlink("/dev/zero", "zero"), "is a character device, not a regular file"),
+        (
+            s.symlink("/dev/zero", "zero"),
+            "is a character device, not a regular file",
+        ),
         (s.symlink(&dir, "dir"), "is a directory, not a regular file"),
-        (s.symlink("/dev/urandom", "urandom"), "is a character device, not a regular file"),
-        (s.sparse("giant", 1 << 30), "is 1073741824 bytes, the cap for a policy is 64 MiB"),
+        (
+            s.symlink("/dev/urandom", "urandom"),
+            "is a character device, not a regular file",
+        ),
+        (
+            s.sparse("giant", 1 << 30),
+            "is 1073741824 bytes, the cap for a policy is 64 MiB",
+        ),
     ]
 }
 
@@ -57,7 +66,11 @@ fn at_start_up_each_bad_file_is_one_line_at_once_and_the_watcher_then_takes_a_go
             let took = started.elapsed();
             assert!(matches!(e, PolicyError::Read { .. }), "{e:?}");
             assert_eq!(e.to_string(), expected(&entry, what));
-            assert!(took < Duration::from_secs(1), "{}: {took:?}", entry.display());
+            assert!(
+                took < Duration::from_secs(1),
+                "{}: {took:?}",
+                entry.display()
+            );
             eprintln!("init {}: refused in {took:?}", entry.display());
 
             // `open`: the built-in default decides, the watcher takes the good file put there.
@@ -70,9 +83,17 @@ fn at_start_up_each_bad_file_is_one_line_at_once_and_the_watcher_then_takes_a_go
             let host = PolicyHost::new(open).expect("open starts with the built-in default");
             host.set_topology(ports());
             assert_eq!(serving(&host), None);
-            assert_eq!(host.stats().swaps_refused, 1, "refused once, not once per poll");
+            assert_eq!(
+                host.stats().swaps_refused,
+                1,
+                "refused once, not once per poll"
+            );
             std::thread::sleep(RELOAD * 5);
-            assert_eq!(host.stats().swaps_refused, 1, "the same refusal is not counted again");
+            assert_eq!(
+                host.stats().swaps_refused,
+                1,
+                "the same refusal is not counted again"
+            );
             std::fs::write(&staged, &a).unwrap();
             std::fs::rename(&staged, &path).unwrap();
             wait_until("the watcher loads the good file", HANG, || {
@@ -105,7 +126,11 @@ fn by_hot_swap_each_bad_file_is_refused_at_once_the_old_policy_serves_and_a_good
             });
             let took = started.elapsed();
             eprintln!("hot swap {}: refused in {took:?}", entry.display());
-            assert!(took < Duration::from_secs(5), "{}: {took:?}", entry.display());
+            assert!(
+                took < Duration::from_secs(5),
+                "{}: {took:?}",
+                entry.display()
+            );
             let line = expected(&path, what);
             assert!(logged().contains(&line), "WARNed {line:?}:\n{}", logged());
             assert_eq!(serving(&host).as_deref(), Some("A"), "A still serves");
@@ -157,7 +182,10 @@ fn a_configmap_data_swap_is_picked_up() {
         let second = s.dir("..2026_12_01_10_05_00.000000002");
         let new = second.join("policy.wasm");
         std::fs::write(&new, &b).unwrap();
-        let mtime = std::fs::metadata(first.join("policy.wasm")).unwrap().modified().unwrap();
+        let mtime = std::fs::metadata(first.join("policy.wasm"))
+            .unwrap()
+            .modified()
+            .unwrap();
         std::fs::File::options()
             .write(true)
             .open(&new)

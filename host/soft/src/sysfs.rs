@@ -116,7 +116,10 @@ fn ensure_private(dir: &Path, euid: u32) -> Result<(), String> {
         return refuse("is not a directory".to_owned());
     }
     if meta.uid() != euid {
-        return refuse(format!("is owned by uid {}, not by us (uid {euid})", meta.uid()));
+        return refuse(format!(
+            "is owned by uid {}, not by us (uid {euid})",
+            meta.uid()
+        ));
     }
     if meta.mode() & 0o777 != 0o700 {
         return refuse(format!("has mode {:04o}, not 0700", meta.mode() & 0o777));
@@ -340,7 +343,10 @@ mod tests {
     /// The path the tree used to live at, predictable by anyone who knows the topology.
     fn old_shared_path(tmp: &Path) -> PathBuf {
         let fabric = super::super::fabric::fabric().expect("topology");
-        tmp.join(format!("ncclwasm-soft-sysfs-{:016x}", topology_hash(fabric)))
+        tmp.join(format!(
+            "ncclwasm-soft-sysfs-{:016x}",
+            topology_hash(fabric)
+        ))
     }
 
     /// Another user plants a tree at the old shared name, with a wrong GID type and a FIFO for
@@ -396,7 +402,10 @@ mod tests {
         assert!(started.elapsed() < std::time::Duration::from_secs(1));
         assert!(!e.contains('\n'), "{e}");
         assert!(
-            e.starts_with(&format!("soft: {} has mode 0777, not 0700", private.display())),
+            e.starts_with(&format!(
+                "soft: {} has mode 0777, not 0700",
+                private.display()
+            )),
             "{e}"
         );
     }
@@ -420,7 +429,10 @@ mod tests {
             (link, "is a symbolic link, not a directory".to_owned()),
             (file, "is not a directory".to_owned()),
             (open, "has mode 0755, not 0700".to_owned()),
-            (fresh, format!("is owned by uid {euid}, not by us (uid {})", euid + 1)),
+            (
+                fresh,
+                format!("is owned by uid {euid}, not by us (uid {})", euid + 1),
+            ),
         ];
         for (i, (path, why)) in cases.into_iter().enumerate() {
             let as_uid = if i == 3 { euid + 1 } else { euid };

@@ -41,7 +41,12 @@ impl Sysfs {
         let file = self
             .dir
             .as_ref()?
-            .open_with(rel, OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY))
+            .open_with(
+                rel,
+                OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY),
+            )
             .ok()?;
         let text = Opened::check(file.into_std(), Path::new(rel), Limit::SYSFS)
             .and_then(Opened::read_to_string)
@@ -226,6 +231,10 @@ mod tests {
             )
         });
         assert_eq!(read, (GidType::Unknown, None, -1, GidType::RoceV2));
-        assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }
