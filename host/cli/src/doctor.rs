@@ -7,6 +7,7 @@
 
 use clap::Args as ClapArgs;
 use ncclwasm_default::IbConfig;
+use ncclwasm_model::file::{self, Limit};
 use ncclwasm_model::{LinkLayer, PortState};
 use ncclwasm_policy::Settings;
 use ncclwasm_soft::{ENV_FABRIC, FabricChoice};
@@ -436,7 +437,8 @@ fn memlock(host: &Host) -> Check {
 
 /// Soft and hard `Max locked memory` in bytes (`None`: unlimited).
 fn memlock_limits() -> Option<(Option<u64>, Option<u64>)> {
-    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let limits =
+        file::read_to_string(std::path::Path::new("/proc/self/limits"), Limit::PROC).ok()?;
     let line = limits
         .lines()
         .find(|l| l.starts_with("Max locked memory"))?;

@@ -6,8 +6,10 @@
 //! would not start, and the soft fabric is shown instead ([`FabricChoice::settle`]); the
 //! fabric's `why` says so on every output.
 
+use std::path::Path;
 use std::sync::Arc;
 
+use ncclwasm_model::file::{self, Limit};
 use ncclwasm_model::{Port, Topology};
 use ncclwasm_policy::PolicyHost;
 use ncclwasm_soft::{FabricChoice, Settled};
@@ -137,12 +139,12 @@ fn soft_addresses(topology: &mut Topology) -> Result<(), Fail> {
 /// The file the dynamic loader mapped for `library` (`libibverbs.so.1` →
 /// `/usr/lib/…/libibverbs.so.1.14.44.0`), from this process's maps.
 pub fn resolved_library(library: &str) -> Option<String> {
-    let name = std::path::Path::new(library).file_name()?.to_str()?;
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let name = Path::new(library).file_name()?.to_str()?;
+    let maps = file::read_to_string(Path::new("/proc/self/maps"), Limit::PROC).ok()?;
     maps.lines()
         .filter_map(|l| l.split_whitespace().nth(5))
         .find(|path| {
-            std::path::Path::new(path)
+            Path::new(path)
                 .file_name()
                 .and_then(|f| f.to_str())
                 .is_some_and(|f| f.starts_with(name))
@@ -152,7 +154,7 @@ pub fn resolved_library(library: &str) -> Option<String> {
 
 /// This host's name, which names a captured topology.
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
+    file::read_to_string(Path::new("/proc/sys/kernel/hostname"), Limit::PROC)
         .ok()
         .map(|s| s.trim().to_owned())
         .filter(|s| !s.is_empty())

@@ -11,6 +11,7 @@ use std::str::FromStr;
 
 use clap::Args;
 use ncclwasm_model::Topology;
+use ncclwasm_model::file::{self, Limit};
 use ncclwasm_policy::{FailureMode, PolicyHost, Settings};
 
 use crate::fail::Fail;
@@ -82,9 +83,10 @@ pub fn settings(args: &ConfigArgs) -> Result<Settings, Fail> {
     Ok(s)
 }
 
-/// The bytes of a policy file; the message names the file and the cause.
+/// The bytes of a policy file, through the bounded reader; the message names the file and
+/// what is wrong with it.
 pub fn read_policy(path: &std::path::Path) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("cannot read policy {}: {e}", path.display()))
+    file::read(path, Limit::POLICY).map_err(|e| e.to_string())
 }
 
 /// A host deciding with `policy`. A file that cannot be loaded is trouble here (`check` makes

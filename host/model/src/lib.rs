@@ -1,6 +1,7 @@
 //! Plain data shared by every layer of nccl-net-wasm.
 //!
-//! Nothing here does I/O or calls a policy: these are the snapshots a policy decides over
+//! Nothing here calls a policy, and the only I/O is [`file`], the bounded reader every layer
+//! uses for the files it is pointed at. The rest are the snapshots a policy decides over
 //! ([`Port`], [`Gid`], [`Connection`], [`PortEvent`]), the decisions it returns
 //! ([`DeviceSelection`], [`GidChoice`], [`DeviceGroup`], [`VnicAnswer`], [`ConnPlan`],
 //! [`PortAnswer`]) and the topology file format that describes a machine as data. The types
@@ -10,6 +11,7 @@
 
 mod decision;
 mod failover;
+pub mod file;
 pub mod name_list;
 mod plan;
 mod port;

@@ -48,14 +48,13 @@ const DEFAULT_IPV6_PREFIX: u8 = 64;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TopologyError {
-    /// The file could not be read at all.
-    #[error(
-        "cannot read topology file {path}: {source} (check NCCL_WASM_TOPOLOGY or the path given)"
-    )]
+    /// The file could not be read, or is not a regular file of at most
+    /// [`Limit::TOPOLOGY`](crate::file::Limit::TOPOLOGY) (the message names the file and what
+    /// it is).
+    #[error("{source} (check NCCL_WASM_TOPOLOGY or the path given)")]
     Read {
-        path: String,
         #[source]
-        source: std::io::Error,
+        source: crate::file::FileError,
     },
     /// The file is not valid TOML, does not have the expected shape, or describes an impossible
     /// machine.
@@ -129,10 +128,8 @@ impl Topology {
     /// Reads and validates a topology file.
     pub fn load(path: impl AsRef<Path>) -> Result<Topology, TopologyError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| TopologyError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text = crate::file::read_to_string(path, crate::file::Limit::TOPOLOGY)
+            .map_err(|source| TopologyError::Read { source })?;
         Topology::parse(&text, &path.display().to_string())
     }
 

@@ -1,7 +1,6 @@
 //! The one error type of this crate, and the vocabulary of failures.
 
 use std::fmt;
-use std::path::PathBuf;
 
 /// A hook of the policy world (and `init`), for counters, logs and errors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -104,11 +103,13 @@ pub enum PolicyError {
     #[error("{0}")]
     IbConfig(#[from] ncclwasm_default::ConfigError),
 
-    /// The policy file could not be read.
-    #[error("cannot read policy {path}: {source}; check NCCL_WASM_POLICY")]
+    /// The policy file could not be read, or is not a regular file of at most
+    /// [`Limit::POLICY`](ncclwasm_model::file::Limit::POLICY) (the message names the file and
+    /// what it is).
+    #[error("{source}; check NCCL_WASM_POLICY")]
     Read {
-        path: PathBuf,
-        source: std::io::Error,
+        #[source]
+        source: ncclwasm_model::file::FileError,
     },
 
     /// The bytes are not a component of world `ncclwasm:policy/policy`.

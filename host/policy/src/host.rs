@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwapOption;
 use ncclwasm_default::IbConfig;
+use ncclwasm_model::file::{self, Limit};
 use ncclwasm_model::validate::{self, InvalidAnswer};
 use ncclwasm_model::{
     ConnPlan, Connection, DeviceGroup, DeviceSelection, GidChoice, Port, PortAnswer, PortChange,
@@ -643,10 +644,7 @@ impl Shared {
 
     pub(crate) fn swap_path(&self, path: &Path) -> Result<Arc<PolicyId>, PolicyError> {
         let origin = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|source| PolicyError::Read {
-            path: path.to_owned(),
-            source,
-        });
+        let bytes = file::read(path, Limit::POLICY).map_err(|source| PolicyError::Read { source });
         self.publish(bytes.and_then(|b| self.load(&b, &origin)), &origin)
     }
 
@@ -659,7 +657,7 @@ impl Shared {
     }
 
     /// Publish a loaded version with one store, or count and WARN why it was refused.
-    fn publish(
+    pub(crate) fn publish(
         &self,
         loaded: Result<Loaded, PolicyError>,
         origin: &str,

@@ -1,26 +1,132 @@
-//! The policy-file watcher (`docs/architecture.md`, "Hot swap"): polls the file every `NCCL_WASM_POLICY_RELOAD_MS`,
-//! and when its mtime or size changed *and* its bytes hash differently, loads, tries and
-//! publishes it off the hot path. Polling rather than inotify: it works on every filesystem a
-//! job may load its policy from (NFS, overlay), and the interval bounds the cost.
+//! The policy-file watcher (`docs/architecture.md`, "Hot swap"): polls the path every
+//! `NCCL_WASM_POLICY_RELOAD_MS`, and when the file it leads to is another one *and* its bytes
+//! hash differently, loads, tries and publishes it off the hot path. Polling rather than
+//! inotify: it works on every filesystem a job may load its policy from (NFS, overlay), and the
+//! interval bounds the cost.
+//!
+//! "Another file" is judged by the device, inode, size and mtime of the file the path resolves
+//! to, read with `fstat` on the opened file. A Kubernetes ConfigMap volume updates by writing a
+//! new `..2026_…` directory and renaming a new `..data` symlink over the old one: the path
+//! (`policy.wasm -> ..data/policy.wasm`) then leads to a new inode, whose size and mtime may
+//! well equal the old file's (same length, timestamps preserved or coarse); the inode tells.
+//!
+//! The watcher can neither block nor die quietly: every look at the file goes through the
+//! bounded reader ([`ncclwasm_model::file`]), so a FIFO, a device or a giant put in place of the
+//! policy is a WARNed, counted refusal (once per distinct refusal, not once per poll) while the
+//! current policy keeps serving; and a panic in one poll is caught, WARNed, and the next poll
+//! goes on.
 
+use std::any::Any;
+use std::os::unix::fs::MetadataExt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
+use ncclwasm_model::file::{self, FileError, Limit, Opened};
 use sha2::{Digest, Sha256};
 
 use crate::PolicyError;
 use crate::engine::LOG_TARGET;
 use crate::host::Shared;
 
-/// What the watcher last saw of the file.
+/// Which file the path led to: a change in any of these means "look at the bytes again".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Stamp {
-    modified: Option<SystemTime>,
+struct Identity {
+    dev: u64,
+    ino: u64,
     len: u64,
+    modified: Option<SystemTime>,
+}
+
+impl Identity {
+    fn of(opened: &Opened) -> Identity {
+        let m = opened.metadata();
+        Identity {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            modified: m.modified().ok(),
+        }
+    }
+}
+
+/// What the watcher last saw of the file.
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    identity: Identity,
     sha: [u8; 32],
+}
+
+/// One poll's worth of state.
+struct Poll {
+    path: PathBuf,
+    origin: String,
+    seen: Option<Seen>,
+    /// The last refusal, as WARNed: the same one again is not WARNed or counted again.
+    refused: Option<String>,
+}
+
+impl Poll {
+    /// What is at `path` now counts as seen (the host just loaded it, or just refused it).
+    fn new(path: PathBuf) -> Poll {
+        let origin = path.display().to_string();
+        let mut poll = Poll {
+            path,
+            origin,
+            seen: None,
+            refused: None,
+        };
+        match file::open(&poll.path, Limit::POLICY).and_then(|o| {
+            let identity = Identity::of(&o);
+            Ok((identity, o.read()?))
+        }) {
+            Ok((identity, bytes)) => {
+                poll.seen = Some(Seen {
+                    identity,
+                    sha: Sha256::digest(&bytes).into(),
+                });
+            }
+            Err(e) => poll.refused = Some(e.to_string()),
+        }
+        poll
+    }
+
+    fn step(&mut self, shared: &Shared) {
+        let opened = match file::open(&self.path, Limit::POLICY) {
+            Ok(o) => o,
+            Err(e) => return self.refuse(shared, e),
+        };
+        let identity = Identity::of(&opened);
+        if self.seen.is_some_and(|s| s.identity == identity) {
+            self.refused = None;
+            return;
+        }
+        let bytes = match opened.read() {
+            Ok(b) => b,
+            Err(e) => return self.refuse(shared, e),
+        };
+        self.refused = None;
+        let sha: [u8; 32] = Sha256::digest(&bytes).into();
+        let changed = self.seen.is_none_or(|s| s.sha != sha);
+        self.seen = Some(Seen { identity, sha });
+        if changed {
+            // Refusals are WARNed and counted by `swap_bytes`; the old policy stays.
+            let _ = shared.swap_bytes(&bytes, &self.origin);
+        }
+    }
+
+    /// WARNs and counts a file that cannot be a policy; the current policy stays. `seen` is
+    /// kept, so the file it came from coming back is not loaded again.
+    fn refuse(&mut self, shared: &Shared, e: FileError) {
+        let text = e.to_string();
+        if self.refused.as_ref() != Some(&text) {
+            self.refused = Some(text);
+            let _ = shared.publish(Err(PolicyError::Read { source: e }), &self.origin);
+        }
+    }
 }
 
 /// The watcher thread; stopped and joined on drop.
@@ -38,42 +144,13 @@ impl Watcher {
     ) -> Result<Watcher, PolicyError> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
-        let mut seen = stamp(&path).ok();
+        let mut poll = Poll::new(path);
         let thread = std::thread::Builder::new()
             .name("ncclwasm-watch".into())
-            .spawn(move || {
-                let mut unreadable_warned = false;
-                loop {
-                    std::thread::park_timeout(every);
-                    if flag.load(Ordering::Acquire) {
-                        break;
-                    }
-                    let meta = match std::fs::metadata(&path) {
-                        Ok(m) => m,
-                        Err(e) => {
-                            if !unreadable_warned {
-                                tracing::warn!(target: LOG_TARGET, path = %path.display(), "cannot read the policy file ({e}); keeping the current policy and watching");
-                                unreadable_warned = true;
-                            }
-                            continue;
-                        }
-                    };
-                    unreadable_warned = false;
-                    let cheap = (meta.modified().ok(), meta.len());
-                    if seen.is_some_and(|s| (s.modified, s.len) == cheap) {
-                        continue;
-                    }
-                    let Ok(bytes) = std::fs::read(&path) else { continue };
-                    let now = Stamp { modified: cheap.0, len: bytes.len() as u64, sha: Sha256::digest(&bytes).into() };
-                    let changed = seen.is_none_or(|s| s.sha != now.sha);
-                    seen = Some(now);
-                    if changed {
-                        // Refusals are WARNed and counted by `swap_bytes`; the old policy stays.
-                        let _ = shared.swap_bytes(&bytes, &path.display().to_string());
-                    }
-                }
-            })
-            .map_err(|e| PolicyError::Engine(format!("cannot start the policy watcher thread: {e}")))?;
+            .spawn(move || run(&flag, every, || poll.step(&shared)))
+            .map_err(|e| {
+                PolicyError::Engine(format!("cannot start the policy watcher thread: {e}"))
+            })?;
         Ok(Watcher {
             stop,
             thread: Some(thread),
@@ -81,14 +158,28 @@ impl Watcher {
     }
 }
 
-fn stamp(path: &std::path::Path) -> std::io::Result<Stamp> {
-    let bytes = std::fs::read(path)?;
-    let modified = std::fs::metadata(path)?.modified().ok();
-    Ok(Stamp {
-        modified,
-        len: bytes.len() as u64,
-        sha: Sha256::digest(&bytes).into(),
-    })
+/// Calls `step` every `every` until `stop`. A panic in a step is WARNed and the loop goes on:
+/// a step only reads the file and publishes through `Shared` (one atomic store), so what a
+/// panic can leave half-updated is the poll's own memory of the file, which at worst makes the
+/// next step look at the file again.
+fn run(stop: &AtomicBool, every: Duration, mut step: impl FnMut()) {
+    loop {
+        std::thread::park_timeout(every);
+        if stop.load(Ordering::Acquire) {
+            break;
+        }
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(&mut step)) {
+            tracing::warn!(target: LOG_TARGET, "the policy watcher panicked ({}); the current policy stays and the watcher goes on", panic_text(panic.as_ref()));
+        }
+    }
+}
+
+fn panic_text(panic: &(dyn Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
 }
 
 impl Drop for Watcher {
@@ -96,8 +187,36 @@ impl Drop for Watcher {
         self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
             t.thread().unpark();
-            // A panic in the watcher was already reported by the panic hook.
+            // The loop catches panics, so the thread ends when told to.
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU32;
+
+    use super::*;
+
+    #[test]
+    fn a_panicking_step_is_reported_and_the_loop_goes_on() {
+        let stop = AtomicBool::new(false);
+        let steps = AtomicU32::new(0);
+        run(&stop, Duration::from_millis(1), || {
+            let n = steps.fetch_add(1, Ordering::Relaxed);
+            if n < 2 {
+                panic!("step {n} panics");
+            }
+            stop.store(true, Ordering::Release);
+        });
+        assert_eq!(steps.load(Ordering::Relaxed), 3, "went on after two panics");
+    }
+
+    #[test]
+    fn panic_text_reads_both_payload_kinds() {
+        assert_eq!(panic_text(&"static"), "static");
+        assert_eq!(panic_text(&String::from("owned")), "owned");
+        assert_eq!(panic_text(&7u8), "a panic without a message");
     }
 }

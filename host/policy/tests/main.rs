@@ -1,6 +1,7 @@
 //! Integration tests of the policy engine: one binary (as wasmtime's own tests are laid out),
 //! one module per concern. Guests come from `target/guests/` (built by `cargo xtask guests`).
 
+mod bad_files;
 mod equivalence;
 mod hostile;
 mod load;

@@ -14,7 +14,7 @@ use crate::{connection, guest_bytes, ports, settings};
 const MARKER: &[u8] = b"SWAP-PROBE-VERSION:A";
 
 /// Versions `A` and `B` of the swap probe: B is A with its version byte patched.
-fn probe_versions() -> (Vec<u8>, Vec<u8>) {
+pub(crate) fn probe_versions() -> (Vec<u8>, Vec<u8>) {
     let a = guest_bytes("hostile-swap-probe");
     let mut b = a.clone();
     let mut found = 0;

@@ -1,10 +1,15 @@
 //! A sysfs-shaped tree for the soft topology, so the wrapper's discovery (which reads
 //! `class/infiniband/...` through cap-std from a root directory) runs unchanged on soft.
+//!
+//! The tree lives in a directory only we can write: discovery believes what it reads there
+//! (GID types, PCI paths, NUMA nodes), so a tree another local user could plant or edit would
+//! let them steer the job. See [`private_dir`].
 
 use std::ffi::CStr;
 use std::fs;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -17,24 +22,20 @@ static ROOT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
 
 /// Materialises (once per process and loaded copy) the tree for the current topology and
 /// returns its root. The tree is a pure function of the topology, so it lives at a path named by
-/// the topology's hash and is shared by every process using that topology: it is built under a
-/// private name and renamed into place, and whoever loses that race uses the winner's. Test runs
-/// that start hundreds of processes thus leave one small directory per topology, not one each.
+/// the topology's hash inside [`private_dir`] and is shared by every process of this user using
+/// that topology: it is built under a private name and renamed into place, and whoever loses
+/// that race uses the winner's. Test runs that start hundreds of processes thus leave one small
+/// directory per topology, not one each.
 pub fn sysfs_root() -> io::Result<PathBuf> {
     ROOT.get_or_init(|| {
         let fabric = super::fabric::fabric().map_err(str::to_owned)?;
-        let mut hasher = std::hash::DefaultHasher::new();
-        std::hash::Hash::hash(&format!("{:?}", fabric.topology.devices), &mut hasher);
-        let tmp = std::env::temp_dir();
-        let dir = tmp.join(format!(
-            "ncclwasm-soft-sysfs-{:016x}",
-            std::hash::Hasher::finish(&hasher)
-        ));
+        let base = private_dir()?;
+        let dir = base.join(format!("sysfs-{:016x}", topology_hash(fabric)));
         if dir.is_dir() {
             return Ok(dir);
         }
-        let staging = tmp.join(format!(
-            "ncclwasm-soft-sysfs-{}-{:08x}",
+        let staging = base.join(format!(
+            "sysfs-{}-{:08x}",
             std::process::id(),
             super::rand_u32()
         ));
@@ -57,6 +58,73 @@ pub fn sysfs_root() -> io::Result<PathBuf> {
     })
     .clone()
     .map_err(io::Error::other)
+}
+
+/// Names a topology's tree: the same machine, the same tree.
+fn topology_hash(fabric: &Fabric) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    std::hash::Hash::hash(&format!("{:?}", fabric.topology.devices), &mut hasher);
+    std::hash::Hasher::finish(&hasher)
+}
+
+/// `$XDG_RUNTIME_DIR/ncclwasm` (a per-user 0700 directory where the login manager provides
+/// one), else `$TMPDIR/ncclwasm-<euid>` (`/tmp` without `TMPDIR`), checked by
+/// [`ensure_private`].
+fn private_dir() -> Result<PathBuf, String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
+        Some(run) => PathBuf::from(run).join("ncclwasm"),
+        None => std::env::temp_dir().join(format!("ncclwasm-{euid}")),
+    };
+    ensure_private(&dir, euid)?;
+    Ok(dir)
+}
+
+/// Creates `dir` with mode 0700, or accepts an existing one only if it is a real directory
+/// (not a symlink) owned by `euid` with mode 0700. In a sticky `/tmp` nobody else can then
+/// rename or replace it, so what we build inside stays ours.
+///
+/// A directory that fails the checks is refused with one line rather than worked around with a
+/// fresh `mkdtemp` directory: the name is ours by convention, so a squatter or a wrong mode
+/// there means something on the machine is amiss and the operator should hear of it, and a
+/// silent fallback would also leave one tree per process behind.
+fn ensure_private(dir: &Path, euid: u32) -> Result<(), String> {
+    let refuse = |why: String| {
+        Err(format!(
+            "soft: {} {why}; the sysfs tree needs a private directory (remove it, or point \
+             XDG_RUNTIME_DIR or TMPDIR elsewhere)",
+            dir.display()
+        ))
+    };
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        // The umask may have taken bits away; make it exactly 0700.
+        Ok(()) => fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+            .or_else(|e| refuse(format!("cannot be made mode 0700: {e}")))?,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return refuse(format!("cannot be created: {e}")),
+    }
+    let meta = match fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) => return refuse(format!("cannot be examined: {e}")),
+    };
+    let t = meta.file_type();
+    if t.is_symlink() {
+        return refuse("is a symbolic link, not a directory".to_owned());
+    }
+    if !t.is_dir() {
+        return refuse("is not a directory".to_owned());
+    }
+    if meta.uid() != euid {
+        return refuse(format!(
+            "is owned by uid {}, not by us (uid {euid})",
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o777 != 0o700 {
+        return refuse(format!("has mode {:04o}, not 0700", meta.mode() & 0o777));
+    }
+    Ok(())
 }
 
 /// The PCI function directory of a device, relative to the root (without `/sys/`).
@@ -259,5 +327,124 @@ mod tests {
             fs::read_to_string(class.join("ports/1/gids/1")).expect("gid"),
             "0000:0000:0000:0000:0000:ffff:7f00:0001\n"
         );
+    }
+
+    /// Runs `test` (its full name in this binary) in a child with `TMPDIR=tmp` and no
+    /// `XDG_RUNTIME_DIR`, on the embedded loopback machine, so the child's tree goes under `tmp`.
+    fn in_child(test: &str, tmp: &Path) {
+        let mut child = ncclwasm_testkit::child::command(test);
+        child
+            .env("TMPDIR", tmp)
+            .env_remove("XDG_RUNTIME_DIR")
+            .env_remove("NCCL_WASM_TOPOLOGY");
+        ncclwasm_testkit::child::run(child, test);
+    }
+
+    /// The path the tree used to live at, predictable by anyone who knows the topology.
+    fn old_shared_path(tmp: &Path) -> PathBuf {
+        let fabric = super::super::fabric::fabric().expect("topology");
+        tmp.join(format!(
+            "ncclwasm-soft-sysfs-{:016x}",
+            topology_hash(fabric)
+        ))
+    }
+
+    /// Another user plants a tree at the old shared name, with a wrong GID type and a FIFO for
+    /// a NUMA node: the job neither reads it nor hangs on it.
+    #[test]
+    fn a_tree_planted_at_the_old_shared_path_is_not_used() {
+        const TEST: &str = "sysfs::tests::a_tree_planted_at_the_old_shared_path_is_not_used";
+        if !ncclwasm_testkit::child::enter(TEST) {
+            let s = ncclwasm_testkit::scratch::Scratch::new("soft-sysfs-planted");
+            in_child(TEST, s.root());
+            return;
+        }
+        let tmp = std::env::temp_dir();
+        let planted = old_shared_path(&tmp);
+        let dev = &super::super::fabric::fabric().unwrap().topology.devices[0];
+        let class = planted.join("class/infiniband").join(&dev.name);
+        fs::create_dir_all(class.join("ports/1/gid_attrs/types")).unwrap();
+        fs::write(class.join("ports/1/gid_attrs/types/1"), "IB/RoCE v1\n").unwrap();
+        // As another user would own it (needs root; the test holds without).
+        let _ = std::os::unix::fs::chown(&planted, Some(65534), Some(65534));
+
+        let root = sysfs_root().expect("a tree of our own");
+        assert_ne!(root, planted, "the planted tree is not used");
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        let private = tmp.join(format!("ncclwasm-{euid}"));
+        assert_eq!(root.parent(), Some(private.as_path()));
+        let meta = fs::symlink_metadata(&private).unwrap();
+        assert_eq!((meta.uid(), meta.mode() & 0o777), (euid, 0o700));
+        let ours = root.join("class/infiniband").join(&dev.name);
+        assert_eq!(
+            fs::read_to_string(ours.join("ports/1/gid_attrs/types/1")).unwrap(),
+            "RoCE v2\n"
+        );
+    }
+
+    /// Another user creates our private directory's name first: one line, at once.
+    #[test]
+    fn a_squatted_private_directory_is_refused_in_one_line() {
+        const TEST: &str = "sysfs::tests::a_squatted_private_directory_is_refused_in_one_line";
+        if !ncclwasm_testkit::child::enter(TEST) {
+            let s = ncclwasm_testkit::scratch::Scratch::new("soft-sysfs-squat");
+            in_child(TEST, s.root());
+            return;
+        }
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        let private = std::env::temp_dir().join(format!("ncclwasm-{euid}"));
+        fs::create_dir(&private).unwrap();
+        fs::set_permissions(&private, fs::Permissions::from_mode(0o777)).unwrap();
+        let started = std::time::Instant::now();
+        let e = sysfs_root().expect_err("refused").to_string();
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        assert!(!e.contains('\n'), "{e}");
+        assert!(
+            e.starts_with(&format!(
+                "soft: {} has mode 0777, not 0700",
+                private.display()
+            )),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn only_a_real_0700_directory_of_ours_is_private() {
+        let s = ncclwasm_testkit::scratch::Scratch::new("soft-sysfs-private");
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        let fresh = s.path("fresh");
+        ensure_private(&fresh, euid).expect("created");
+        let meta = fs::symlink_metadata(&fresh).unwrap();
+        assert_eq!((meta.is_dir(), meta.mode() & 0o777), (true, 0o700));
+        ensure_private(&fresh, euid).expect("ours, again");
+
+        let link = s.symlink(&fresh, "link");
+        let file = s.write("file", b"");
+        let open = s.dir("open");
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o755)).unwrap();
+        let cases = [
+            (link, "is a symbolic link, not a directory".to_owned()),
+            (file, "is not a directory".to_owned()),
+            (open, "has mode 0755, not 0700".to_owned()),
+            (
+                fresh,
+                format!("is owned by uid {euid}, not by us (uid {})", euid + 1),
+            ),
+        ];
+        for (i, (path, why)) in cases.into_iter().enumerate() {
+            let as_uid = if i == 3 { euid + 1 } else { euid };
+            let e = ensure_private(&path, as_uid).expect_err("refused");
+            assert_eq!(
+                e,
+                format!(
+                    "soft: {} {why}; the sysfs tree needs a private directory (remove it, or \
+                     point XDG_RUNTIME_DIR or TMPDIR elsewhere)",
+                    path.display()
+                )
+            );
+        }
     }
 }

@@ -12,6 +12,8 @@
 //! - [`guest`]: the path of a guest `cargo xtask guests` built.
 //! - [`netns`]: network namespaces joined by veth pairs, as hosts of a multi-node test,
 //!   removed when the test ends.
+//! - [`scratch`]: throw-away directories with hostile files in them (FIFOs, sparse giants,
+//!   symlinks), and [`scratch::within`], which turns a hang into a failure.
 //!
 //! Dev-only (`publish = false`) and free of workspace dependencies, so any crate's tests can use
 //! it.
@@ -20,6 +22,7 @@ pub mod child;
 mod corpus;
 mod guest;
 pub mod netns;
+pub mod scratch;
 mod skip;
 mod wait;
 

@@ -3,15 +3,18 @@
 //! Everything is relative to a root directory opened once, so the `soft` provider's temp tree
 //! and the real `/sys` go through the same code, and nothing outside the root is ever followed
 //! (symlinks are resolved by hand, component by component, inside the capability). Every read
-//! tolerates absence: containers hide parts of sysfs and NCCL carries on without them.
+//! tolerates absence: containers hide parts of sysfs and NCCL carries on without them. Every
+//! attribute goes through the model's bounded reader ([`ncclwasm_model::file`]), so a FIFO or
+//! a giant planted in a tree reads as absent instead of blocking or filling memory.
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::path::{Component, Path, PathBuf};
 
 use cap_std::ambient_authority;
-use cap_std::fs::Dir;
+use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 use ncclwasm_model::GidType;
+use ncclwasm_model::file::{Limit, Opened};
 
 /// Symlink hops allowed while resolving one path, as the kernel's `MAXSYMLINKS`.
 const MAX_HOPS: usize = 40;
@@ -30,9 +33,26 @@ impl Sysfs {
         Sysfs { dir }
     }
 
+    /// One attribute, trimmed, through the bounded reader: opened non-blocking inside the
+    /// capability, refused unless a regular file of at most [`Limit::SYSFS`]. A refusal is
+    /// DEBUG-logged and reads as absent, as a hidden file would (a FIFO or a giant where an
+    /// attribute should be is no attribute).
     fn read(&self, rel: &str) -> Option<String> {
-        let s = self.dir.as_ref()?.read_to_string(rel).ok()?;
-        Some(s.trim().to_owned())
+        let file = self
+            .dir
+            .as_ref()?
+            .open_with(
+                rel,
+                OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY),
+            )
+            .ok()?;
+        let text = Opened::check(file.into_std(), Path::new(rel), Limit::SYSFS)
+            .and_then(Opened::read_to_string)
+            .inspect_err(|e| tracing::debug!("sysfs: {e}"))
+            .ok()?;
+        Some(text.trim().to_owned())
     }
 
     /// Whether `rel` exists (as `access(F_OK)`), e.g. a kernel module's `version` file.
@@ -181,5 +201,40 @@ mod tests {
         assert_eq!(s.numa_node("missing"), -1);
         assert_eq!(Sysfs::open(&root.join("nowhere")).pci_path("mlx5_2"), None);
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// A FIFO or a giant where an attribute should be reads as absent, at once (before: the
+    /// FIFO blocked discovery in `open` for good, the giant was read whole).
+    #[test]
+    fn a_planted_fifo_or_giant_reads_as_absent_without_blocking() {
+        use ncclwasm_testkit::scratch::{Scratch, within};
+        use std::time::{Duration, Instant};
+
+        let s = Scratch::new("verbs-sysfs-planted");
+        let port = s.dir("class/infiniband/mlx5_0/ports/1/gid_attrs");
+        s.dir("class/infiniband/mlx5_0/ports/1/gid_attrs/types");
+        s.dir("class/infiniband/mlx5_0/ports/1/gid_attrs/ndevs");
+        s.dir("class/infiniband/mlx5_0/device");
+        s.fifo("class/infiniband/mlx5_0/ports/1/gid_attrs/types/0");
+        s.fifo("class/infiniband/mlx5_0/ports/1/gid_attrs/ndevs/0");
+        s.sparse("class/infiniband/mlx5_0/device/numa_node", 1 << 30);
+        std::fs::write(port.join("types/1"), "RoCE v2\n").unwrap();
+        let root = s.root().to_owned();
+        let started = Instant::now();
+        let read = within(Duration::from_secs(10), move || {
+            let sys = Sysfs::open(&root);
+            (
+                sys.roce_gid_type("mlx5_0", 1, 0),
+                sys.gid_netdev("mlx5_0", 1, 0),
+                sys.numa_node("mlx5_0"),
+                sys.roce_gid_type("mlx5_0", 1, 1),
+            )
+        });
+        assert_eq!(read, (GidType::Unknown, None, -1, GidType::RoceV2));
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }

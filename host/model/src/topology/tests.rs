@@ -405,3 +405,57 @@ fn structural_errors() {
         "{e}"
     );
 }
+
+/// `NCCL_WASM_TOPOLOGY` pointing at something that is not a topology file: one line naming the
+/// file and what it is, in under a second, never a hang or an endless read.
+#[test]
+fn a_device_fifo_directory_or_giant_is_refused_in_one_line_at_once() {
+    use std::path::PathBuf;
+    use std::time::{Duration, Instant};
+
+    use ncclwasm_testkit::scratch::{Scratch, within};
+
+    let s = Scratch::new("topology-load");
+    let dir = s.dir("machines");
+    let cases = [
+        (
+            PathBuf::from("/dev/zero"),
+            "is a character device, not a regular file",
+        ),
+        (
+            PathBuf::from("/dev/urandom"),
+            "is a character device, not a regular file",
+        ),
+        (s.fifo("t.fifo"), "is a FIFO, not a regular file"),
+        (
+            s.symlink(&dir, "t.toml"),
+            "is a directory, not a regular file",
+        ),
+        (
+            s.sparse("big.toml", 1 << 30),
+            "is 1073741824 bytes, the cap for a topology file is 16 MiB",
+        ),
+    ];
+    for (path, what) in cases {
+        let started = Instant::now();
+        let p = path.clone();
+        let e = within(Duration::from_secs(5), move || Topology::load(&p))
+            .expect_err("refused")
+            .to_string();
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(1),
+            "{} took {took:?}",
+            path.display()
+        );
+        assert!(!e.contains('\n'), "one line: {e}");
+        assert_eq!(
+            e,
+            format!(
+                "topology file {} {what} (check NCCL_WASM_TOPOLOGY or the path given)",
+                path.display()
+            )
+        );
+        eprintln!("{}: refused in {took:?}", path.display());
+    }
+}
