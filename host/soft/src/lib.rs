@@ -71,6 +71,13 @@
 //!   completes `IBV_WC_RETRY_EXC_ERR`. The timer runs on WRs that expect an answer (signaled
 //!   WRs and READs, like the AckReq bit); a peer that stalls under unsignaled-only traffic is
 //!   noticed at the next signaled WR.
+//! - Acknowledged work is never failed afterwards: the responder acknowledges every request it
+//!   placed, signaled or not (signaled ones at once, the rest coalesced into one ACK before it
+//!   waits for more), and `destroy_qp` closes in order — the sender waits (≤ 500 ms) for its
+//!   acknowledgements and says BYE, the peer's responder closes that connection, the ack reader
+//!   reads to its end (≤ 200 ms more). A peer whose QP went away this way only fails work that
+//!   was never placed, as with a NIC, so closing after every byte arrived fails nothing on
+//!   either side, in either order.
 //! - `dereg_mr` with accesses in flight: the key stops working at once and the call returns
 //!   only when no emulated DMA touches the memory any more.
 //! - `reg_dmabuf_mr` of any fd the provider can `mmap` (a `memfd` stands in for a GPU's

@@ -42,6 +42,12 @@ pub(crate) const MAX_MSG: u64 = 1 << 31;
 const WRITE_TICK: Duration = Duration::from_millis(100);
 /// Socket buffer size: large enough to keep a loopback stream busy while the peer places data.
 const SOCK_BUF: usize = 4 << 20;
+/// How long a QP being destroyed waits for the acknowledgement of what it already sent before
+/// it says BYE: a live peer answers within a round trip; a stalled one is not waited for longer.
+const DRAIN_ACKS: Duration = Duration::from_millis(500);
+/// How long a QP being destroyed keeps reading its outgoing connection after BYE, waiting for
+/// the peer's end of it (closing with unread bytes would reset the connection).
+const DRAIN_EOF: Duration = Duration::from_millis(200);
 /// Messages up to this size are sent by the posting thread itself when the send queue is idle
 /// (no hand-off to the sender thread: one thread wake-up less per small message). Larger ones
 /// always go through the sender thread, so `post_send` never waits on the network.
@@ -198,7 +204,8 @@ struct St {
     sender_started: bool,
     /// Someone (the sender thread or a posting thread) is writing a request frame.
     tx_busy: bool,
-    destroying: bool,
+    /// Set when `destroy` starts: the threads drain and stop.
+    destroying: Option<Instant>,
 }
 
 /// One RC queue pair.
@@ -275,7 +282,7 @@ impl Qp {
                 stall_until: None,
                 sender_started: false,
                 tx_busy: false,
-                destroying: false,
+                destroying: None,
             }),
             cv: Condvar::new(),
             threads: Mutex::new(Vec::new()),
@@ -335,7 +342,7 @@ impl Qp {
     ) -> Result<(), i32> {
         let has = |bit: mask| m & bit.0 != 0;
         let mut st = self.lock();
-        if st.destroying || !super::fabric::alive(self.ctx.dev) {
+        if st.destroying.is_some() || !super::fabric::alive(self.ctx.dev) {
             return Err(libc::EIO);
         }
         if cur.is_some_and(|c| c != st.state) {
@@ -676,23 +683,9 @@ impl Qp {
             let job = {
                 let mut st = self.lock();
                 loop {
-                    if st.destroying {
-                        if let Some(c) = st.req_conn.clone() {
-                            let bye = Request {
-                                op: ReqOp::Bye,
-                                flags: 0,
-                                len: 0,
-                                seq: st.next_seq,
-                                raddr: 0,
-                                rkey: 0,
-                                imm: 0,
-                            }
-                            .encode();
-                            drop(st);
-                            let mut iov = [wire::iovec(bye.as_ptr(), bye.len())];
-                            // SAFETY: the iovec covers the local `bye` array.
-                            let _ = unsafe { wire::send_all(c.fd(), &mut iov, &|| true, false) };
-                        }
+                    if let Some(since) = st.destroying {
+                        drop(st);
+                        self.say_bye(since);
                         return;
                     }
                     let now = Instant::now();
@@ -727,7 +720,7 @@ impl Qp {
                     Ok(conn) => {
                         let conn = Arc::new(conn);
                         let mut st = self.lock();
-                        if st.epoch != epoch || st.destroying {
+                        if st.epoch != epoch || st.destroying.is_some() {
                             conn.kill();
                             continue;
                         }
@@ -753,6 +746,46 @@ impl Qp {
                     self.lock().tx_busy = false;
                 }
             }
+        }
+    }
+
+    /// The orderly end of the outgoing connection, as a NIC's transport layer ends it: wait
+    /// (at most [`DRAIN_ACKS`]) until everything sent is acknowledged, then BYE and close the
+    /// writing side; the ack reader reads on until the peer closes its side. Work posted but
+    /// not sent yet is not started (destroying a QP discards it).
+    fn say_bye(&self, since: Instant) {
+        let mut st = self.lock();
+        loop {
+            let cursor = st.send_cursor;
+            let waiting = st.tx_busy || st.sq.iter().any(|w| !w.acked && w.seq < cursor);
+            let left = DRAIN_ACKS.saturating_sub(since.elapsed());
+            if !waiting || left.is_zero() || st.req_conn.is_none() {
+                break;
+            }
+            st = self
+                .cv
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        let Some(c) = st.req_conn.clone() else {
+            return;
+        };
+        let bye = Request {
+            op: ReqOp::Bye,
+            flags: 0,
+            len: 0,
+            seq: st.next_seq,
+            raddr: 0,
+            rkey: 0,
+            imm: 0,
+        }
+        .encode();
+        drop(st);
+        let mut iov = [wire::iovec(bye.as_ptr(), bye.len())];
+        // SAFETY: the iovec covers the local `bye` array.
+        if unsafe { wire::send_all(c.fd(), &mut iov, &|| true, false) }.is_ok() {
+            let _ = c.stream.shutdown(std::net::Shutdown::Write);
         }
     }
 
@@ -853,7 +886,7 @@ impl Qp {
         }
         let abort = || {
             let st = self.lock();
-            st.destroying || st.epoch != epoch
+            st.destroying.is_some() || st.epoch != epoch
         };
         // SAFETY: the iovecs cover `hdr`, the inline copy or MR memory pinned by `guards`, all
         // alive until after the call.
@@ -871,7 +904,7 @@ impl Qp {
         }
         if sent.is_err() {
             let mut st = self.lock();
-            if st.epoch == epoch && !st.destroying {
+            if st.epoch == epoch && st.destroying.is_none() {
                 let first = st.sq.iter().find(|w| !w.acked).map(|w| w.seq);
                 self.fail(
                     &mut st,
@@ -914,7 +947,7 @@ impl Qp {
         loop {
             {
                 let st = self.lock();
-                if st.epoch != epoch || st.destroying {
+                if st.epoch != epoch || st.destroying.is_some() {
                     return Err(ConnectFail::Stale);
                 }
             }
@@ -1021,8 +1054,14 @@ impl Qp {
                 Ok(h) => h,
                 Err(ReadEnd::Idle) => {
                     let mut st = self.lock();
-                    if st.epoch != epoch || st.destroying {
+                    // Being destroyed: read on (acknowledgements, then the peer's end of the
+                    // connection after our BYE), for a short while.
+                    let drained = st.destroying.is_some_and(|t| t.elapsed() > DRAIN_ACKS + DRAIN_EOF);
+                    if st.epoch != epoch || drained {
                         return;
+                    }
+                    if st.destroying.is_some() {
+                        continue;
                     }
                     // An RNR wait is not a transport timeout.
                     let waiting_rnr = st.rnr_resume.is_some_and(|t| t > Instant::now());
@@ -1047,7 +1086,7 @@ impl Qp {
                 }
                 Err(ReadEnd::Closed) => {
                     let mut st = self.lock();
-                    if st.epoch != epoch || st.destroying {
+                    if st.epoch != epoch || st.destroying.is_some() {
                         return;
                     }
                     let cursor = st.send_cursor;
@@ -1217,7 +1256,7 @@ impl Qp {
         stream: &TcpStream,
     ) -> HelloReply {
         let mut st = self.lock();
-        if st.destroying || proof != self.secret {
+        if st.destroying.is_some() || proof != self.secret {
             return HelloReply::Refused;
         }
         match st.state {
@@ -1261,7 +1300,7 @@ impl Qp {
         }
         let abort = || {
             let st = self.lock();
-            st.destroying || st.epoch != conn.epoch
+            st.destroying.is_some() || st.epoch != conn.epoch
         };
         // SAFETY: the iovecs cover `hdr` and `resp.len` bytes pinned by the guard.
         unsafe { wire::send_all(conn.fd(), &mut iov, &abort, false) }.is_ok()
@@ -1288,15 +1327,40 @@ impl Qp {
         }
     }
 
+    /// ACKs everything up to `seq` (placed, not yet acknowledged); `false` = stop.
+    fn ack(&self, conn: &Conn, seq: u64) -> bool {
+        self.respond(
+            conn,
+            Response {
+                op: RespOp::Ack,
+                syndrome: 0,
+                len: 0,
+                seq,
+            },
+            None,
+        )
+    }
+
     fn responder_loop(self: Arc<Self>, conn: Arc<Conn>) {
         let fd = conn.fd();
+        // The last placed request not acknowledged yet. Acknowledged before this thread waits
+        // for the next request, so nothing placed stays unacknowledged while the connection is
+        // quiet (and a stream of requests costs one ACK per burst, not one per request).
+        let mut unacked: Option<u64> = None;
         loop {
+            if let Some(seq) = unacked.filter(|_| !wire::readable(fd)) {
+                if !self.ack(&conn, seq) {
+                    return;
+                }
+                unacked = None;
+            }
             let req = match wire::read_exact::<REQ_LEN>(fd, false) {
                 Ok(b) => Request::decode(&b),
                 Err(_) => {
-                    // EOF without BYE: the requester vanished (cut, crash): a fatal QP error.
+                    // EOF without BYE: the requester vanished (cut, crash): a fatal QP error,
+                    // unless this QP is being destroyed (its destroy shut the reading side).
                     let mut st = self.lock();
-                    if st.epoch == conn.epoch && !st.destroying {
+                    if st.epoch == conn.epoch && st.destroying.is_none() {
                         self.fail(&mut st, None, Some(ibv_event_type::IBV_EVENT_QP_FATAL));
                     }
                     return;
@@ -1327,15 +1391,22 @@ impl Qp {
                 }
             };
             if req.op == ReqOp::Bye {
+                // An orderly close: the requester waited for its acknowledgements and sends
+                // nothing more. Close our side too, so its ack reader sees the end and stops.
+                if let Some(seq) = unacked {
+                    self.ack(&conn, seq);
+                }
                 let mut st = self.lock();
                 if st.resp_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
                     st.resp_conn = None;
                 }
+                drop(st);
+                conn.kill();
                 return;
             }
             let (access, recv) = {
                 let mut st = self.lock();
-                if st.epoch != conn.epoch || st.destroying {
+                if st.epoch != conn.epoch || st.destroying.is_some() {
                     return;
                 }
                 if req.seq != st.expected_seq {
@@ -1391,20 +1462,13 @@ impl Qp {
             }
             st.expected_seq += 1;
             drop(st);
-            if req.flags & FLAG_ACK_REQ != 0
-                && req.op != ReqOp::Read
-                && !self.respond(
-                    &conn,
-                    Response {
-                        op: RespOp::Ack,
-                        syndrome: 0,
-                        len: 0,
-                        seq: req.seq,
-                    },
-                    None,
-                )
-            {
-                return;
+            // A READ response acknowledges everything before it, as an ACK would.
+            unacked = (req.op != ReqOp::Read).then_some(req.seq);
+            if req.flags & FLAG_ACK_REQ != 0 && req.op != ReqOp::Read {
+                if !self.ack(&conn, req.seq) {
+                    return;
+                }
+                unacked = None;
             }
         }
     }
@@ -1572,7 +1636,7 @@ impl Qp {
     /// The connection broke mid-request: a fatal error unless we are going away anyway.
     fn closed(&self, conn: &Conn) -> bool {
         let mut st = self.lock();
-        if st.epoch == conn.epoch && !st.destroying {
+        if st.epoch == conn.epoch && st.destroying.is_none() {
             self.fail(&mut st, None, Some(ibv_event_type::IBV_EVENT_QP_FATAL));
         }
         false
@@ -1581,14 +1645,18 @@ impl Qp {
     // ----------------------------------------------------------------------------------------
     // Teardown and faults
 
-    /// Stops every thread of this QP (the sender says BYE first) and frees its QPN.
+    /// Stops every thread of this QP and frees its QPN, closing both connections in order so
+    /// the peer never fails work this QP acknowledged or was acknowledged for: the sender waits
+    /// for its acknowledgements and says BYE, the ack reader reads to the peer's end of that
+    /// connection, and the responder (which acknowledges everything it placed before it waits
+    /// for more) stops reading before its connection closes.
     pub(crate) fn destroy(&self) {
         {
             let mut st = self.lock();
-            if st.destroying {
+            if st.destroying.is_some() {
                 return;
             }
-            st.destroying = true;
+            st.destroying = Some(Instant::now());
             self.cv.notify_all();
         }
         // The sender is the only writer of the outgoing connection: let it say BYE and stop
@@ -1602,20 +1670,24 @@ impl Qp {
             });
             pos.map(|p| threads.remove(p))
         };
-        if let Some(t) = sender {
+        let me = std::thread::current().id();
+        if let Some(t) = sender.filter(|t| t.thread().id() != me) {
             let _ = t.join();
+        }
+        // Wake the responder (its read ends as at EOF), and let it and the ack reader finish.
+        if let Some(c) = self.lock().resp_conn.clone() {
+            let _ = c.stream.shutdown(std::net::Shutdown::Read);
+        }
+        let rest = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in rest {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
         }
         {
             let mut st = self.lock();
             st.epoch += 1;
             self.drop_conns(&mut st);
-        }
-        let rest = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
-        let me = std::thread::current().id();
-        for t in rest {
-            if t.thread().id() != me {
-                let _ = t.join();
-            }
         }
         self.pool.release(self.qpn);
         self.ctx

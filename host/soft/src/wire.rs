@@ -60,12 +60,16 @@ pub enum ReqOp {
     Send = 3,
     SendImm = 4,
     Read = 5,
-    /// The requester's QP is being destroyed: close quietly (a hardware peer would not notice).
+    /// The requester's QP is being destroyed and everything it sent was acknowledged: the
+    /// responder closes the connection in order, and neither side calls it an error.
     Bye = 6,
 }
 
 /// Set on requests whose completion the requester waits for (signaled WRs), like the BTH AckReq
-/// bit: the responder acknowledges only those, and NAKs always.
+/// bit: the responder acknowledges those at once. Every other placed request is acknowledged
+/// too, coalesced: one ACK when the responder runs out of requests to read (see
+/// `Qp::responder_loop`), so a requester never holds placed work it cannot tell is placed — a
+/// connection closing after it is then never failed retroactively.
 pub(crate) const FLAG_ACK_REQ: u8 = 1;
 pub const REQ_LEN: usize = 32;
 
@@ -243,6 +247,18 @@ pub(crate) unsafe fn read_into(
         }
     }
     Ok(())
+}
+
+/// Whether bytes are waiting on `fd` (a read would not block). Errors and hang-ups count as
+/// readable: the read that follows reports them.
+pub(crate) fn readable(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    unsafe { libc::poll(&mut p, 1, 0) != 0 }
 }
 
 /// Reads a fixed-size header into a stack buffer.

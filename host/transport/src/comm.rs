@@ -33,8 +33,8 @@ pub(crate) struct Side {
     pub(crate) cqs: Vec<Arc<Cq>>,
     /// In plan order.
     pub(crate) qps: Vec<ConnQp>,
-    /// Every QP number of this side, for fatal-event checks.
-    pub(crate) qpns: Vec<u32>,
+    /// Every QP of this side as `(id, number)`, for fatal-event checks.
+    pub(crate) qpns: Vec<(u64, u32)>,
     /// "local ports -> peer ports", for error messages.
     pub(crate) desc: String,
 }

@@ -31,8 +31,37 @@ struct FaultState {
 struct Faults {
     /// The whole device is gone.
     device: Option<String>,
-    /// Fatal events about single QPs, by QP number.
-    qps: HashMap<u32, String>,
+    /// Fatal events about single QPs, by the QP object's id ([`ncclwasm_verbs::Qp::id`]), as
+    /// net_ib finds its QP through the event's context pointer: QP numbers are reused, so an
+    /// event kept by number would fail a later connection that got the same number. Removed
+    /// when the QP is destroyed ([`QpWatch`]); an event that arrives after that (it was in
+    /// flight while the QP was destroyed) finds no entry and is dropped.
+    qps: HashMap<u64, Option<String>>,
+}
+
+impl FaultState {
+    /// Keeps the fast check true exactly while something is recorded.
+    fn update_any(&self, f: &Faults) {
+        let any = f.device.is_some() || f.qps.values().any(Option::is_some);
+        self.any.store(any, Ordering::Release);
+    }
+}
+
+/// Drops a QP's recorded fatal event when the QP goes away. Held next to the QP, after it, so
+/// it is dropped once the QP is destroyed (the provider delivers no event for it after that).
+#[derive(Debug)]
+pub(crate) struct QpWatch {
+    faults: Arc<FaultState>,
+    id: u64,
+}
+
+impl Drop for QpWatch {
+    fn drop(&mut self) {
+        let mut f = self.faults.faults.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(Some(_)) = f.qps.remove(&self.id) {
+            self.faults.update_any(&f);
+        }
+    }
 }
 
 /// One open verbs device (all its ports share it).
@@ -141,8 +170,9 @@ impl DevCtx {
         self.ctx.name()
     }
 
-    /// The error a call must return because of a fatal event on this device or on one of `qps`.
-    pub(crate) fn check(&self, qps: &[u32]) -> Result<(), NetError> {
+    /// The error a call must return because of a fatal event on this device or on one of `qps`
+    /// (`(id, QP number)` pairs: the id finds the event, the number names the QP).
+    pub(crate) fn check(&self, qps: &[(u64, u32)]) -> Result<(), NetError> {
         if !self.faults.any.load(Ordering::Acquire) {
             return Ok(());
         }
@@ -153,7 +183,7 @@ impl DevCtx {
                 event: event.clone(),
             });
         }
-        match qps.iter().find_map(|q| f.qps.get(q).map(|e| (q, e))) {
+        match qps.iter().find_map(|(id, q)| f.qps.get(id)?.as_ref().map(|e| (q, e))) {
             Some((q, event)) => Err(NetError::Fatal {
                 object: format!("QP {q} on {}", self.name()),
                 event: event.clone(),
@@ -162,17 +192,35 @@ impl DevCtx {
         }
     }
 
-    fn record(&self, kind: AsyncEventKind, qp: Option<u32>, description: String) {
+    /// Starts attributing fatal events to the QP with this id; they are forgotten when the
+    /// returned watch is dropped.
+    pub(crate) fn watch(&self, id: u64) -> QpWatch {
+        self.faults
+            .faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .qps
+            .insert(id, None);
+        QpWatch {
+            faults: Arc::clone(&self.faults),
+            id,
+        }
+    }
+
+    fn record(&self, kind: AsyncEventKind, qp: Option<u64>, description: String) {
         use AsyncEventKind as K;
         let mut f = self.faults.faults.lock().unwrap_or_else(|p| p.into_inner());
         match (kind, qp) {
             (K::DeviceFatal, _) => f.device = Some(description),
-            (K::QpFatal | K::QpReqErr | K::QpAccessErr | K::PathMigErr, Some(q)) => {
-                f.qps.insert(q, description);
+            (K::QpFatal | K::QpReqErr | K::QpAccessErr | K::PathMigErr, Some(id)) => {
+                match f.qps.get_mut(&id) {
+                    Some(slot) => *slot = Some(description),
+                    None => return,
+                }
             }
             _ => return,
         }
-        self.faults.any.store(true, Ordering::Release);
+        self.faults.update_any(&f);
     }
 }
 
@@ -243,7 +291,7 @@ impl EventThread {
                                 if let (Some(state), Some(port)) = (state, ev.port) {
                                     decisions.port_changed(dev.name(), port, state);
                                 }
-                                dev.record(ev.kind, ev.qp_num, ev.description);
+                                dev.record(ev.kind, ev.qp_id, ev.description);
                             }
                             Ok(None) => {}
                             Err(e) => {

@@ -98,3 +98,83 @@ fn a_cut_qp_fails_the_next_call_with_a_system_error() {
         "{err}"
     );
 }
+
+/// Connects a fresh pair on `net` (listening on device 1, connecting from 0).
+fn pair(net: &Net) -> (crate::SendComm, crate::RecvComm) {
+    let (mut listener, mut handle) = net.listen(1).unwrap();
+    let (mut s, mut r) = (None, None);
+    let end = Instant::now() + Duration::from_secs(30);
+    while s.is_none() || r.is_none() {
+        assert!(Instant::now() < end, "handshake stuck");
+        if s.is_none() {
+            s = net.connect(0, &mut handle, CommConfig::default()).unwrap();
+        }
+        if r.is_none() {
+            r = listener.accept().unwrap();
+        }
+    }
+    (s.unwrap(), r.unwrap())
+}
+
+/// QP numbers are reused (the soft fabric hands out the lowest free slot, NICs recycle them),
+/// so a fatal event must stay with the QP object it was about: after one connection failed and
+/// everything was closed, a new connection that got the same QP numbers works from its first
+/// call.
+#[test]
+fn a_connection_reusing_a_failed_qps_number_works() {
+    let net = Net::new(NetConfig {
+        fabric: ncclwasm_soft::fabric().unwrap(),
+        require_active_port: false,
+        max_devs_per_nic: 4,
+        decisions: Arc::new(PolicyHost::from_env(4).expect("policy settings")),
+        oob: OobEnv::default(),
+    })
+    .unwrap();
+    let buf = DmaBuf::new(8192);
+    let (s, r) = pair(&net);
+    let old = (s.side.qpns.clone(), r.side.qpns.clone());
+    r.side.qps[0].qp.inject_cut().unwrap();
+    // Both ends learn of it through their fatal event.
+    let end = Instant::now() + Duration::from_secs(10);
+    while !matches!(s.side.check(), Err(NetError::Fatal { .. }))
+        || !matches!(r.side.check(), Err(NetError::Fatal { .. }))
+    {
+        assert!(Instant::now() < end, "the fatal events never arrived");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop((s, r));
+
+    let (s, r) = pair(&net);
+    let numbers = |q: &[(u64, u32)]| q.iter().map(|&(_, n)| n).collect::<Vec<_>>();
+    assert_eq!(
+        (numbers(&s.side.qpns), numbers(&r.side.qpns)),
+        (numbers(&old.0), numbers(&old.1)),
+        "the new connection must reuse the failed one's QP numbers for this test to mean anything"
+    );
+    let (smr, rmr) = (
+        s.reg_mr(buf.addr(), 4096, &buf).unwrap(),
+        r.reg_mr(buf.addr() + 4096, 4096, &buf).unwrap(),
+    );
+    let rreq = r
+        .irecv(&[RecvBuf {
+            addr: buf.addr() + 4096,
+            size: 4096,
+            tag: 1,
+            mr: Some(&rmr),
+        }])
+        .expect("the first irecv on the new connection");
+    let end = Instant::now() + Duration::from_secs(10);
+    let sreq = loop {
+        match s.isend(buf.addr(), 100, 1, Some(&smr)) {
+            Ok(Some(q)) => break q,
+            Ok(None) => assert!(Instant::now() < end, "isend never matched"),
+            Err(e) => panic!("the first isend on the new connection failed: {e}"),
+        }
+    };
+    while s.test(sreq).expect("send test").is_none() {
+        assert!(Instant::now() < end, "send never completed");
+    }
+    while r.test(rreq).expect("receive test").is_none() {
+        assert!(Instant::now() < end, "receive never completed");
+    }
+}

@@ -12,7 +12,7 @@ use ncclwasm_verbs::{
 };
 
 use crate::comm::Side;
-use crate::device::PortCtx;
+use crate::device::{PortCtx, QpWatch};
 use crate::net_error::NetError;
 use ncclwasm_proto::MAX_REQUESTS;
 use ncclwasm_proto::fifo::CTS_SLOT_BYTES;
@@ -38,6 +38,8 @@ const MIN_RNR_TIMER: u8 = 12;
 #[derive(Debug)]
 pub(crate) struct ConnQp {
     pub(crate) qp: Qp,
+    /// Declared after `qp`: forgets the QP's fatal events once it is destroyed.
+    _watch: QpWatch,
     pub(crate) psn: u32,
     /// This QP's own ECE when the provider requires the peer's ECE before RTR
     /// ([`ncclwasm_verbs::Capabilities::ece_required`]): the peer runs the same provider, so its
@@ -136,6 +138,7 @@ pub(crate) fn create(
     };
     Ok((
         ConnQp {
+            _watch: dev.watch(qp.id()),
             qp,
             psn,
             ece_required,
@@ -175,6 +178,11 @@ fn route(local: &Endpoint, remote: &Endpoint, tc: u8) -> Option<Grh> {
 }
 
 impl ConnQp {
+    /// `(id, number)`: how fatal events find this QP, and how messages name it.
+    pub(crate) fn ids(&self) -> (u64, u32) {
+        (self.qp.id(), self.qp.qpn())
+    }
+
     /// RTR then RTS as the handshake asks, after handing the QP the peer's ECE: the negotiated
     /// value, or, when the provider requires ECE and none was negotiated, the peer's secret in
     /// this QP's own ECE. Returns the ECE queried after RTR when the negotiated ECE was set, as

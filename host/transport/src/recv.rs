@@ -164,9 +164,9 @@ impl Accepting {
         let desc = describe(&setup.peer, &setup.local);
         tracing::info!("NET/WASM: accepted {desc}: {} QP(s)", setup.plan.qps.len());
         let qps = std::mem::take(&mut self.qps);
-        let mut qpns: Vec<u32> = qps.iter().map(|q| q.qp.qpn()).collect();
+        let mut qpns: Vec<(u64, u32)> = qps.iter().map(ConnQp::ids).collect();
         if let Some(f) = &regions.flush {
-            qpns.extend(f.qps.iter().map(|q| q.qp.qpn()));
+            qpns.extend(f.qps.iter().map(ConnQp::ids));
         }
         let side = Side {
             qpns,

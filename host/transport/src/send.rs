@@ -149,7 +149,7 @@ impl Connecting {
         tracing::info!("NET/WASM: connected {desc}: {} QP(s)", setup.plan.qps.len());
         let qps = std::mem::take(&mut self.qps);
         let side = Side {
-            qpns: qps.iter().map(|q| q.qp.qpn()).collect(),
+            qpns: qps.iter().map(ConnQp::ids).collect(),
             ports: self.ports.clone(),
             cqs: std::mem::take(&mut self.cqs),
             qps,

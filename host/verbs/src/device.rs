@@ -512,8 +512,11 @@ pub struct AsyncEvent {
     pub kind: AsyncEventKind,
     /// The port, for port events.
     pub port: Option<u8>,
-    /// The QP number, for QP events.
+    /// The QP number, for QP events (for messages: numbers are reused).
     pub qp_num: Option<u32>,
+    /// [`crate::Qp::id`] of the QP, for QP events about a QP this crate created: what to
+    /// attribute the event by.
+    pub qp_id: Option<u64>,
     /// `ibv_event_type_str`.
     pub description: String,
 }
@@ -541,7 +544,7 @@ impl AsyncEvent {
             format!("unknown event {raw}")
         };
         use AsyncEventKind as K;
-        let (mut port, mut qp_num) = (None, None);
+        let (mut port, mut qp_num, mut qp_id) = (None, None, None);
         match kind {
             K::PortActive
             | K::PortErr
@@ -566,6 +569,9 @@ impl AsyncEvent {
                 if !qp.is_null() {
                     // SAFETY: non-NULL live QP.
                     qp_num = Some(unsafe { (*qp).qp_num });
+                    // SAFETY: as above; `create_qp` stored the id as the context pointer.
+                    let ctx = unsafe { (*qp).qp_context }.addr() as u64;
+                    qp_id = (ctx != 0).then_some(ctx);
                 }
             }
             _ => {}
@@ -574,6 +580,7 @@ impl AsyncEvent {
             kind,
             port,
             qp_num,
+            qp_id,
             description,
         }
     }

@@ -2,6 +2,7 @@
 
 use std::os::raw::c_int;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rdma_sys::{
@@ -144,6 +145,8 @@ pub struct Qp {
     recv_cq: Arc<Cq>,
     qp: NonNull<ibv_qp>,
     qpn: u32,
+    /// Unique in the process, never reused (see [`Qp::id`]).
+    id: u64,
     caps: QpCaps,
     scratch: Mutex<Scratch>,
 }
@@ -152,6 +155,7 @@ impl std::fmt::Debug for Qp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Qp")
             .field("qpn", &self.qpn)
+            .field("id", &self.id)
             .field("caps", &self.caps)
             .finish_non_exhaustive()
     }
@@ -177,6 +181,10 @@ impl Drop for Qp {
 const MODIFY_RETRIES: u32 = 34;
 const MODIFY_RETRY_SLEEP: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// The source of [`Qp::id`]s; 0 is never handed out, so a QP made elsewhere (NULL context)
+/// is told apart.
+static NEXT_QP_ID: AtomicU64 = AtomicU64::new(1);
+
 const SEND_SIGNALED: u32 = 2;
 const SEND_INLINE: u32 = 8;
 
@@ -194,6 +202,9 @@ impl Pd {
         init.send_cq = send_cq.cq.as_ptr();
         init.recv_cq = recv_cq.cq.as_ptr();
         init.qp_type = rdma_sys::ibv_qp_type::IBV_QPT_RC;
+        let id = NEXT_QP_ID.fetch_add(1, Ordering::Relaxed);
+        // The provider hands this back in the QP's async events (`AsyncEvent::qp_id`).
+        init.qp_context = std::ptr::without_provenance_mut(id as usize);
         init.sq_sig_all = c_int::from(sq_sig_all);
         init.cap.max_send_wr = caps.max_send_wr;
         init.cap.max_recv_wr = caps.max_recv_wr;
@@ -222,6 +233,7 @@ impl Pd {
             recv_cq: Arc::clone(recv_cq),
             qp,
             qpn,
+            id,
             caps: granted,
             scratch: Mutex::new(Scratch::default()),
         })
@@ -231,6 +243,14 @@ impl Pd {
 impl Qp {
     pub fn qpn(&self) -> u32 {
         self.qpn
+    }
+
+    /// This QP object's identity, carried by its async events as `qp_context`. Unlike the QP
+    /// number, which providers reuse (the lowest free slot on the soft fabric, recycled numbers
+    /// on NICs), an id is never given to another QP: an event attributed by id can never land
+    /// on a newer connection.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// What the provider granted (≥ the request).

@@ -1029,8 +1029,12 @@ pub fn cut_connection(b: Backend) {
         .unwrap()
         .expect("QP_FATAL");
     assert_eq!(
-        (ev.kind, ev.qp_num),
-        (ncclwasm_verbs::AsyncEventKind::QpFatal, Some(peer.qp.qpn())),
+        (ev.kind, ev.qp_num, ev.qp_id),
+        (
+            ncclwasm_verbs::AsyncEventKind::QpFatal,
+            Some(peer.qp.qpn()),
+            Some(peer.qp.id())
+        ),
         "{ev:?}"
     );
 }
