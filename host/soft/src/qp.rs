@@ -1056,7 +1056,9 @@ impl Qp {
                     let mut st = self.lock();
                     // Being destroyed: read on (acknowledgements, then the peer's end of the
                     // connection after our BYE), for a short while.
-                    let drained = st.destroying.is_some_and(|t| t.elapsed() > DRAIN_ACKS + DRAIN_EOF);
+                    let drained = st
+                        .destroying
+                        .is_some_and(|t| t.elapsed() > DRAIN_ACKS + DRAIN_EOF);
                     if st.epoch != epoch || drained {
                         return;
                     }

@@ -183,7 +183,10 @@ impl DevCtx {
                 event: event.clone(),
             });
         }
-        match qps.iter().find_map(|(id, q)| f.qps.get(id)?.as_ref().map(|e| (q, e))) {
+        match qps
+            .iter()
+            .find_map(|(id, q)| f.qps.get(id)?.as_ref().map(|e| (q, e)))
+        {
             Some((q, event)) => Err(NetError::Fatal {
                 object: format!("QP {q} on {}", self.name()),
                 event: event.clone(),

@@ -74,9 +74,8 @@ fn message(
     test_recv: bool,
     errors: &mut Vec<String>,
 ) -> Option<ReqId> {
-    let rreq = c
-        .r
-        .irecv(&[RecvBuf {
+    let rreq =
+        c.r.irecv(&[RecvBuf {
             addr: dst.addr() + (slot * SLOT) as u64,
             size: SLOT as u64,
             tag: 3,
@@ -85,10 +84,9 @@ fn message(
         .expect("irecv");
     let end = deadline();
     let sreq = loop {
-        if let Some(q) = c
-            .s
-            .isend(src.addr(), size as u64, 3, Some(&c.smr))
-            .expect("isend")
+        if let Some(q) =
+            c.s.isend(src.addr(), size as u64, 3, Some(&c.smr))
+                .expect("isend")
         {
             break q;
         }
@@ -162,10 +160,10 @@ fn run(order: Order) -> Vec<String> {
             .map(|_| {
                 let (s, r) = open(&net, &mut listener, &handle);
                 let smr = s
-                    .reg_mr(src.addr(), SLOT as u64, &*src)
+                    .reg_mr(src.addr(), SLOT as u64, &src)
                     .expect("reg_mr send");
                 let rmr = r
-                    .reg_mr(dst.addr(), (BATCH * SLOT) as u64, &*dst)
+                    .reg_mr(dst.addr(), (BATCH * SLOT) as u64, &dst)
                     .expect("reg_mr recv");
                 Open {
                     s,
