@@ -27,10 +27,11 @@ use ncclwasm_verbs::panic_message;
 
 /// Bits of a key that name the slot: a million objects open at once.
 const INDEX_BITS: u32 = 20;
-/// Bits of a key that hold the slot's generation (wrapping, never 0).
-const GENERATION_BITS: u32 = 22;
+/// Bits of a key that hold the slot's generation (wrapping, never 0); with the request bits this fills
+/// the 64 bits of a handle.
+const GENERATION_BITS: u32 = 20;
 /// Bits of a request handle below its communicator's key: pool index and issue counter.
-const REQUEST_INDEX_BITS: u32 = 5;
+const REQUEST_INDEX_BITS: u32 = 8;
 const REQUEST_ISSUE_BITS: u32 = 16;
 const REQUEST_BITS: u32 = REQUEST_INDEX_BITS + REQUEST_ISSUE_BITS;
 

@@ -57,8 +57,8 @@ use handles::{Handles, Held, RequestKey, Requests};
 use ncclwasm_policy::PolicyHost;
 use ncclwasm_transport::{
     CommConfig, DeviceProps, Done, ErrorClass, HANDLE_SIZE, Listener, MAX_ENDPOINTS, MAX_QPS,
-    MAX_RECVS, MAX_REQUESTS, MemHandle, Net, NetError, PTR_CUDA, PTR_DMABUF, PTR_HOST, RecvBuf,
-    RecvComm, RegionSource, SendComm,
+    MAX_RECVS, MemHandle, Net, NetError, PTR_CUDA, PTR_DMABUF, PTR_HOST, RecvBuf, RecvComm,
+    RegionSource, SendComm,
 };
 use ncclwasm_verbs::{ForeignMemory, Memory};
 
@@ -170,6 +170,10 @@ fn c_string(s: &str) -> *const c_char {
 // Communicators, registrations and requests as NCCL holds them.
 
 /// What a communicator handle names.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per communicator, each in its own Arc: boxing would add an indirection to every call"
+)]
 enum Endpoint {
     Send {
         comm: SendComm,
@@ -1108,36 +1112,39 @@ pub unsafe extern "C" fn ncclwasm_send_comm_stats(
         // SAFETY: the version says `out` is a `SendStatsV1`, and the caller owns it.
         let out = unsafe { &mut *out };
         *out = SendStatsV1::empty();
-        let st = on_send(send_comm, |s, _, _| Ok(s.stats()))?;
-        let p = st.plan;
-        out.nqps = p.qps.len() as u32;
-        out.nlocal = st.local.len() as u32;
-        out.npeer = st.peer.len() as u32;
-        out.stripe_width = p.stripe_width;
-        out.align = p.align;
-        out.ar_threshold = p.ar_threshold;
-        out.adaptive_routing = u8::from(p.adaptive_routing);
-        (out.tc, out.sl, out.fifo_tc) = (p.tc, p.sl, p.fifo_tc);
-        out.ece = u8::from(p.ece);
-        (out.timeout, out.retry_cnt) = (p.timeout, p.retry_cnt);
-        write_c_str(&mut out.source, st.source);
-        write_c_str(&mut out.reason, &p.reason);
-        for (list, ends) in [(&mut out.local, st.local), (&mut out.peer, st.peer)] {
-            for (e, ep) in list.iter_mut().zip(ends) {
-                write_c_str(&mut e.device, &ep.device);
-                e.port = u32::from(ep.port);
+        // The stats borrow the comm, so they are copied out while the handle is held.
+        on_send(send_comm, |s, _, _| {
+            let st = s.stats();
+            let p = st.plan;
+            out.nqps = p.qps.len() as u32;
+            out.nlocal = st.local.len() as u32;
+            out.npeer = st.peer.len() as u32;
+            out.stripe_width = p.stripe_width;
+            out.align = p.align;
+            out.ar_threshold = p.ar_threshold;
+            out.adaptive_routing = u8::from(p.adaptive_routing);
+            (out.tc, out.sl, out.fifo_tc) = (p.tc, p.sl, p.fifo_tc);
+            out.ece = u8::from(p.ece);
+            (out.timeout, out.retry_cnt) = (p.timeout, p.retry_cnt);
+            write_c_str(&mut out.source, st.source);
+            write_c_str(&mut out.reason, &p.reason);
+            for (list, ends) in [(&mut out.local, st.local), (&mut out.peer, st.peer)] {
+                for (e, ep) in list.iter_mut().zip(ends) {
+                    write_c_str(&mut e.device, &ep.device);
+                    e.port = u32::from(ep.port);
+                }
             }
-        }
-        for ((q, plan), bytes) in out.qps.iter_mut().zip(&p.qps).zip(&st.posted) {
-            *q = StatsQp {
-                local: plan.local,
-                remote: plan.remote,
-                weight: plan.weight,
-                reserved: 0,
-                bytes: *bytes,
-            };
-        }
-        Ok(())
+            for ((q, plan), bytes) in out.qps.iter_mut().zip(&p.qps).zip(&st.posted) {
+                *q = StatsQp {
+                    local: plan.local,
+                    remote: plan.remote,
+                    weight: plan.weight,
+                    reserved: 0,
+                    bytes: *bytes,
+                };
+            }
+            Ok(())
+        })
     })
 }
 

@@ -40,6 +40,8 @@ fn stale_handles_are_invalid_usage_not_freed_memory() {
 }
 
 unsafe fn drive() {
+    // SAFETY: the caller's contract above: v12 arguments as NCCL passes them, stale handles only
+    // where the plugin must refuse them.
     unsafe {
         let mut ctx = null_mut();
         let mut config = CommConfigC { traffic_class: -1 };
@@ -47,8 +49,12 @@ unsafe fn drive() {
         assert_eq!(rc, NCCL_SUCCESS);
 
         let mut handle = [0u8; 128];
-        let (mut lc, mut sc, mut rc_comm, mut dev) =
-            (null_mut(), null_mut(), null_mut(), null_mut());
+        let (mut lc, mut sc, mut rc_comm, mut dev) = (
+            null_mut::<c_void>(),
+            null_mut::<c_void>(),
+            null_mut::<c_void>(),
+            null_mut::<c_void>(),
+        );
         assert_eq!(
             T.listen.unwrap()(ctx, 0, handle.as_mut_ptr().cast(), &mut lc),
             0
@@ -74,7 +80,7 @@ unsafe fn drive() {
         let recv = |req: &mut *mut c_void| {
             let mut data: *mut c_void = into.as_ptr().cast_mut().cast();
             let (mut size, mut tag, mut mh) = (4096usize, 9 as c_int, rmh);
-            *req = 1 as *mut c_void; // NCCL's optional-completion sentinel is overwritten
+            *req = std::ptr::dangling_mut::<c_void>(); // NCCL's optional-completion sentinel is overwritten
             T.irecv.unwrap()(
                 rc_comm,
                 1,
@@ -139,7 +145,7 @@ unsafe fn drive() {
         assert_eq!(T.close_recv.unwrap()(sc), NCCL_INVALID_ARGUMENT);
         assert_eq!(T.dereg_mr.unwrap()(rc_comm, rmh), NCCL_INVALID_USAGE);
         // Using a closed communicator: the request out-pointer is cleared.
-        let mut req = 1 as *mut c_void;
+        let mut req = std::ptr::dangling_mut::<c_void>();
         let (mut data, mut sz, mut tag, mut mh) = (into.as_mut_ptr().cast(), 8usize, 9, null_mut());
         let irecv = T.irecv.unwrap();
         let rc = irecv(
@@ -156,7 +162,7 @@ unsafe fn drive() {
 
         assert_eq!(T.dereg_mr.unwrap()(sc, smh), 0);
         assert_eq!(T.close_send.unwrap()(sc), 0);
-        let mut req = 1 as *mut c_void;
+        let mut req = std::ptr::dangling_mut::<c_void>();
         let data = out.as_mut_ptr().cast();
         let rc = T.isend.unwrap()(sc, data, 8, 9, null_mut(), null_mut(), &mut req);
         assert_eq!((rc, req), (NCCL_INVALID_USAGE, null_mut()));

@@ -62,7 +62,7 @@ fn at_start_up_each_bad_file_is_one_line_at_once_and_the_watcher_then_takes_a_go
             let mut closed = settings(FailureMode::Closed);
             closed.policy = Some(entry.clone());
             let started = Instant::now();
-            let e = PolicyHost::new(closed).err().expect("refused");
+            let e = PolicyHost::new(closed).expect_err("refused");
             let took = started.elapsed();
             assert!(matches!(e, PolicyError::Read { .. }), "{e:?}");
             assert_eq!(e.to_string(), expected(&entry, what));

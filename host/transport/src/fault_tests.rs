@@ -36,25 +36,7 @@ fn a_cut_qp_fails_the_next_call_with_a_system_error() {
     let (s, r) = (s.unwrap(), r.unwrap());
     // One message first, so both directions of the QP have their connections.
     let buf = DmaBuf::new(8192);
-    let (smr, rmr) = (
-        s.reg_mr(buf.addr(), 4096, &buf).unwrap(),
-        r.reg_mr(buf.addr() + 4096, 4096, &buf).unwrap(),
-    );
-    let rreq = r
-        .irecv(&[RecvBuf {
-            addr: buf.addr() + 4096,
-            size: 4096,
-            tag: 1,
-            mr: Some(&rmr),
-        }])
-        .unwrap();
-    let sreq = loop {
-        if let Some(q) = s.isend(buf.addr(), 100, 1, Some(&smr)).unwrap() {
-            break q;
-        }
-    };
-    while s.test(sreq).unwrap().is_none() {}
-    while r.test(rreq).unwrap().is_none() {}
+    let (_smr, rmr) = one_message(&s, &r, &buf);
 
     r.side.qps[0].qp.inject_cut().unwrap();
     let end = Instant::now() + Duration::from_secs(10);
@@ -99,6 +81,36 @@ fn a_cut_qp_fails_the_next_call_with_a_system_error() {
     );
 }
 
+/// One 100-byte message from `s` to `r`, so both directions of their QP have connections (the
+/// soft fabric opens them on first use, and a cut QP with none has nothing to lose).
+/// Returns the two registrations, for the caller to post more.
+fn one_message(
+    s: &crate::SendComm,
+    r: &crate::RecvComm,
+    buf: &Arc<DmaBuf>,
+) -> (crate::MemHandle, crate::MemHandle) {
+    let (smr, rmr) = (
+        s.reg_mr(buf.addr(), 4096, buf).unwrap(),
+        r.reg_mr(buf.addr() + 4096, 4096, buf).unwrap(),
+    );
+    let rreq = r
+        .irecv(&[RecvBuf {
+            addr: buf.addr() + 4096,
+            size: 4096,
+            tag: 1,
+            mr: Some(&rmr),
+        }])
+        .unwrap();
+    let sreq = loop {
+        if let Some(q) = s.isend(buf.addr(), 100, 1, Some(&smr)).unwrap() {
+            break q;
+        }
+    };
+    while s.test(sreq).unwrap().is_none() {}
+    while r.test(rreq).unwrap().is_none() {}
+    (smr, rmr)
+}
+
 /// Connects a fresh pair on `net` (listening on device 1, connecting from 0).
 fn pair(net: &Net) -> (crate::SendComm, crate::RecvComm) {
     let (mut listener, mut handle) = net.listen(1).unwrap();
@@ -133,6 +145,7 @@ fn a_connection_reusing_a_failed_qps_number_works() {
     let buf = DmaBuf::new(8192);
     let (s, r) = pair(&net);
     let old = (s.side.qpns.clone(), r.side.qpns.clone());
+    let mrs = one_message(&s, &r, &buf);
     r.side.qps[0].qp.inject_cut().unwrap();
     // Both ends learn of it through their fatal event.
     let end = Instant::now() + Duration::from_secs(10);
@@ -142,7 +155,7 @@ fn a_connection_reusing_a_failed_qps_number_works() {
         assert!(Instant::now() < end, "the fatal events never arrived");
         std::thread::sleep(Duration::from_millis(5));
     }
-    drop((s, r));
+    drop((mrs, s, r));
 
     let (s, r) = pair(&net);
     let numbers = |q: &[(u64, u32)]| q.iter().map(|&(_, n)| n).collect::<Vec<_>>();
