@@ -21,19 +21,7 @@ fn a_cut_qp_fails_the_next_call_with_a_system_error() {
         oob: OobEnv::default(),
     })
     .unwrap();
-    let (mut listener, mut handle) = net.listen(1).unwrap();
-    let (mut s, mut r) = (None, None);
-    let end = Instant::now() + Duration::from_secs(30);
-    while s.is_none() || r.is_none() {
-        assert!(Instant::now() < end, "handshake stuck");
-        if s.is_none() {
-            s = net.connect(0, &mut handle, CommConfig::default()).unwrap();
-        }
-        if r.is_none() {
-            r = listener.accept().unwrap();
-        }
-    }
-    let (s, r) = (s.unwrap(), r.unwrap());
+    let (s, r) = pair(&net);
     // One message first, so both directions of the QP have their connections.
     let buf = DmaBuf::new(8192);
     let (_smr, rmr) = one_message(&s, &r, &buf);

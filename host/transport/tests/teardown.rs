@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::{deadline, net};
 use ncclwasm_transport::{
-    CommConfig, Done, HANDLE_SIZE, Listener, MemHandle, Net, RecvBuf, RecvComm, ReqId, SendComm,
+    Done, HANDLE_SIZE, Listener, MemHandle, Net, RecvBuf, RecvComm, ReqId, SendComm,
 };
 use ncclwasm_verbs::DmaBuf;
 
@@ -44,23 +44,9 @@ struct Open {
 /// Opens one connection through the shared listener (NCCL listens once per connection; reusing
 /// the listen comm keeps a thousand connections within the test's time).
 fn open(net: &Net, listener: &mut Listener, handle: &[u8; HANDLE_SIZE]) -> (SendComm, RecvComm) {
+    // Each connect writes into its copy of the handle (the scratch area), as NCCL's does.
     let mut h = *handle;
-    let cfg = CommConfig {
-        comm_id: 0x7ea2,
-        traffic_class: -1,
-    };
-    let (mut s, mut r) = (None, None);
-    let end = deadline();
-    while s.is_none() || r.is_none() {
-        assert!(Instant::now() < end, "handshake stuck");
-        if s.is_none() {
-            s = net.connect(0, &mut h, cfg).expect("connect");
-        }
-        if r.is_none() {
-            r = listener.accept().expect("accept");
-        }
-    }
-    (s.unwrap(), r.unwrap())
+    common::connect_through(net, 0, listener, &mut h)
 }
 
 /// Sends `size` bytes over `c` into its slot; returns the receive, tested only if `test_recv`.

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use ncclwasm_policy::PolicyHost;
 use ncclwasm_transport::oob::OobEnv;
 use ncclwasm_transport::{
-    CommConfig, Done, HANDLE_SIZE, MemHandle, Net, NetConfig, NetError, RecvBuf, RecvComm, ReqId,
-    SendComm,
+    CommConfig, Done, HANDLE_SIZE, Listener, MemHandle, Net, NetConfig, NetError, RecvBuf,
+    RecvComm, ReqId, SendComm,
 };
 use ncclwasm_verbs::DmaBuf;
 
@@ -48,6 +48,18 @@ pub fn deadline() -> Instant {
 /// Listen on `rdev`, connect from `sdev`, spinning both as NCCL's proxy threads do.
 pub fn connect(net: &Net, sdev: i64, rdev: i64) -> (SendComm, RecvComm) {
     let (mut listener, mut handle) = net.listen(rdev).unwrap();
+    let pair = connect_through(net, sdev, &mut listener, &mut handle);
+    drop(listener); // NCCL closes the listener right after accept.
+    pair
+}
+
+/// Connects from `sdev` to `listener` (whose handle is `handle`), spinning both sides.
+pub fn connect_through(
+    net: &Net,
+    sdev: i64,
+    listener: &mut Listener,
+    handle: &mut [u8; HANDLE_SIZE],
+) -> (SendComm, RecvComm) {
     let cfg = CommConfig {
         comm_id: 0xc0ffee,
         traffic_class: -1,
@@ -57,13 +69,12 @@ pub fn connect(net: &Net, sdev: i64, rdev: i64) -> (SendComm, RecvComm) {
     while s.is_none() || r.is_none() {
         assert!(Instant::now() < end, "handshake stuck");
         if s.is_none() {
-            s = net.connect(sdev, &mut handle, cfg).unwrap();
+            s = net.connect(sdev, handle, cfg).unwrap();
         }
         if r.is_none() {
             r = listener.accept().unwrap();
         }
     }
-    drop(listener); // NCCL closes the listener right after accept.
     (s.unwrap(), r.unwrap())
 }
 
