@@ -17,6 +17,7 @@
 use std::fmt;
 use std::fs::{File, Metadata, OpenOptions};
 use std::io::{self, Read};
+#[cfg(unix)]
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -141,16 +142,17 @@ pub struct Opened {
 
 /// Opens `path` without blocking and checks what it is (see the module doc).
 pub fn open(path: &Path, limit: Limit) -> Result<Opened, FileError> {
-    let file = OpenOptions::new()
-        .read(true)
-        // A FIFO or a device must not block the open; a terminal must not become ours.
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(|source| FileError::Open {
-            what: limit.what,
-            path: path.to_owned(),
-            source,
-        })?;
+    let mut options = OpenOptions::new();
+    options.read(true);
+    // A FIFO or a device must not block the open; a terminal must not become ours. (Guests,
+    // built for WASI, share this crate but never open files through it.)
+    #[cfg(unix)]
+    options.custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
+    let file = options.open(path).map_err(|source| FileError::Open {
+        what: limit.what,
+        path: path.to_owned(),
+        source,
+    })?;
     Opened::check(file, path, limit)
 }
 
@@ -178,16 +180,8 @@ impl Opened {
             None
         } else if t.is_dir() {
             Some("a directory")
-        } else if t.is_fifo() {
-            Some("a FIFO")
-        } else if t.is_char_device() {
-            Some("a character device")
-        } else if t.is_block_device() {
-            Some("a block device")
-        } else if t.is_socket() {
-            Some("a socket")
         } else {
-            Some("not a file")
+            Some(special_kind(t))
         };
         if let Some(kind) = kind {
             return Err(FileError::NotRegular {
@@ -250,6 +244,28 @@ impl Opened {
             at: e.utf8_error().valid_up_to(),
         })
     }
+}
+
+/// What a file that is neither regular nor a directory is, for the one-line error.
+#[cfg(unix)]
+fn special_kind(t: std::fs::FileType) -> &'static str {
+    if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a file"
+    }
+}
+
+/// What a file that is neither regular nor a directory is (no finer kinds off Unix).
+#[cfg(not(unix))]
+fn special_kind(_: std::fs::FileType) -> &'static str {
+    "not a regular file"
 }
 
 #[cfg(test)]
