@@ -13,14 +13,7 @@ use crate::{CommConfig, ErrorClass, Net, NetConfig, NetError, RecvBuf};
 
 #[test]
 fn a_cut_qp_fails_the_next_call_with_a_system_error() {
-    let net = Net::new(NetConfig {
-        fabric: ncclwasm_soft::fabric().unwrap(),
-        require_active_port: false,
-        max_devs_per_nic: 4,
-        decisions: Arc::new(PolicyHost::from_env(4).expect("policy settings")),
-        oob: OobEnv::default(),
-    })
-    .unwrap();
+    let net = soft_net();
     let (s, r) = pair(&net);
     // One message first, so both directions of the QP have their connections.
     let buf = DmaBuf::new(8192);
@@ -99,6 +92,18 @@ fn one_message(
     (smr, rmr)
 }
 
+/// A `Net` on the soft fabric with the environment's policy settings, as the plugin builds one.
+fn soft_net() -> Net {
+    Net::new(NetConfig {
+        fabric: ncclwasm_soft::fabric().unwrap(),
+        require_active_port: false,
+        max_devs_per_nic: 4,
+        decisions: Arc::new(PolicyHost::from_env(4).expect("policy settings")),
+        oob: OobEnv::default(),
+    })
+    .unwrap()
+}
+
 /// Connects a fresh pair on `net` (listening on device 1, connecting from 0).
 fn pair(net: &Net) -> (crate::SendComm, crate::RecvComm) {
     let (mut listener, mut handle) = net.listen(1).unwrap();
@@ -122,14 +127,7 @@ fn pair(net: &Net) -> (crate::SendComm, crate::RecvComm) {
 /// call.
 #[test]
 fn a_connection_reusing_a_failed_qps_number_works() {
-    let net = Net::new(NetConfig {
-        fabric: ncclwasm_soft::fabric().unwrap(),
-        require_active_port: false,
-        max_devs_per_nic: 4,
-        decisions: Arc::new(PolicyHost::from_env(4).expect("policy settings")),
-        oob: OobEnv::default(),
-    })
-    .unwrap();
+    let net = soft_net();
     let buf = DmaBuf::new(8192);
     let (s, r) = pair(&net);
     let old = (s.side.qpns.clone(), r.side.qpns.clone());
