@@ -111,7 +111,7 @@ pub fn serve_connector(
         };
         match action {
             ConnectorAction::Plan(conn) => {
-                c.plan_decided(plan_connection(&IbConfig::default(), &conn))?
+                c.plan_decided(plan_connection(&IbConfig::default(), &conn), false)?
             }
             ConnectorAction::CreateQps { endpoints } => {
                 let n_local = sides().0.len();

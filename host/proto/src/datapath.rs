@@ -11,12 +11,15 @@
 
 use ncclwasm_model::{ConnPlan, Stripes};
 
-use super::fifo::{CtsEntry, FifoCursor};
+use super::fifo::{ARRIVALS_OFFSET, CtsEntry, FifoCursor};
 use super::handshake::{QpRoute, RecvSetup, SendSetup};
 use super::message::RemoteWindow;
 use super::request::{ReqId, RequestKind, RequestPool, encode_wr_id};
-use super::{MAX_ENDPOINTS, MAX_MESSAGE_BYTES, MAX_RECVS};
+use super::{MAX_ENDPOINTS, MAX_MESSAGE_BYTES, MAX_RECVS, MAX_REQUESTS};
 use crate::error::ProtoError;
+use crate::failover::{
+    Arrival, CTS_WR_ID, ImmTag, InFlight, MAX_FAILOVER_SLICES, RecvFailover, Repost, SendFailover,
+};
 
 /// A CTS QP's send queue gets a signalled write at least this often, so unsignalled writes can
 /// never fill it (`ncclIbPostFifo` signals once per 256 posts per device; the queue holds 512).
@@ -27,7 +30,12 @@ pub const CTS_SIGNAL_INTERVAL: u16 = 64;
 /// `ncclwasm policy explain` prints too.
 #[derive(Debug)]
 struct Rotation {
+    /// The plan messages are striped with now: the connection's own, or after a failover the
+    /// surviving part of it.
     plan: ConnPlan,
+    /// For each QP of `plan`, its index in the connection's plan (the identity until a move).
+    map: Vec<u32>,
+    /// The routes of the connection's QPs, in its plan's order.
     routes: Vec<QpRoute>,
     /// First QP of the next message.
     next: u32,
@@ -37,9 +45,17 @@ impl Rotation {
     fn new(plan: &ConnPlan, routes: &[QpRoute]) -> Self {
         Rotation {
             plan: plan.clone(),
+            map: (0..plan.qps.len() as u32).collect(),
             routes: routes.to_vec(),
             next: 0,
         }
+    }
+
+    /// Stripes new messages with `plan`, whose QPs are `map` in the connection's plan.
+    fn switch(&mut self, plan: &ConnPlan, map: &[u32]) {
+        self.plan = plan.clone();
+        self.map = map.to_vec();
+        self.next = 0;
     }
 
     /// Claims the next message's QPs: returns its first QP and moves the rotation on.
@@ -49,11 +65,13 @@ impl Rotation {
         start
     }
 
-    /// The routes of the QPs a message starting at `start` uses, with their plan index.
+    /// The routes of the QPs a message starting at `start` uses, with their index in the
+    /// connection's plan.
     fn qps(&self, start: u32) -> impl Iterator<Item = (usize, QpRoute)> + '_ {
-        self.plan
-            .stripes(0, start)
-            .map(|s| (s.qp as usize, self.routes[s.qp as usize]))
+        self.plan.stripes(0, start).map(|s| {
+            let q = self.map[s.qp as usize] as usize;
+            (q, self.routes[q])
+        })
     }
 }
 
@@ -121,13 +139,20 @@ struct Matched {
 /// The work of one fully matched FIFO slot, borrowed from the [`Sender`] until posted.
 #[derive(Debug)]
 pub struct SlotWork<'a> {
-    rotation: &'a Rotation,
+    /// The plan the slot is striped with, its QPs' indices in the connection's plan, and the
+    /// routes of the connection's QPs.
+    plan: &'a ConnPlan,
+    map: &'a [u32],
+    routes: &'a [QpRoute],
     sizes_fifo: &'a RemoteWindow,
     entries: [CtsEntry; MAX_RECVS],
     sends: [Matched; MAX_RECVS],
     nreqs: usize,
     slot: FifoCursor,
     start: u32,
+    /// Prepared for failover: every slice ends with a tagged write that carries the sizes row
+    /// (`crate::failover`).
+    tagged: bool,
 }
 
 impl SlotWork<'_> {
@@ -136,10 +161,11 @@ impl SlotWork<'_> {
         self.sends[..self.nreqs].iter().filter_map(|m| m.req)
     }
 
-    /// For a multi-receive: the sizes to store in the sender's staging row `slot` before
-    /// posting, where [`LocalData::SizesRow`] reads them.
+    /// For a multi-receive, or any message of a connection prepared for failover: the sizes to
+    /// store in the sender's staging row `slot` before posting, where [`LocalData::SizesRow`]
+    /// reads them.
     pub fn sizes_row(&self) -> Option<(usize, [u32; MAX_RECVS])> {
-        (self.nreqs > 1).then(|| {
+        (self.nreqs > 1 || self.tagged).then(|| {
             let mut row = [0u32; MAX_RECVS];
             for (s, m) in row.iter_mut().zip(&self.sends[..self.nreqs]) {
                 *s = m.size as u32;
@@ -150,20 +176,105 @@ impl SlotWork<'_> {
 
     /// Adaptive routing sends the bulk as plain RDMA WRITE (which the fabric may route
     /// adaptively) and signals with a separate zero-byte WRITE_WITH_IMM; a multi-receive always
-    /// needs the separate write, to carry the sizes (`ncclIbMultiSend`).
+    /// needs the separate write, to carry the sizes (`ncclIbMultiSend`), and so does a tagged
+    /// slice.
     fn separate_imm(&self) -> bool {
-        let plan = &self.rotation.plan;
-        self.nreqs > 1 || (plan.adaptive_routing && self.sends[0].size > plan.ar_threshold)
+        self.tagged
+            || self.nreqs > 1
+            || (self.plan.adaptive_routing && self.sends[0].size > self.plan.ar_threshold)
     }
 
     /// The QPs of the stripe with their work request chains, in posting order
     /// (`ncclIbMultiSend`'s loop over QPs).
     pub fn posts(&self) -> SlotPosts<'_> {
-        let plan = &self.rotation.plan;
         SlotPosts {
             work: self,
-            stripes: std::array::from_fn(|r| plan.stripes(self.sends[r].size, self.start)),
+            stripes: std::array::from_fn(|r| self.plan.stripes(self.sends[r].size, self.start)),
             wr_id: encode_wr_id(self.requests()),
+            slice: 0,
+        }
+    }
+
+    /// The chain that carries slice `slice` on QP `qp` (of the connection's plan): one write
+    /// per grouped send of its part `parts[r]` (offset, length), then the notification.
+    fn chain(
+        &self,
+        qp: usize,
+        slice: usize,
+        parts: &[(u64, u64); MAX_RECVS],
+        wr_id: u64,
+    ) -> QpPost {
+        let mut wrs = [WorkRequest::default(); MAX_RECVS + 1];
+        let route = self.routes[qp];
+        for (r, &(offset, len)) in parts[..self.nreqs].iter().enumerate() {
+            let e = &self.entries[r];
+            wrs[r] = WorkRequest {
+                opcode: Opcode::Write,
+                local: if len == 0 {
+                    LocalData::None
+                } else {
+                    LocalData::Send { r, offset, len }
+                },
+                remote_addr: e.addr + offset,
+                // The responder checks the rkey of a zero-length write too.
+                rkey: e.rkeys[route.remote],
+                signaled: false,
+                wr_id: 0,
+            };
+        }
+        let mut len = self.nreqs;
+        let mut wr_id = wr_id;
+        if self.separate_imm() {
+            let first = &self.entries[0];
+            wrs[len] = if self.nreqs > 1 || self.tagged {
+                let imm = if self.tagged {
+                    let tag = ImmTag {
+                        slot: self.slot.slot() as u8,
+                        slice: slice as u8,
+                        slices: self.plan.stripe_count() as u8,
+                        use_count: self.slot.use_count(),
+                    }
+                    .pack();
+                    // A tagged slice is acknowledged by its tag, whichever QP carried it.
+                    wr_id = u64::from(tag);
+                    tag
+                } else {
+                    0
+                };
+                WorkRequest {
+                    opcode: Opcode::WriteWithImm { imm },
+                    local: LocalData::SizesRow {
+                        slot: self.slot.slot(),
+                        len: (self.nreqs * size_of::<u32>()) as u64,
+                    },
+                    remote_addr: self.sizes_fifo.addr + self.slot.sizes_offset(),
+                    rkey: self.sizes_fifo.rkeys[route.remote],
+                    ..WorkRequest::default()
+                }
+            } else {
+                // Zero bytes, aimed at the receive buffer so the rkey is one the peer knows.
+                WorkRequest {
+                    opcode: Opcode::WriteWithImm {
+                        imm: self.sends[0].size as u32,
+                    },
+                    remote_addr: first.addr,
+                    rkey: first.rkeys[route.remote],
+                    ..WorkRequest::default()
+                }
+            };
+            len += 1;
+        } else {
+            wrs[0].opcode = Opcode::WriteWithImm {
+                imm: self.sends[0].size as u32,
+            };
+        }
+        wrs[len - 1].signaled = true;
+        wrs[len - 1].wr_id = wr_id;
+        QpPost {
+            qp,
+            route,
+            wrs,
+            len,
         }
     }
 }
@@ -175,6 +286,7 @@ pub struct SlotPosts<'a> {
     work: &'a SlotWork<'a>,
     stripes: [Stripes<'a>; MAX_RECVS],
     wr_id: u64,
+    slice: usize,
 }
 
 impl Iterator for SlotPosts<'_> {
@@ -182,72 +294,16 @@ impl Iterator for SlotPosts<'_> {
 
     fn next(&mut self) -> Option<QpPost> {
         let w = self.work;
-        let mut wrs = [WorkRequest::default(); MAX_RECVS + 1];
+        let mut parts = [(0, 0); MAX_RECVS];
         let mut qp = None;
-        for (r, stripes) in self.stripes[..w.nreqs].iter_mut().enumerate() {
+        for (part, stripes) in parts.iter_mut().zip(&mut self.stripes[..w.nreqs]) {
             let s = stripes.next()?;
-            qp = Some(s.qp as usize);
-            let e = &w.entries[r];
-            let len = s.len;
-            wrs[r] = WorkRequest {
-                opcode: Opcode::Write,
-                local: if len == 0 {
-                    LocalData::None
-                } else {
-                    LocalData::Send {
-                        r,
-                        offset: s.offset,
-                        len,
-                    }
-                },
-                remote_addr: e.addr + s.offset,
-                // The responder checks the rkey of a zero-length write too.
-                rkey: e.rkeys[w.rotation.routes[s.qp as usize].remote],
-                signaled: false,
-                wr_id: 0,
-            };
+            qp = Some(w.map[s.qp as usize] as usize);
+            *part = (s.offset, s.len);
         }
-        let qp = qp?;
-        let route = w.rotation.routes[qp];
-        let mut len = w.nreqs;
-        if w.separate_imm() {
-            let first = &w.entries[0];
-            wrs[len] = if w.nreqs > 1 {
-                WorkRequest {
-                    opcode: Opcode::WriteWithImm { imm: 0 },
-                    local: LocalData::SizesRow {
-                        slot: w.slot.slot(),
-                        len: (w.nreqs * size_of::<u32>()) as u64,
-                    },
-                    remote_addr: w.sizes_fifo.addr + w.slot.sizes_offset(),
-                    rkey: w.sizes_fifo.rkeys[route.remote],
-                    ..WorkRequest::default()
-                }
-            } else {
-                // Zero bytes, aimed at the receive buffer so the rkey is one the peer knows.
-                WorkRequest {
-                    opcode: Opcode::WriteWithImm {
-                        imm: w.sends[0].size as u32,
-                    },
-                    remote_addr: first.addr,
-                    rkey: first.rkeys[route.remote],
-                    ..WorkRequest::default()
-                }
-            };
-            len += 1;
-        } else {
-            wrs[0].opcode = Opcode::WriteWithImm {
-                imm: w.sends[0].size as u32,
-            };
-        }
-        wrs[len - 1].signaled = true;
-        wrs[len - 1].wr_id = self.wr_id;
-        Some(QpPost {
-            qp,
-            route,
-            wrs,
-            len,
-        })
+        let post = w.chain(qp?, self.slice, &parts, self.wr_id);
+        self.slice += 1;
+        Some(post)
     }
 }
 
@@ -272,6 +328,8 @@ pub struct Sender {
     /// The stripe start reserved for the head slot (taken when the slot's first send matches).
     start: Option<u32>,
     pool: RequestPool,
+    /// A connection prepared for failover keeps its in-flight messages here.
+    failover: Option<Box<SendFailover>>,
 }
 
 impl Sender {
@@ -284,6 +342,9 @@ impl Sender {
             sends: [Matched::default(); MAX_RECVS],
             start: None,
             pool: RequestPool::new(),
+            failover: setup
+                .failover
+                .then(|| Box::new(SendFailover::new(&setup.plan))),
         }
     }
 
@@ -313,7 +374,7 @@ impl Sender {
         size: u64,
     ) -> Result<Option<SendMatch<'_>>, ProtoError> {
         let marker = self.head.marker();
-        if entries[0].idx != marker {
+        if entries[0].idx != marker || self.failover.as_ref().is_some_and(|f| f.blocked()) {
             return Ok(None);
         }
         let slot = self.head.slot();
@@ -353,8 +414,13 @@ impl Sender {
         };
         let size = size.min(entries[r].size);
         self.pool.set_size(req, size);
-        for (_, route) in self.rotation.qps(start) {
-            self.pool.expect(req, route.local);
+        if self.failover.is_some() {
+            // Settled by the failover record once every slice landed, on whichever QPs.
+            self.pool.expect(req, 0);
+        } else {
+            for (_, route) in self.rotation.qps(start) {
+                self.pool.expect(req, route.local);
+            }
         }
         self.sends[r] = Matched {
             req: Some(req),
@@ -363,14 +429,36 @@ impl Sender {
         if self.sends[..nreqs].iter().any(|m| m.req.is_none()) {
             return Ok(Some(SendMatch { req, work: None }));
         }
+        if let Some(f) = &mut self.failover {
+            let mut slice_qp = [0u8; MAX_FAILOVER_SLICES];
+            for (q, (qp, _)) in slice_qp.iter_mut().zip(self.rotation.qps(start)) {
+                *q = qp as u8;
+            }
+            f.posted(InFlight {
+                live: true,
+                cursor: self.head,
+                entries: *entries,
+                sends: self.sends.map(|m| (m.req, m.size)),
+                nreqs,
+                start,
+                generation: f.current().0,
+                slices: self.rotation.plan.stripe_count(),
+                slice_qp,
+                acked: 0,
+                replayed: 0,
+            });
+        }
         let work = SlotWork {
-            rotation: &self.rotation,
+            plan: &self.rotation.plan,
+            map: &self.rotation.map,
+            routes: &self.rotation.routes,
             sizes_fifo: &self.sizes_fifo,
             entries: *entries,
             sends: self.sends,
             nreqs,
             slot: self.head,
             start,
+            tagged: self.failover.is_some(),
         };
         self.sends = [Matched::default(); MAX_RECVS];
         self.start = None;
@@ -380,6 +468,112 @@ impl Sender {
             work: Some(work),
         }))
     }
+}
+
+impl Sender {
+    /// The failover state, on a connection prepared for failover.
+    pub fn failover(&self) -> Option<&SendFailover> {
+        self.failover.as_deref()
+    }
+
+    fn failover_mut(&mut self) -> Result<&mut SendFailover, ProtoError> {
+        self.failover
+            .as_deref_mut()
+            .ok_or_else(|| ProtoError::Bookkeeping {
+                detail: "a failover step on a connection not prepared for failover".into(),
+            })
+    }
+
+    /// A tagged slice's success completion, from a QP that has not failed.
+    pub fn slice_acked(&mut self, wr_id: u64) -> Result<(), ProtoError> {
+        let f = self
+            .failover
+            .as_deref_mut()
+            .ok_or_else(|| ProtoError::Bookkeeping {
+                detail: "a tagged completion on a connection not prepared for failover".into(),
+            })?;
+        f.acked(wr_id, &mut self.pool)
+    }
+
+    /// Carries out `move-to to` after local port `port` failed: new messages are striped over
+    /// the QPs of `to` that still work; a probe is due when slices are unaccounted for.
+    pub fn fail_over(&mut self, port: u32, to: &[u32]) -> Result<(), ProtoError> {
+        let f = self.failover_mut()?;
+        let full = f.plan(0).clone();
+        f.fail_over(&full, port, to)?;
+        let (_, plan, map) = f.current();
+        let (plan, map) = (plan.clone(), map.to_vec());
+        self.rotation.switch(&plan, &map);
+        Ok(())
+    }
+
+    /// The QP (index and route) to post the due probe READ on, if one is due.
+    pub fn take_probe(&mut self) -> Option<(usize, QpRoute)> {
+        let q = self.failover.as_deref_mut()?.take_probe()?;
+        Some((q, self.rotation.routes[q]))
+    }
+
+    /// The probe READ failed with its QP: probe again.
+    pub fn probe_lost(&mut self) {
+        if let Some(f) = self.failover.as_deref_mut() {
+            f.probe_lost();
+        }
+    }
+
+    /// The probe returned the receiver's records: the slices to write again.
+    pub fn probed(&mut self, words: &[u64; MAX_REQUESTS]) -> Result<Vec<Repost>, ProtoError> {
+        let f = self
+            .failover
+            .as_deref_mut()
+            .ok_or_else(|| ProtoError::Bookkeeping {
+                detail: "a probe on a connection not prepared for failover".into(),
+            })?;
+        f.probed(words, &mut self.pool)
+    }
+
+    /// The chain that writes `r`'s slice again, and the requests of its slot (in receive order,
+    /// for [`LocalData::Send`]).
+    pub fn replay(&mut self, r: &Repost) -> Result<(QpPost, Vec<ReqId>), ProtoError> {
+        let f = self
+            .failover
+            .as_deref_mut()
+            .ok_or_else(|| ProtoError::Bookkeeping {
+                detail: "a replay on a connection not prepared for failover".into(),
+            })?;
+        let rec = *f.slot(r.slot);
+        let plan = f.plan(rec.generation);
+        let mut parts = [(0, 0); MAX_RECVS];
+        for (part, &(_, size)) in parts.iter_mut().zip(&rec.sends[..rec.nreqs]) {
+            let s = plan.stripes(size, rec.start).nth(r.slice).ok_or_else(|| {
+                ProtoError::Bookkeeping {
+                    detail: format!("slot {} has no slice {}", r.slot, r.slice),
+                }
+            })?;
+            *part = (s.offset, s.len);
+        }
+        let bytes = parts.iter().map(|p| p.1).sum();
+        let work = SlotWork {
+            plan,
+            map: &[],
+            routes: &self.rotation.routes,
+            sizes_fifo: &self.sizes_fifo,
+            entries: rec.entries,
+            sends: rec.sends.map(|(req, size)| Matched { req, size }),
+            nreqs: rec.nreqs,
+            slot: rec.cursor,
+            start: rec.start,
+            tagged: true,
+        };
+        let post = work.chain(r.qp, r.slice, &parts, 0);
+        let reqs = work.requests().collect();
+        f.count_replayed_bytes(bytes);
+        Ok((post, reqs))
+    }
+}
+
+/// Where slot `slot`'s arrival record lives in the receiver's sizes FIFO region.
+fn record_offset(slot: usize) -> usize {
+    ARRIVALS_OFFSET + slot * size_of::<u64>()
 }
 
 /// One receive buffer of an `irecv`.
@@ -424,6 +618,12 @@ pub struct RecvPost<'a> {
     pub req: ReqId,
     rotation: &'a Rotation,
     start: u32,
+    /// Whether the `irecv` posts receives (a connection prepared for failover keeps its
+    /// receive queues full instead).
+    receives: bool,
+    /// Prepared for failover: the slot's arrival record to publish before posting the CTS
+    /// (offset in the sizes FIFO region, little-endian word).
+    pub record: Option<(usize, u64)>,
     /// The CTS write, to post after the receives.
     pub cts: CtsWrite,
 }
@@ -438,7 +638,7 @@ impl RecvPost<'_> {
     /// scatter entries, with [`wr_id`](Self::wr_id): one per QP the matching send's
     /// WRITE_WITH_IMM will arrive on.
     pub fn receives(&self) -> impl Iterator<Item = (usize, QpRoute)> + '_ {
-        self.rotation.qps(self.start)
+        self.rotation.qps(self.start).filter(|_| self.receives)
     }
 }
 
@@ -472,6 +672,14 @@ pub struct Receiver {
     flush: bool,
     endpoints: usize,
     pool: RequestPool,
+    failover: Option<Box<RecvFailover>>,
+}
+
+/// What a tagged arrival asks of the shell: publish the slot's record (offset in the sizes
+/// FIFO region, word), and re-post the receive the completion consumed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Arrived {
+    pub record: Option<(usize, u64)>,
 }
 
 impl Receiver {
@@ -497,7 +705,97 @@ impl Receiver {
             flush: setup.flush,
             endpoints: setup.local.len(),
             pool: RequestPool::new(),
+            failover: setup.failover.then(|| Box::new(RecvFailover::new())),
         }
+    }
+
+    /// Receives to post on every QP when the connection is established: a prepared connection
+    /// keeps each receive queue full (one re-posted per completion), since a slice may arrive on
+    /// any QP; otherwise none (each `irecv` posts its own).
+    pub fn prefill(&self) -> usize {
+        if self.failover.is_some() {
+            MAX_REQUESTS
+        } else {
+            0
+        }
+    }
+
+    /// The QP every CTS write goes through since a QP failed.
+    pub fn cts_qp(&self) -> Option<usize> {
+        self.failover.as_ref().and_then(|f| f.cts_pin)
+    }
+
+    /// Whether plan QP `qp` failed (its completions count nothing any more).
+    pub fn is_failed(&self, qp: usize) -> bool {
+        self.failover.as_ref().is_some_and(|f| f.is_failed(qp))
+    }
+
+    /// A tagged slice arrived (prepared connection). Completes the slot's receive when it was
+    /// the last slice missing; a duplicate counts nothing.
+    pub fn arrived(&mut self, imm: u32) -> Result<Arrived, ProtoError> {
+        let f = self
+            .failover
+            .as_deref_mut()
+            .ok_or_else(|| ProtoError::Bookkeeping {
+                detail: "a tagged arrival on a connection not prepared for failover".into(),
+            })?;
+        let tag = ImmTag::decode(imm);
+        let slot = usize::from(tag.slot);
+        match f.arrivals.record(tag)? {
+            Arrival::Duplicate => Ok(Arrived { record: None }),
+            Arrival::Fresh { complete } => {
+                if complete && let Some(req) = f.slot_req[slot].take() {
+                    self.pool.settle(req, 0, u64::from(imm))?;
+                }
+                Ok(Arrived {
+                    record: Some((record_offset(slot), f.arrivals.word(slot))),
+                })
+            }
+        }
+    }
+
+    /// Plan QP `qp` failed (prepared connection): its completions are ignored from now on, and
+    /// the CTS entries of every receive in flight are written again, like every later one,
+    /// through one QP that still works. An error when no QP is left.
+    pub fn qp_failed(&mut self, qp: usize) -> Result<Vec<CtsWrite>, ProtoError> {
+        let routes = &self.rotation.routes;
+        let f = self
+            .failover
+            .as_deref_mut()
+            .ok_or_else(|| ProtoError::Bookkeeping {
+                detail: "a failover step on a connection not prepared for failover".into(),
+            })?;
+        if f.is_failed(qp) {
+            return Ok(Vec::new());
+        }
+        f.failed |= 1 << qp;
+        let live = (0..routes.len()).find(|&q| !f.is_failed(q));
+        let Some(pin) = live else {
+            return Err(ProtoError::Bookkeeping {
+                detail: "every QP of the connection failed".into(),
+            });
+        };
+        f.cts_pin = Some(pin);
+        let route = routes[pin];
+        let mut out = Vec::new();
+        for (slot, req) in f.slot_req.iter().enumerate() {
+            if req.is_none() {
+                continue;
+            }
+            let (entries, n, cursor) = f.entries[slot];
+            out.push(CtsWrite {
+                qp: pin,
+                route,
+                slot: cursor,
+                entries,
+                n,
+                remote_addr: self.cts_fifo.addr + cursor.cts_offset(),
+                rkey: self.cts_fifo.rkeys[route.remote],
+                signaled: true,
+                wr_id: CTS_WR_ID,
+            });
+        }
+        Ok(out)
     }
 
     /// The requests, for completions and `test`.
@@ -519,8 +817,14 @@ impl Receiver {
         let slot = self.tail;
         self.pool.set_fifo_slot(req, slot.slot());
         let start = self.rotation.take();
-        for (_, route) in self.rotation.qps(start) {
-            self.pool.expect(req, route.local);
+        if self.failover.is_some() {
+            // Settled by the arrival record once every slice landed, on whichever QPs.
+            self.pool.expect(req, 0);
+            self.pool.set_sizes_in_fifo(req);
+        } else {
+            for (_, route) in self.rotation.qps(start) {
+                self.pool.expect(req, route.local);
+            }
         }
         let mut entries = [CtsEntry::default(); MAX_RECVS];
         for (e, r) in entries.iter_mut().zip(recvs) {
@@ -534,16 +838,39 @@ impl Receiver {
             };
         }
         let c = &mut self.cts;
-        let k = c.next;
-        c.next = (c.next + 1) % c.n;
-        let qp = c.qps[k];
+        let mut record = None;
+        let (qp, signaled) = match self.failover.as_deref_mut() {
+            Some(f) => {
+                f.arrivals.expect(slot.slot(), slot.use_count())?;
+                f.slot_req[slot.slot()] = Some(req);
+                f.entries[slot.slot()] = (entries, n, slot);
+                record = Some((record_offset(slot.slot()), f.arrivals.word(slot.slot())));
+                let k = c.next;
+                c.next = (c.next + 1) % c.n;
+                let qp = f.cts_pin.unwrap_or(c.qps[k]);
+                // One signal per interval and endpoint slot of the rotation, as below; the
+                // completion settles nothing.
+                c.unsignaled[k] += 1;
+                let signaled = c.unsignaled[k] >= CTS_SIGNAL_INTERVAL;
+                if signaled {
+                    c.unsignaled[k] = 0;
+                }
+                (qp, signaled)
+            }
+            None => {
+                let k = c.next;
+                c.next = (c.next + 1) % c.n;
+                let qp = c.qps[k];
+                c.unsignaled[k] += 1;
+                let signaled = c.unsignaled[k] >= CTS_SIGNAL_INTERVAL;
+                if signaled {
+                    c.unsignaled[k] = 0;
+                    self.pool.expect(req, self.rotation.routes[qp].local);
+                }
+                (qp, signaled)
+            }
+        };
         let route = self.rotation.routes[qp];
-        c.unsignaled[k] += 1;
-        let signaled = c.unsignaled[k] >= CTS_SIGNAL_INTERVAL;
-        if signaled {
-            c.unsignaled[k] = 0;
-            self.pool.expect(req, route.local);
-        }
         self.tail.advance();
         let cts = CtsWrite {
             qp,
@@ -554,12 +881,18 @@ impl Receiver {
             remote_addr: self.cts_fifo.addr + slot.cts_offset(),
             rkey: self.cts_fifo.rkeys[route.remote],
             signaled,
-            wr_id: encode_wr_id([req]),
+            wr_id: if self.failover.is_some() {
+                CTS_WR_ID
+            } else {
+                encode_wr_id([req])
+            },
         };
         Ok(RecvPost {
             req,
             rotation: &self.rotation,
             start,
+            receives: self.failover.is_none(),
+            record,
             cts,
         })
     }
@@ -625,6 +958,14 @@ mod tests {
         send_addr: [u64; MAX_REQUESTS],
         /// Work posted, for inspection: (qp, chain) per QP post.
         posted: Vec<QpPost>,
+        /// Prepared for failover: chains held per QP until delivered (when `defer`), tagged
+        /// arrivals `(qp, imm)` for the receiver, acknowledgements `(qp, wr_id)` for the
+        /// sender, and the receiver's published records.
+        defer: bool,
+        queued: Vec<VecDeque<(QpPost, Vec<ReqId>)>>,
+        arrivals: VecDeque<(usize, u32)>,
+        acks: VecDeque<(usize, u64)>,
+        records: Vec<u64>,
     }
 
     fn rkey_of(addr: u64, endpoint: usize) -> u32 {
@@ -659,6 +1000,11 @@ mod tests {
                 rx_cq: vec![VecDeque::new(); recv.local.len()],
                 send_addr: [0; MAX_REQUESTS],
                 posted: Vec::new(),
+                defer: false,
+                queued: Vec::new(),
+                arrivals: VecDeque::new(),
+                acks: VecDeque::new(),
+                records: vec![0; MAX_REQUESTS],
                 send,
                 recv,
             }
@@ -680,6 +1026,9 @@ mod tests {
                 })
                 .collect();
             let post = self.rx.irecv(&recvs)?;
+            if let Some((off, word)) = post.record {
+                self.records[(off - ARRIVALS_OFFSET) / 8] = word;
+            }
             let wr_id = post.wr_id();
             for (qp, _) in post.receives() {
                 self.rq[qp].push_back(wr_id);
@@ -697,7 +1046,7 @@ mod tests {
                 // Through the wire format, as the NIC would carry it.
                 self.cts[slot][i] = CtsEntry::from_bytes(&e.to_bytes());
             }
-            if cts.signaled {
+            if cts.signaled && cts.wr_id != CTS_WR_ID {
                 self.rx_cq[cts.route.local].push_back(Completion::Send { wr_id: cts.wr_id });
             }
             Ok(post.req)
@@ -718,7 +1067,11 @@ mod tests {
                 }
                 let posts: Vec<QpPost> = work.posts().collect();
                 for p in posts {
-                    self.execute(&p, &reqs);
+                    if self.defer {
+                        self.queued[p.qp].push_back((p, reqs.clone()));
+                    } else {
+                        self.execute(&p, &reqs);
+                    }
                     self.posted.push(p);
                 }
             }
@@ -748,13 +1101,19 @@ mod tests {
                         self.sizes[slot][..n].copy_from_slice(&self.staging[slot][..n]);
                     }
                 }
-                if let Opcode::WriteWithImm { imm } = wr.opcode {
+                let prepared = self.send.failover;
+                if let (Opcode::WriteWithImm { imm }, true) = (wr.opcode, prepared) {
+                    // Anonymous receives: any QP takes any slice.
+                    self.arrivals.push_back((p.qp, imm));
+                } else if let Opcode::WriteWithImm { imm } = wr.opcode {
                     let wr_id = self.rq[p.qp]
                         .pop_front()
                         .expect("WRITE_WITH_IMM without a posted receive (RNR)");
                     self.rx_cq[p.route.remote].push_back(Completion::RecvWithImm { wr_id, imm });
                 }
-                if wr.signaled {
+                if wr.signaled && prepared {
+                    self.acks.push_back((p.qp, wr.wr_id));
+                } else if wr.signaled {
                     self.tx_cq[p.route.local].push_back(Completion::Send { wr_id: wr.wr_id });
                 }
             }
@@ -808,6 +1167,177 @@ mod tests {
         fn sent(&self, off: u64, len: u64) -> &[u8] {
             &self.send_mem[off as usize..(off + len) as usize]
         }
+    }
+
+    impl Wire {
+        /// A wire whose connection is prepared for failover, and whose fabric holds every
+        /// posted chain until [`deliver`](Self::deliver) says which QP moves.
+        fn prepared(decide: fn(&ncclwasm_model::Connection) -> ConnPlan) -> Self {
+            let mut w = Wire::with_ports(2, 2, decide, false);
+            w.send.failover = true;
+            w.recv.failover = true;
+            w.tx = Sender::new(&w.send);
+            w.rx = Receiver::new(&w.recv);
+            w.queued = vec![VecDeque::new(); w.send.routes.len()];
+            w.defer = true;
+            w
+        }
+
+        /// Lets the first `n` chains waiting on QP `qp` land.
+        fn deliver(&mut self, qp: usize, n: usize) {
+            for _ in 0..n {
+                let Some((p, reqs)) = self.queued[qp].pop_front() else {
+                    return;
+                };
+                self.execute(&p, &reqs);
+            }
+        }
+
+        /// The receiver polls every arrival: counts it, publishes the record.
+        fn rx_poll(&mut self) {
+            while let Some((qp, imm)) = self.arrivals.pop_front() {
+                if self.rx.is_failed(qp) {
+                    continue;
+                }
+                if let Some((off, word)) = self.rx.arrived(imm).unwrap().record {
+                    self.records[(off - ARRIVALS_OFFSET) / 8] = word;
+                }
+            }
+        }
+
+        /// The sender polls acknowledgements; QPs that failed count nothing.
+        fn tx_poll(&mut self) {
+            while let Some((qp, wr_id)) = self.acks.pop_front() {
+                if !self.tx.failover().unwrap().is_failed(qp) {
+                    self.tx.slice_acked(wr_id).unwrap();
+                }
+            }
+        }
+    }
+
+    /// A connection prepared for failover loses port 0 with slices in every state — landed and
+    /// acknowledged, landed but not acknowledged, landed but not yet polled by the receiver, and
+    /// never sent — and every receive still completes exactly once with the right bytes; the
+    /// replays are exactly the slices the probe did not see, and no message starts before they
+    /// landed.
+    #[test]
+    fn a_failed_port_loses_and_duplicates_nothing() {
+        // QPs 0 and 2 on port 0, 1 and 3 on port 1; stripes of 2.
+        fn four(_: &ncclwasm_model::Connection) -> ConnPlan {
+            plan(&[(0, 0, 1), (1, 1, 1), (0, 0, 1), (1, 1, 1)], 2)
+        }
+        let mut w = Wire::prepared(four);
+        const N: u64 = 12;
+        const LEN: u64 = 40_000;
+        let mut recvs = Vec::new();
+        let mut sends = Vec::new();
+        for k in 0..N {
+            recvs.push(w.irecv(&[(k * LEN, LEN, 7)]).unwrap());
+            sends.push(w.isend(k * LEN, LEN, 7).unwrap().unwrap());
+        }
+        // Each QP carried N / 2 chains; the sizes row rides with every tagged slice.
+        assert!(w.queued.iter().all(|q| q.len() == N as usize / 2));
+        assert!(w.posted.iter().all(|p| p.wrs().len() == 2));
+        // Port 1 delivers everything. Port 0: QP 0 lands 4 chains, the receiver polls 3 of them
+        // before the failure, the sender hears of 2; QP 2 lands nothing.
+        w.deliver(1, N as usize);
+        w.deliver(3, N as usize);
+        w.deliver(0, 3);
+        w.rx_poll();
+        w.deliver(0, 1);
+        let acks: Vec<(usize, u64)> = w.acks.drain(..).collect();
+        let mut heard_on_0 = 0;
+        for (qp, wr_id) in acks {
+            if qp == 0 {
+                heard_on_0 += 1;
+                if heard_on_0 > 2 {
+                    continue;
+                }
+            }
+            w.acks.push_back((qp, wr_id));
+        }
+        w.tx_poll();
+        // Port 0 fails: what was queued on it is lost.
+        for q in [0, 2] {
+            w.queued[q].clear();
+        }
+        w.tx.fail_over(0, &[1]).unwrap();
+        // The barrier: nothing new starts until the replays landed.
+        let extra = w.irecv(&[(N * LEN, LEN, 7)]).unwrap();
+        assert!(w.isend(N * LEN, LEN, 7).unwrap().is_none());
+        let (probe_qp, route) = w.tx.take_probe().unwrap();
+        assert_eq!(
+            route.local, 1,
+            "the probe goes over a surviving port (QP {probe_qp})"
+        );
+        assert!(w.tx.take_probe().is_none(), "one probe at a time");
+        // The READ sees what the receiver has polled: 3 of QP 0's chains.
+        let words: [u64; MAX_REQUESTS] = w.records.clone().try_into().unwrap();
+        let reposts = w.tx.probed(&words).unwrap();
+        // Lost: QP 0's 3 unpolled chains (1 landed, 2 never sent) and all 6 of QP 2's.
+        assert_eq!(reposts.len(), 3 + 6, "{reposts:?}");
+        let c = w.tx.failover().unwrap().counters();
+        assert_eq!((c.moves, c.probes, c.confirmed, c.replayed), (1, 1, 1, 9));
+        for r in &reposts {
+            assert!(r.qp == 1 || r.qp == 3, "{r:?} goes to a surviving QP");
+            let (post, reqs) = w.tx.replay(r).unwrap();
+            assert_eq!(post.qp, r.qp);
+            w.execute(&post, &reqs);
+        }
+        assert!(
+            w.isend(N * LEN, LEN, 7).unwrap().is_none(),
+            "replays not acknowledged yet"
+        );
+        w.rx_poll();
+        w.tx_poll();
+        // Every receive completed once, with every byte; every send completed.
+        for (k, &r) in recvs.iter().enumerate() {
+            assert_eq!(w.recv_sizes(r), [LEN], "receive {k}");
+            let k = k as u64;
+            assert_eq!(
+                w.received(k * LEN, LEN),
+                w.sent(k * LEN, LEN),
+                "bytes of {k}"
+            );
+            assert!(w.rx.requests().test(r).is_err(), "completed twice");
+        }
+        for &s in &sends {
+            assert_eq!(w.send_size(s), LEN);
+        }
+        // New messages go over port 1 only, and still arrive.
+        let s = w.isend(N * LEN, LEN, 7).unwrap().unwrap();
+        assert!(w.queued[0].is_empty() && w.queued[2].is_empty());
+        w.deliver(1, 1);
+        w.deliver(3, 1);
+        w.rx_poll();
+        w.tx_poll();
+        assert_eq!(w.recv_sizes(extra), [LEN]);
+        assert_eq!(w.received(N * LEN, LEN), w.sent(N * LEN, LEN));
+        assert_eq!(w.send_size(s), LEN);
+        assert_eq!(w.rx.requests().in_flight() + w.tx.requests().in_flight(), 0);
+    }
+
+    /// The receiver drops a failed QP and writes the CTS entries of its receives in flight again
+    /// through one surviving QP, which then carries every CTS write; losing the last QP is an
+    /// error.
+    #[test]
+    fn a_receiver_rewrites_its_cts_through_a_surviving_qp() {
+        fn two(_: &ncclwasm_model::Connection) -> ConnPlan {
+            plan(&[(0, 0, 1), (1, 1, 1)], 2)
+        }
+        let mut w = Wire::prepared(two);
+        let a = w.irecv(&[(0, 100, 1)]).unwrap();
+        let b = w.irecv(&[(100, 100, 2)]).unwrap();
+        let rewrites = w.rx.qp_failed(0).unwrap();
+        assert_eq!(rewrites.len(), 2);
+        assert!(rewrites.iter().all(|c| c.qp == 1 && c.signaled));
+        assert_eq!(rewrites[0].entries()[0].tag, 1);
+        assert_eq!(rewrites[1].entries()[0].tag, 2);
+        assert!(w.rx.qp_failed(0).unwrap().is_empty(), "once");
+        assert_eq!(w.rx.cts_qp(), Some(1));
+        w.irecv(&[(200, 100, 3)]).unwrap();
+        assert!(w.rx.qp_failed(1).is_err(), "no QP left");
+        let _ = (a, b);
     }
 
     /// 5 QPs over 2 × 3 ports, uneven weights, stripes of 2, AR above 8 KiB.

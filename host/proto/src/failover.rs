@@ -1,59 +1,74 @@
-//! Rail failover on the data path: the pure part, and the design the transport is to follow.
+//! Rail failover on the data path: how a connection prepared for it carries out a policy's
+//! `move-to` without losing, duplicating or corrupting a byte, and without failing a request.
 //!
 //! # What is decided elsewhere
-//! When a port of a connection's vNIC goes down (an async port event, or a QP on it completing
-//! with a fatal status), the transport asks the policy (`on-port-event`, `PolicyHost::on_port_event`)
-//! and gets a checked answer: `move-to` named surviving ports, `wait` (at most 10 s) for the port
-//! to return, or `fail`; when the port comes back, `fail-back` or `stay`. This module is about
-//! carrying a `move-to` out without losing or duplicating a byte, and without failing a request.
+//! The connecting side decides at connect time whether a connection is *prepared* for failover:
+//! when its policy, asked about a failure of each local port the plan uses, would answer
+//! anything but `fail` (the built-in default: `NCCL_IB_RESILIENCY_PORT_FAILOVER=1`). The flag
+//! travels in the handshake. An unprepared connection runs exactly the reference's data path,
+//! and a port failure fails it, as NCCL's default does. When a QP of a prepared connection
+//! fails (a fatal completion or a fatal QP event), the sending side asks the policy
+//! (`on-port-event`) and gets a checked answer. The receiving side follows: it has nothing to
+//! decide, since which ports carry data is the sender's choice.
 //!
 //! # The design
-//! RDMA writes are idempotent: writing the same bytes to the same remote address twice leaves
-//! the same memory. So a slice (the part of one message one QP carries) may safely be written
-//! again on another QP. What must happen exactly once is what the receiver *counts*: the
-//! WRITE_WITH_IMM completion that tells it a slice has landed. Hence:
+//! 1. **Tagged immediates.** Every slice (the part of one message one QP carries) ends with a
+//!    WRITE_WITH_IMM whose immediate is an [`ImmTag`] — FIFO slot, slice index, slice count and
+//!    the slot's use count — and which also writes the message's sizes row, so sizes never
+//!    ride in the immediate. The receiver can take a slice on any QP.
+//! 2. **Anonymous receives, counted slices.** The receiver keeps every QP's receive queue full
+//!    (one receive re-posted per completion) and records in [`Arrivals`] which slices of each
+//!    slot arrived; a repeated slice is a duplicate and counts nothing. It publishes each
+//!    slot's record as one 64-bit word ([`record_word`]) in registered memory *before* it
+//!    reports the receive complete.
+//! 3. **The sender probes before it replays.** On `move-to`, new messages are striped over
+//!    the surviving ports' QPs ([`surviving_plan`]). Slices of the failed QPs without a success
+//!    completion might or might not have landed. The sender RDMA-READs the receiver's records
+//!    over a surviving QP: a slice the record shows, or any slice of a slot the receiver has
+//!    already moved past, arrived and is not sent again; every other one is written again, with
+//!    its tag, on a surviving QP ([`SendFailover::probed`]).
+//! 4. **A barrier.** Until every replayed slice is acknowledged, the sender starts no new
+//!    message. This is what makes a replay safe: a slice the probe did not see may still be
+//!    polled by the receiver afterwards, completing its receive, and NCCL may then reuse the
+//!    buffer for a later receive. That later receive's CTS can only be read by the sender after
+//!    the probe, and the sender posts its data only after the replays landed, so the replay's
+//!    old bytes can never overwrite the new ones. Conversely a receive completed before the
+//!    probe is visible in the probed record (the record is written before the completion is
+//!    reported, and the completion before any later CTS), so its slices are never replayed.
+//! 5. **The receiver's side of the move.** The receive queue of a failed QP is gone with it; the
+//!    receiver ignores that QP's completions from then on and writes its outstanding CTS entries
+//!    again through one surviving QP, and every later CTS entry through that same QP, so a stale
+//!    rewrite can never land after a newer entry of the same slot.
 //!
-//! 1. **Tagged immediates.** Today the immediate carries the message size and the receiver pairs
-//!    completions with requests by the rotation both sides walk. In failover mode the immediate
-//!    carries an [`ImmTag`] instead — the FIFO slot, the slice index, the number of slices of the
-//!    message and a few bits of the slot's use count — and the size travels in the sizes row, as
-//!    it already does for multi-receives. The receiver then needs no rotation to know what a
-//!    completion is for: it can take it on any QP.
-//! 2. **Receiver counts distinct slices.** [`Arrivals`] keeps, per slot, which slices landed;
-//!    a repeated tag is a duplicate (the slice was written twice) and is ignored, except that it
-//!    consumed a receive work request, which the receiver re-posts. A slot's receive completes
-//!    when all its slices arrived, whichever QPs carried them.
-//! 3. **Sender re-posts what it cannot prove arrived.** In failover mode every slice's write is
-//!    signalled, so a success completion proves that slice landed (RC: the responder acknowledged
-//!    it). On a failed QP, [`replay`] lists the slices of every in-flight slot that have no success
-//!    completion, and assigns each to a QP on the ports the policy named; the sender posts them
-//!    there with the same tag. A slice that had in fact landed before the failure arrives twice
-//!    and is dropped by step 2.
-//! 4. **Receiver side of the move.** The receiver's RQ on the failed QP is gone with the QP: it
-//!    keeps the RQs of the surviving QPs topped up (receives are anonymous in failover mode) and
-//!    re-writes its outstanding CTS FIFO entries through a surviving QP (FIFO writes are
-//!    idempotent too: same entry, same slot).
-//! 5. **New messages** are striped over the QPs of the surviving ports only ([`surviving_plan`]);
-//!    after `fail-back`, over the whole plan again, once the failed port's QPs were re-created and
-//!    re-connected through the handshake socket (the QP itself went to the error state).
+//! Writes are idempotent (the same bytes to the same place), so a slice written twice — once on
+//! the failed QP, once again after the probe — leaves the memory as once; the tag makes the
+//! receiver count it once. The price of being prepared: one more work request per QP and
+//! message (the tagged write carries the sizes row), and receives posted ahead; a connection
+//! whose policy would never move traffic does not pay it.
 //!
-//! The sender learns what the receiver has by completions alone (step 3), without the RDMA READ
-//! probe NCCL 2.30 uses: the price is one completion per slice instead of one per message while
-//! failover is enabled, which the built-in default (`NCCL_IB_RESILIENCY_PORT_FAILOVER=0`) never
-//! pays.
-//!
-//! # What exists
-//! The pure parts of steps 1, 2, 3 and 5, tested here. The transport does not use them yet: a
-//! port failure still fails the connection (as NCCL's default does), whatever the policy answers.
-//! Remaining: the failover-mode posting in `datapath` (signalled slices, tags, anonymous
-//! receives), the transport's event routing to the owning connection and its call of
-//! `on_port_event`, the re-post and FIFO rewrite, QP re-creation for fail-back, soft fault
-//! injection of a port up/down during traffic, counters and INFO lines, and the end-to-end test.
+//! Not done yet: `wait` (hold the traffic until the port returns) and `fail-back` need the
+//! failed QPs re-created and re-connected; a prepared connection answers `wait` by failing and
+//! keeps its traffic on the surviving ports after the port returns.
 
 use ncclwasm_model::{ConnPlan, QpPlan};
 
-use crate::MAX_QPS;
 use crate::error::ProtoError;
+use crate::fifo::{CtsEntry, FifoCursor};
+use crate::request::{ReqId, RequestPool};
+use crate::{MAX_QPS, MAX_RECVS, MAX_REQUESTS};
+
+/// The most slices a message of a prepared connection may have: a slot's record is one 64-bit
+/// word (a bit per slice beside the use count), read by the sender in one RDMA READ.
+pub const MAX_FAILOVER_SLICES: usize = 32;
+
+/// Use counts are kept modulo this (the bits an [`ImmTag`] has for them).
+pub const USE_MODULUS: u16 = 1 << USE_BITS;
+
+/// `wr_id` of the sender's probe READ. Tagged slices use their immediate (< 2^32) as `wr_id`.
+pub const PROBE_WR_ID: u64 = u64::MAX;
+
+/// `wr_id` of a prepared receiver's signalled CTS writes: they settle no request.
+pub const CTS_WR_ID: u64 = u64::MAX - 1;
 
 /// Bits of the immediate for each field of an [`ImmTag`]: slot 8 (a FIFO slot, < 256), slice 7
 /// and slice count 7 (a message has 1..=128 slices, one per QP of its stripe), use count 10.
@@ -89,10 +104,16 @@ impl ImmTag {
                 detail: format!("{self:?} does not fit a failover immediate"),
             });
         }
-        Ok(u32::from(self.slot)
+        Ok(self.pack())
+    }
+
+    /// The immediate of a tag known to fit (the data path builds its own tags within the
+    /// limits [`encode`](Self::encode) checks).
+    pub(crate) fn pack(self) -> u32 {
+        u32::from(self.slot)
             | u32::from(self.slice) << SLOT_BITS
-            | u32::from(self.slices - 1) << (SLOT_BITS + SLICE_BITS)
-            | u32::from(self.use_count) << (SLOT_BITS + SLICE_BITS + COUNT_BITS))
+            | u32::from(self.slices.wrapping_sub(1)) << (SLOT_BITS + SLICE_BITS)
+            | u32::from(self.use_count) << (SLOT_BITS + SLICE_BITS + COUNT_BITS)
     }
 
     /// The tag an immediate carries; total (every 32-bit value is some tag), so a forged or
@@ -130,7 +151,9 @@ struct SlotArrivals {
     /// How many slices it has, 0 before its first slice.
     slices: u8,
     /// Bit `i`: slice `i` arrived.
-    seen: u128,
+    seen: u32,
+    /// Whether a message was ever expected here (a never-used slot publishes 0).
+    used: bool,
 }
 
 impl Arrivals {
@@ -147,20 +170,33 @@ impl Arrivals {
         let s = self.slot_mut(slot)?;
         *s = SlotArrivals {
             use_count,
+            used: true,
             ..SlotArrivals::default()
         };
         Ok(())
     }
 
-    /// Count one tagged completion. A tag for a slot not posted, for another use of the slot,
-    /// or whose slice count disagrees with the message's earlier slices is a protocol error
-    /// (the peer is broken or hostile), never silently counted.
+    /// The slot's record as the sender's probe reads it ([`record_word`]).
+    pub fn word(&self, slot: usize) -> u64 {
+        self.slots
+            .get(slot)
+            .filter(|s| s.used)
+            .map_or(0, |s| record_word(s.use_count, s.seen))
+    }
+
+    /// Count one tagged completion. A slice of the slot's previous message is a late duplicate
+    /// (a replay of a slice that had landed). A tag for a slot never posted, for any other use
+    /// of the slot, or whose slice count disagrees with the message's earlier slices is a
+    /// protocol error (the peer is broken or hostile), never silently counted.
     pub fn record(&mut self, tag: ImmTag) -> Result<Arrival, ProtoError> {
         let s = self.slot_mut(usize::from(tag.slot))?;
         let bad = |why: &str| ProtoError::Bookkeeping {
             detail: format!("a completion tagged {tag:?} {why}"),
         };
-        if tag.use_count != s.use_count {
+        if s.used && tag.use_count == (s.use_count + USE_MODULUS - 1) % USE_MODULUS {
+            return Ok(Arrival::Duplicate);
+        }
+        if !s.used || tag.use_count != s.use_count {
             return Err(bad(&format!(
                 "is not for the message the slot expects (use {})",
                 s.use_count
@@ -172,11 +208,11 @@ impl Arrivals {
                 s.slices
             )));
         }
-        if tag.slice >= tag.slices {
+        if tag.slice >= tag.slices || usize::from(tag.slices) > MAX_FAILOVER_SLICES {
             return Err(bad("names a slice beyond the message"));
         }
         s.slices = tag.slices;
-        let bit = 1u128 << tag.slice;
+        let bit = 1u32 << tag.slice;
         if s.seen & bit != 0 {
             return Ok(Arrival::Duplicate);
         }
@@ -196,53 +232,347 @@ impl Arrivals {
     }
 }
 
-/// One slice of an in-flight message as the sender posted it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PostedSlice {
-    pub tag: ImmTag,
-    /// The plan QP index it was posted on.
-    pub qp: u32,
-    /// Whether its success completion was polled: then it landed, whatever happens next.
-    pub acked: bool,
+/// A slot's arrival record as the receiver publishes it: bit 63 set once the slot was used, the
+/// use count in bits 32..48, the arrived slices in bits 0..32. Zero for a slot never used.
+pub fn record_word(use_count: u16, seen: u32) -> u64 {
+    1 << 63 | u64::from(use_count) << 32 | u64::from(seen)
 }
 
-/// A slice to post again, with its original tag, on plan QP `qp`.
+/// A slice to write again after a probe: slice `slice` of the message in FIFO slot `slot`, on
+/// plan QP `qp`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Repost {
-    pub tag: ImmTag,
-    pub qp: u32,
+    pub slot: usize,
+    pub slice: usize,
+    pub qp: usize,
 }
 
-/// The slices to post again after the QPs on local port `failed` failed: every unacknowledged
-/// slice posted on such a QP, assigned in turn to the QPs of `plan` on the ports `to` (a
-/// checked `move-to` answer). Acknowledged slices and slices in flight on healthy QPs are left
-/// alone: the former landed, the latter will complete where they are.
-pub fn replay(
-    plan: &[QpPlan],
-    failed: u32,
-    to: &[u32],
-    posted: &[PostedSlice],
-) -> Result<Vec<Repost>, ProtoError> {
-    let targets: Vec<u32> = (0..plan.len() as u32)
-        .filter(|&q| to.contains(&plan[q as usize].local) && plan[q as usize].local != failed)
-        .collect();
-    let on_failed = |s: &PostedSlice| plan.get(s.qp as usize).is_some_and(|q| q.local == failed);
-    let lost: Vec<&PostedSlice> = posted.iter().filter(|s| !s.acked && on_failed(s)).collect();
-    if lost.is_empty() {
-        return Ok(Vec::new());
+/// What the sender keeps of a posted message until every slice is acknowledged: enough to lay
+/// out any slice again on another QP.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct InFlight {
+    pub(crate) live: bool,
+    pub(crate) cursor: FifoCursor,
+    pub(crate) entries: [CtsEntry; MAX_RECVS],
+    /// Each grouped send's request and size after truncation.
+    pub(crate) sends: [(Option<ReqId>, u64); MAX_RECVS],
+    pub(crate) nreqs: usize,
+    /// The stripe start, in the plan of generation `generation`.
+    pub(crate) start: u32,
+    pub(crate) generation: usize,
+    pub(crate) slices: usize,
+    /// The plan QP each slice was last posted on.
+    pub(crate) slice_qp: [u8; MAX_FAILOVER_SLICES],
+    /// Bit `i`: slice `i` is known to have landed.
+    pub(crate) acked: u32,
+    /// Bit `i`: slice `i` was written again and that write is not acknowledged yet.
+    pub(crate) replayed: u32,
+}
+
+impl InFlight {
+    const EMPTY: InFlight = InFlight {
+        live: false,
+        cursor: FifoCursor::ZERO,
+        entries: [CtsEntry::ZERO; MAX_RECVS],
+        sends: [(None, 0); MAX_RECVS],
+        nreqs: 0,
+        start: 0,
+        generation: 0,
+        slices: 0,
+        slice_qp: [0; MAX_FAILOVER_SLICES],
+        acked: 0,
+        replayed: 0,
+    };
+
+    fn all(&self) -> u32 {
+        if self.slices >= 32 {
+            u32::MAX
+        } else {
+            (1 << self.slices) - 1
+        }
     }
-    if targets.is_empty() {
-        return Err(ProtoError::Bookkeeping {
-            detail: format!(
-                "no QP of the plan is on the ports {to:?} to move port {failed}'s traffic to"
-            ),
+}
+
+/// Where the probe stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Probe {
+    Idle,
+    /// A failure left slices unaccounted for: post a probe.
+    Needed,
+    /// A probe READ is out; `again` when another failure happened since it was posted.
+    Posted {
+        again: bool,
+    },
+}
+
+/// What failover has done on a send side, for counters and INFO lines.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FailoverCounters {
+    /// Moves carried out (`move-to` answers).
+    pub moves: u32,
+    /// Probe READs completed.
+    pub probes: u32,
+    /// Slices of failed QPs the probe showed had landed.
+    pub confirmed: u64,
+    /// Slices written again on a surviving QP.
+    pub replayed: u64,
+    /// Payload bytes of the replayed slices.
+    pub replayed_bytes: u64,
+}
+
+/// The sender's failover state (a prepared connection only): the in-flight messages, the plans
+/// new messages were striped with, which QPs failed, the probe and the replay barrier.
+#[derive(Debug)]
+pub struct SendFailover {
+    slots: Vec<InFlight>,
+    /// The plan of each generation and its QPs' indices in the connection's plan; generation 0
+    /// is the connection's own plan, each move adds one.
+    plans: Vec<(ConnPlan, Vec<u32>)>,
+    /// Bit `q`: plan QP `q` failed; its completions count nothing from then on.
+    failed: u128,
+    probe: Probe,
+    /// Replayed slices not acknowledged yet.
+    replays: u32,
+    counters: FailoverCounters,
+}
+
+/// Most moves one connection carries out: each adds a plan generation, and a connection whose
+/// ports fail this often is better failed.
+const MAX_GENERATIONS: usize = 64;
+
+impl SendFailover {
+    pub(crate) fn new(plan: &ConnPlan) -> Self {
+        SendFailover {
+            slots: vec![InFlight::EMPTY; MAX_REQUESTS],
+            plans: vec![(plan.clone(), (0..plan.qps.len() as u32).collect())],
+            failed: 0,
+            probe: Probe::Idle,
+            replays: 0,
+            counters: FailoverCounters::default(),
+        }
+    }
+
+    pub fn counters(&self) -> FailoverCounters {
+        self.counters
+    }
+
+    /// Whether plan QP `qp` failed.
+    pub fn is_failed(&self, qp: usize) -> bool {
+        qp < 128 && self.failed & (1 << qp) != 0
+    }
+
+    /// The current plan generation and its plan.
+    pub(crate) fn current(&self) -> (usize, &ConnPlan, &[u32]) {
+        let g = self.plans.len() - 1;
+        (g, &self.plans[g].0, &self.plans[g].1)
+    }
+
+    pub(crate) fn plan(&self, generation: usize) -> &ConnPlan {
+        &self.plans[generation].0
+    }
+
+    pub(crate) fn slot(&self, slot: usize) -> &InFlight {
+        &self.slots[slot]
+    }
+
+    /// Keep a posted message until all its slices are acknowledged.
+    pub(crate) fn posted(&mut self, record: InFlight) {
+        let slot = record.cursor.slot();
+        self.slots[slot] = record;
+    }
+
+    /// No new message may start: a probe is pending or replays are unacknowledged (the barrier
+    /// of the design, step 4).
+    pub fn blocked(&self) -> bool {
+        self.probe != Probe::Idle || self.replays > 0
+    }
+
+    /// A tagged slice's success completion (its `wr_id` is its immediate) polled from a QP that
+    /// has not failed. Settles the message's requests in `pool` once every slice landed.
+    pub(crate) fn acked(&mut self, wr_id: u64, pool: &mut RequestPool) -> Result<(), ProtoError> {
+        let tag =
+            u32::try_from(wr_id)
+                .map(ImmTag::decode)
+                .map_err(|_| ProtoError::Bookkeeping {
+                    detail: format!("send completion wr_id {wr_id:#x} is not a failover tag"),
+                })?;
+        let s = &mut self.slots[usize::from(tag.slot)];
+        if !s.live || s.cursor.use_count() != tag.use_count || usize::from(tag.slice) >= s.slices {
+            // The acknowledgement of a slice written twice, for a message already settled.
+            return Ok(());
+        }
+        self.ack(usize::from(tag.slot), 1 << tag.slice, pool)
+    }
+
+    /// Slices `bits` of the message in `slot` landed.
+    fn ack(&mut self, slot: usize, bits: u32, pool: &mut RequestPool) -> Result<(), ProtoError> {
+        let s = &mut self.slots[slot];
+        let ended = s.replayed & bits;
+        self.replays -= ended.count_ones();
+        s.replayed &= !bits;
+        s.acked |= bits;
+        settle_if_done(s, pool)
+    }
+
+    /// The QPs of local port `port` failed and the policy moved their traffic to `to`: new
+    /// messages go over the QPs of `to` that still work, and a probe is due if any in-flight
+    /// slice on a failed QP is unaccounted for. `full` is the connection's own plan.
+    pub fn fail_over(&mut self, full: &ConnPlan, port: u32, to: &[u32]) -> Result<(), ProtoError> {
+        for (q, p) in full.qps.iter().enumerate() {
+            if p.local == port {
+                self.failed |= 1 << q;
+            }
+        }
+        let live: Vec<u32> = to.iter().copied().filter(|&p| p != port).collect();
+        let (mut plan, mut kept) = surviving_plan(full, &live);
+        let keep: Vec<usize> = (0..kept.len())
+            .filter(|&i| !self.is_failed(kept[i] as usize))
+            .collect();
+        plan.qps = keep.iter().map(|&i| plan.qps[i]).collect();
+        kept = keep.iter().map(|&i| kept[i]).collect();
+        plan.stripe_width = plan.stripe_width.min(plan.qps.len() as u32).max(1);
+        if plan.qps.is_empty() {
+            return Err(ProtoError::Bookkeeping {
+                detail: format!("no working QP is left on the ports {to:?}"),
+            });
+        }
+        if self.plans.len() >= MAX_GENERATIONS {
+            return Err(ProtoError::Bookkeeping {
+                detail: format!("{MAX_GENERATIONS} moves on one connection"),
+            });
+        }
+        self.plans.push((plan, kept));
+        self.counters.moves += 1;
+        let lost = self.slots.iter().any(|s| {
+            s.live
+                && (0..s.slices)
+                    .any(|i| s.acked & (1 << i) == 0 && self.is_failed(usize::from(s.slice_qp[i])))
         });
+        if lost {
+            self.probe = match self.probe {
+                Probe::Posted { .. } => Probe::Posted { again: true },
+                _ => Probe::Needed,
+            };
+        }
+        Ok(())
     }
-    Ok(lost
-        .iter()
-        .zip(targets.iter().cycle())
-        .map(|(s, &qp)| Repost { tag: s.tag, qp })
-        .collect())
+
+    /// The plan QP to post the probe READ on, when one is due; the caller posts it and the
+    /// probe counts as out.
+    pub fn take_probe(&mut self) -> Option<usize> {
+        if self.probe != Probe::Needed {
+            return None;
+        }
+        self.probe = Probe::Posted { again: false };
+        Some(self.current().2[0] as usize)
+    }
+
+    /// The probe READ failed (its QP failed too): probe again.
+    pub fn probe_lost(&mut self) {
+        if matches!(self.probe, Probe::Posted { .. }) {
+            self.probe = Probe::Needed;
+        }
+    }
+
+    /// The probe READ returned the receiver's records (`words[slot]`): slices the records show
+    /// are acknowledged, every other unacknowledged slice of a failed QP is assigned a surviving
+    /// QP in turn. Returns the slices to write again; settles messages that are now complete.
+    pub fn probed(
+        &mut self,
+        words: &[u64; MAX_REQUESTS],
+        pool: &mut RequestPool,
+    ) -> Result<Vec<Repost>, ProtoError> {
+        let again = matches!(self.probe, Probe::Posted { again: true });
+        self.probe = if again { Probe::Needed } else { Probe::Idle };
+        self.counters.probes += 1;
+        let targets: Vec<u32> = self.current().2.to_vec();
+        let mut next = 0;
+        let mut out = Vec::new();
+        for (slot, &w) in words.iter().enumerate() {
+            let s = self.slots[slot];
+            if !s.live {
+                continue;
+            }
+            // The receiver expects a slot's message before its CTS is written, so a record of
+            // another use means it moved past this message: every slice arrived.
+            let same_use = w >> 63 == 1 && (w >> 32) as u16 == s.cursor.use_count();
+            let seen = if same_use { w as u32 } else { u32::MAX };
+            let mut confirmed = 0;
+            for i in 0..s.slices {
+                let bit = 1 << i;
+                if s.acked & bit != 0 || !self.is_failed(usize::from(s.slice_qp[i])) {
+                    continue;
+                }
+                if seen & bit != 0 {
+                    confirmed |= bit;
+                    continue;
+                }
+                let qp = targets[next % targets.len()] as usize;
+                next += 1;
+                let s = &mut self.slots[slot];
+                s.slice_qp[i] = qp as u8;
+                if s.replayed & bit == 0 {
+                    s.replayed |= bit;
+                    self.replays += 1;
+                }
+                self.counters.replayed += 1;
+                out.push(Repost { slot, slice: i, qp });
+            }
+            self.counters.confirmed += u64::from(confirmed.count_ones());
+            self.ack(slot, confirmed, pool)?;
+        }
+        Ok(out)
+    }
+
+    /// Payload bytes of a replayed slice, for the counters.
+    pub(crate) fn count_replayed_bytes(&mut self, bytes: u64) {
+        self.counters.replayed_bytes += bytes;
+    }
+}
+
+/// Once every slice of `s` landed: its requests are settled (each waits on one token, see
+/// `Sender::isend`) and the record is free.
+fn settle_if_done(s: &mut InFlight, pool: &mut RequestPool) -> Result<(), ProtoError> {
+    if !s.live || s.acked & s.all() != s.all() {
+        return Ok(());
+    }
+    for (req, _) in &s.sends[..s.nreqs] {
+        if let Some(r) = req {
+            pool.settle(*r, 0, 0)?;
+        }
+    }
+    s.live = false;
+    Ok(())
+}
+
+/// The receiver's failover state (a prepared connection only).
+#[derive(Debug)]
+pub struct RecvFailover {
+    pub(crate) arrivals: Arrivals,
+    /// The request waiting in each slot.
+    pub(crate) slot_req: Vec<Option<ReqId>>,
+    /// The CTS entries of each slot, to write again after a failure.
+    pub(crate) entries: Vec<([CtsEntry; MAX_RECVS], usize, FifoCursor)>,
+    /// Bit `q`: plan QP `q` failed.
+    pub(crate) failed: u128,
+    /// After a failure, every CTS write goes through this QP.
+    pub(crate) cts_pin: Option<usize>,
+}
+
+impl RecvFailover {
+    pub(crate) fn new() -> Self {
+        RecvFailover {
+            arrivals: Arrivals::new(MAX_REQUESTS),
+            slot_req: vec![None; MAX_REQUESTS],
+            entries: vec![([CtsEntry::ZERO; MAX_RECVS], 0, FifoCursor::ZERO); MAX_REQUESTS],
+            failed: 0,
+            cts_pin: None,
+        }
+    }
+
+    pub fn is_failed(&self, qp: usize) -> bool {
+        qp < 128 && self.failed & (1 << qp) != 0
+    }
 }
 
 /// The plan new messages are striped over after a `move-to ports`: the QPs on those ports, in
@@ -321,9 +651,13 @@ mod tests {
             Arrival::Fresh { complete: true }
         );
         assert_eq!(a.record(tag(2, 2, 3, 7)).unwrap(), Arrival::Duplicate);
-        // A late duplicate of the previous use of the slot is refused once the next is expected.
+        // A late duplicate of the previous use of the slot counts nothing once the next use is
+        // expected; any older use is an error.
         a.expect(2, 8).unwrap();
-        assert!(a.record(tag(2, 0, 3, 7)).is_err());
+        assert_eq!(a.record(tag(2, 0, 3, 7)).unwrap(), Arrival::Duplicate);
+        assert!(a.record(tag(2, 0, 3, 6)).is_err());
+        assert_eq!(a.word(2), record_word(8, 0));
+        assert_eq!(a.word(3), 0);
         assert_eq!(
             a.record(tag(2, 0, 1, 8)).unwrap(),
             Arrival::Fresh { complete: true }
@@ -345,57 +679,6 @@ mod tests {
                 weight: 1,
             })
             .collect()
-    }
-
-    #[test]
-    fn replay_reposts_only_unacknowledged_slices_of_the_failed_port() {
-        // QPs 0 and 2 on port 0, QPs 1 and 3 on port 1.
-        let plan = plan_on(&[0, 1, 0, 1]);
-        let posted = [
-            PostedSlice {
-                tag: tag(0, 0, 2, 1),
-                qp: 0,
-                acked: true,
-            },
-            PostedSlice {
-                tag: tag(0, 1, 2, 1),
-                qp: 1,
-                acked: false,
-            },
-            PostedSlice {
-                tag: tag(1, 0, 2, 1),
-                qp: 2,
-                acked: false,
-            },
-            PostedSlice {
-                tag: tag(1, 1, 2, 1),
-                qp: 3,
-                acked: false,
-            },
-            PostedSlice {
-                tag: tag(2, 0, 1, 1),
-                qp: 0,
-                acked: false,
-            },
-        ];
-        let r = replay(&plan, 0, &[1], &posted).unwrap();
-        assert_eq!(
-            r,
-            [
-                Repost {
-                    tag: tag(1, 0, 2, 1),
-                    qp: 1
-                },
-                Repost {
-                    tag: tag(2, 0, 1, 1),
-                    qp: 3
-                },
-            ]
-        );
-        // Nothing lost: nothing to do, even with nowhere to go.
-        assert!(replay(&plan, 1, &[], &posted[..1]).unwrap().is_empty());
-        // Lost slices but no QP on the named ports: an error, not a silent drop.
-        assert!(replay(&plan_on(&[0, 0, 2]), 0, &[1], &posted).is_err());
     }
 
     #[test]

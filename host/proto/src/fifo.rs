@@ -42,6 +42,16 @@ pub struct CtsEntry {
 }
 
 impl CtsEntry {
+    /// An all-zero entry, for preallocated tables.
+    pub const ZERO: CtsEntry = CtsEntry {
+        addr: 0,
+        size: 0,
+        rkeys: [0; MAX_ENDPOINTS],
+        tag: 0,
+        nreqs: 0,
+        idx: 0,
+    };
+
     /// Bytes per entry.
     pub const SIZE: usize = 64;
     /// Offset of `idx`, for a shell that polls the marker in place.
@@ -98,7 +108,12 @@ pub const CTS_FIFO_BYTES: usize = MAX_REQUESTS * CTS_SLOT_BYTES;
 /// aligned piece as well).
 pub const SIZES_SLOT_BYTES: usize = MAX_RECVS * size_of::<u32>();
 /// Bytes of the whole sizes FIFO the receiver registers (and of the sender's staging copy).
-pub const SIZES_FIFO_BYTES: usize = MAX_REQUESTS * SIZES_SLOT_BYTES;
+pub const SIZES_FIFO_BYTES: usize = ARRIVALS_OFFSET + MAX_REQUESTS * size_of::<u64>();
+/// Where the receiver's arrival record starts in its sizes FIFO region: one little-endian
+/// `u64` per slot (`crate::failover::record_word`), which a sender prepared for failover reads
+/// with one RDMA READ after a QP failed. The sender's staging copy of the region receives that
+/// read at the same offset.
+pub const ARRIVALS_OFFSET: usize = MAX_REQUESTS * SIZES_SLOT_BYTES;
 
 /// A position in the sequence of `irecv`s of one connection: the receiver's tail (next slot to
 /// post) or the sender's head (next slot to consume). Both sides advance in lock step, one per
@@ -107,6 +122,9 @@ pub const SIZES_FIFO_BYTES: usize = MAX_REQUESTS * SIZES_SLOT_BYTES;
 pub struct FifoCursor(u64);
 
 impl FifoCursor {
+    /// The first position.
+    pub const ZERO: FifoCursor = FifoCursor(0);
+
     /// The FIFO slot of this position.
     pub fn slot(self) -> usize {
         (self.0 % MAX_REQUESTS as u64) as usize
@@ -126,6 +144,12 @@ impl FifoCursor {
     /// Byte offset of this position's slot in the sizes FIFO.
     pub fn sizes_offset(self) -> u64 {
         (self.slot() * SIZES_SLOT_BYTES) as u64
+    }
+
+    /// How many times the slot was used before, modulo [`crate::failover::USE_MODULUS`]: what
+    /// tells a message in a slot from the slot's previous and next messages.
+    pub fn use_count(self) -> u16 {
+        ((self.0 / MAX_REQUESTS as u64) % u64::from(crate::failover::USE_MODULUS)) as u16
     }
 
     pub(crate) fn advance(&mut self) {
@@ -167,6 +191,6 @@ mod tests {
         assert_eq!(c.cts_offset(), CTS_SLOT_BYTES as u64);
         assert_eq!(c.sizes_offset(), 32);
         assert_eq!(CTS_FIFO_BYTES, 128 * 1024);
-        assert_eq!(SIZES_FIFO_BYTES, 8 * 1024);
+        assert_eq!(SIZES_FIFO_BYTES, 10 * 1024);
     }
 }

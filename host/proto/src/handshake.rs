@@ -31,6 +31,7 @@ use super::message::{
     decode_frame,
 };
 use crate::error::ProtoError;
+use crate::failover::MAX_FAILOVER_SLICES;
 
 /// What the connecting (sending) rank knows when NCCL calls `connect`: the input of the policy's
 /// `plan-connection` apart from the peer's ports, which the handshake fetches.
@@ -125,6 +126,8 @@ pub struct SendSetup {
     pub sizes_fifo: RemoteWindow,
     /// Whether the receiver flushes GPU receives.
     pub peer_flush: bool,
+    /// Whether the connection runs prepared for rail failover (`crate::failover`).
+    pub failover: bool,
 }
 
 /// A connected receive side: what the data path needs. Only the handshake makes one, so the
@@ -141,6 +144,8 @@ pub struct RecvSetup {
     pub cts_fifo: RemoteWindow,
     /// Whether this side flushes GPU receives (as the shell reported in `qps_created`).
     pub flush: bool,
+    /// Whether the connection runs prepared for rail failover, as the connector decided.
+    pub failover: bool,
 }
 
 /// What the connector asks the shell to do.
@@ -330,6 +335,20 @@ fn check_connection_plan(
     })
 }
 
+/// A connection prepared for failover records each message's slices in one 64-bit word per
+/// slot, so its stripe is at most [`MAX_FAILOVER_SLICES`] QPs wide.
+fn check_failover(plan: &ConnPlan, failover: bool) -> Result<(), ProtoError> {
+    if failover && plan.stripe_width as usize > MAX_FAILOVER_SLICES {
+        return Err(ProtoError::InvalidPlan {
+            detail: format!(
+                "a stripe of {} QPs cannot run prepared for failover (at most {MAX_FAILOVER_SLICES})",
+                plan.stripe_width
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Path MTUs are InfiniBand MTU values.
 fn valid_mtu(mtu: u32) -> bool {
     mtu.is_power_of_two() && (256..=4096).contains(&mtu)
@@ -414,11 +433,13 @@ enum ConnState {
         peer: Vec<Endpoint>,
         plan: ConnPlan,
         mtus: Vec<u32>,
+        failover: bool,
     },
     AwaitAcceptorMeta {
         peer: Vec<Endpoint>,
         plan: ConnPlan,
         mtus: Vec<u32>,
+        failover: bool,
     },
     AwaitBringUp {
         setup: SendSetup,
@@ -537,7 +558,15 @@ impl Connector {
                     self.actions.push_back(ConnectorAction::Plan(conn.clone()));
                     ConnState::AwaitPlan { conn }
                 }
-                (ConnState::AwaitAcceptorMeta { peer, plan, mtus }, Message::AcceptorMeta(m)) => {
+                (
+                    ConnState::AwaitAcceptorMeta {
+                        peer,
+                        plan,
+                        mtus,
+                        failover,
+                    },
+                    Message::AcceptorMeta(m),
+                ) => {
                     check_peer_qps(&m.qps, &plan, false)?;
                     peer_info(
                         window_fits(&m.sizes_fifo, SIZES_FIFO_BYTES, peer.len()),
@@ -560,6 +589,7 @@ impl Connector {
                         routes,
                         sizes_fifo: m.sizes_fifo,
                         peer_flush: m.flush,
+                        failover,
                     };
                     ConnState::AwaitBringUp { setup }
                 }
@@ -589,12 +619,14 @@ impl Connector {
     /// The policy (or the built-in default) planned the connection. The plan is checked here
     /// too, so a bad plan fails on the rank whose policy made it, with the same message the
     /// peer would give; the machine stays where it was, so the shell may fall back to the
-    /// built-in plan and call again.
-    pub fn plan_decided(&mut self, plan: ConnPlan) -> Result<(), ProtoError> {
+    /// built-in plan and call again. `failover` prepares the connection for rail failover
+    /// (`crate::failover`); it needs a stripe of at most [`MAX_FAILOVER_SLICES`] QPs.
+    pub fn plan_decided(&mut self, plan: ConnPlan, failover: bool) -> Result<(), ProtoError> {
         let ConnState::AwaitPlan { conn } = &self.state else {
             return Err(wrong_state("plan_decided", self.state.name()));
         };
         check_connection_plan(&plan, conn, self.config.max_qps)?;
+        check_failover(&plan, failover)?;
         let mtus: Vec<u32> = plan
             .qps
             .iter()
@@ -619,6 +651,7 @@ impl Connector {
             peer: conn.peer.clone(),
             plan,
             mtus,
+            failover,
         };
         Ok(())
     }
@@ -631,7 +664,13 @@ impl Connector {
         qps: &[LocalQp],
         cts_fifo: RemoteWindow,
     ) -> Result<(), ProtoError> {
-        let ConnState::AwaitQps { peer, plan, mtus } = &self.state else {
+        let ConnState::AwaitQps {
+            peer,
+            plan,
+            mtus,
+            failover,
+        } = &self.state
+        else {
             return Err(wrong_state("qps_created", self.state.name()));
         };
         check_local_qps(qps, plan, true)?;
@@ -655,11 +694,13 @@ impl Connector {
             qps: infos,
             mtus: mtus.clone(),
             cts_fifo,
+            failover: *failover,
         }))?;
         self.state = ConnState::AwaitAcceptorMeta {
             peer: peer.clone(),
             plan: plan.clone(),
             mtus: mtus.clone(),
+            failover: *failover,
         };
         Ok(())
     }
@@ -869,6 +910,7 @@ impl Acceptor {
             peer: local.clone(),
         };
         check_connection_plan(&meta.plan, &conn, self.config.max_qps)?;
+        check_failover(&meta.plan, meta.failover)?;
         check_peer_qps(&meta.qps, &meta.plan, true)?;
         peer_info(meta.mtus.len() == meta.qps.len(), || {
             format!("{} MTUs for {} QPs", meta.mtus.len(), meta.qps.len())
@@ -922,6 +964,7 @@ impl Acceptor {
             routes,
             cts_fifo: meta.cts_fifo.clone(),
             flush,
+            failover: meta.failover,
         };
         self.state = AccState::AwaitBringUp {
             setup,
@@ -1074,7 +1117,7 @@ pub(crate) mod tests {
             while let Some(action) = c.poll_action() {
                 progressed = true;
                 match action {
-                    ConnectorAction::Plan(conn) => c.plan_decided(decide(&conn))?,
+                    ConnectorAction::Plan(conn) => c.plan_decided(decide(&conn), false)?,
                     ConnectorAction::CreateQps { endpoints } => {
                         let ece = c_plan_ece(c).then_some(ECE);
                         let qps: Vec<LocalQp> = (0..endpoints.len())
@@ -1261,6 +1304,7 @@ pub(crate) mod tests {
                 addr: 0x1000,
                 rkeys: vec![1, 2],
             },
+            failover: false,
             plan,
         }
     }
@@ -1406,10 +1450,10 @@ pub(crate) mod tests {
         );
         // The policy's plan names a peer port that does not exist: refused, nothing changes, and
         // the shell falls back to the built-in plan.
-        let e = c.plan_decided(plan(&[(0, 9, 1)], 1)).unwrap_err();
+        let e = c.plan_decided(plan(&[(0, 9, 1)], 1), false).unwrap_err();
         assert!(matches!(e, ProtoError::InvalidPlan { .. }), "{e}");
         assert_eq!(c.state(), "waiting for the connection plan");
-        c.plan_decided(rail_plan(&conn)).unwrap();
+        c.plan_decided(rail_plan(&conn), false).unwrap();
         let t = run_pair(&mut c, &mut a, |_| 11, |_| unreachable!("planned already")).unwrap();
         assert_eq!(t.recv.unwrap().plan, rail_plan(&conn));
     }
@@ -1425,7 +1469,7 @@ pub(crate) mod tests {
             })
         ));
         assert!(matches!(
-            c.plan_decided(plan(&[(0, 0, 1)], 1)),
+            c.plan_decided(plan(&[(0, 0, 1)], 1), false),
             Err(ProtoError::WrongState { .. })
         ));
         assert!(

@@ -39,7 +39,7 @@ pub use error::ProtoError;
 
 /// Version of everything this crate puts on the wire: the handle, the handshake messages and the
 /// FIFO layouts. Both sides must match exactly; there is no negotiation.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// Receives one `irecv` may group (`maxRecvs` in NCCL's properties, `NCCL_NET_IB_MAX_RECVS`).
 pub const MAX_RECVS: usize = 8;

@@ -108,6 +108,9 @@ pub struct ConnectorMeta {
     pub mtus: Vec<u32>,
     /// The connector's CTS FIFO, which the acceptor writes receive descriptions into.
     pub cts_fifo: RemoteWindow,
+    /// Whether the connection runs prepared for rail failover (tagged immediates, anonymous
+    /// receives, an arrival record the sender may read: `crate::failover`).
+    pub failover: bool,
 }
 
 /// Acceptor → connector: the acceptor's half of every QP, after they reached RTS
@@ -172,6 +175,7 @@ impl Message {
                 })?;
                 m.mtus.iter().for_each(|&mtu| w.u32(mtu));
                 put_window(&mut w, &m.cts_fifo)?;
+                w.bool(m.failover);
             }
             Message::AcceptorMeta(m) => {
                 put_qps(&mut w, &m.qps)?;
@@ -248,6 +252,7 @@ pub fn decode_frame(buf: &[u8]) -> Result<Option<(Message, usize)>, ProtoError> 
                 qps,
                 mtus,
                 cts_fifo,
+                failover: r.bool("failover")?,
             })
         }
         4 => Message::AcceptorMeta(AcceptorMeta {
@@ -604,6 +609,7 @@ pub(crate) mod tests {
                     addr: 0x7f00_0000_1000,
                     rkeys: vec![1, 2],
                 },
+                failover: true,
             }),
             Message::AcceptorMeta(AcceptorMeta {
                 qps: (0..3).map(qp).collect(),
@@ -643,6 +649,7 @@ pub(crate) mod tests {
                 addr: 1,
                 rkeys: vec![],
             },
+            failover: false,
         });
         let Some((Message::ConnectorMeta(back), _)) = decode_frame(&m.encode().unwrap()).unwrap()
         else {
@@ -677,11 +684,11 @@ pub(crate) mod tests {
             decode_frame(b"GET / HTTP/1.1\r\n"),
             Err(ProtoError::BadMagic { found }) if &found == b"GET "
         ));
-        let mut v2 = Message::Ready.encode().unwrap();
-        v2[4] = 2;
-        let err = decode_frame(&v2[..6]).unwrap_err();
+        let mut other = Message::Ready.encode().unwrap();
+        other[4] = PROTOCOL_VERSION as u8 + 1;
+        let err = decode_frame(&other[..6]).unwrap_err();
         assert!(
-            matches!(err, ProtoError::VersionMismatch { theirs: 2, .. }),
+            matches!(err, ProtoError::VersionMismatch { theirs, .. } if theirs == PROTOCOL_VERSION + 1),
             "{err}"
         );
         assert!(err.to_string().contains("same nccl-net-wasm build"));

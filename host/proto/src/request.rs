@@ -120,6 +120,9 @@ struct Slot {
     size: u64,
     /// Receive: the FIFO slot, where a multi-receive's sizes land.
     fifo_slot: u16,
+    /// Receive: the sizes are in the sizes FIFO even for a single receive (a connection
+    /// prepared for failover carries a tag in the immediate instead).
+    sizes_in_fifo: bool,
 }
 
 /// The requests of one communicator.
@@ -176,6 +179,10 @@ impl RequestPool {
         self.slots[id.index()].fifo_slot = slot as u16;
     }
 
+    pub(crate) fn set_sizes_in_fifo(&mut self, id: ReqId) {
+        self.slots[id.index()].sizes_in_fifo = true;
+    }
+
     fn live(&self, id: ReqId, what: &str) -> Result<&Slot, ProtoError> {
         let s = &self.slots[id.index()];
         match s.kind {
@@ -196,7 +203,12 @@ impl RequestPool {
         Ok(DeviceSet(bits.fold(0, |acc, (d, _)| acc | (1 << d))))
     }
 
-    fn settle(&mut self, id: ReqId, device: usize, wr_id: u64) -> Result<(), ProtoError> {
+    pub(crate) fn settle(
+        &mut self,
+        id: ReqId,
+        device: usize,
+        wr_id: u64,
+    ) -> Result<(), ProtoError> {
         let e = &mut self.slots[id.index()].events[device];
         if *e == 0 {
             return Err(ProtoError::Bookkeeping {
@@ -274,7 +286,7 @@ impl RequestPool {
             Some(RequestKind::Send) => Finished::Send { size: s.size },
             Some(RequestKind::Recv) => Finished::Recv {
                 n: usize::from(s.nreqs),
-                sizes: if s.nreqs == 1 {
+                sizes: if s.nreqs == 1 && !s.sizes_in_fifo {
                     RecvSizes::Immediate(s.size as u32)
                 } else {
                     RecvSizes::SizesFifo {

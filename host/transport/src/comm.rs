@@ -63,12 +63,82 @@ impl Side {
         self.ports.iter().try_for_each(|p| p.dev.check(&self.qpns))
     }
 
+    /// Fatal events of the device only: a connection prepared for failover handles its QPs'
+    /// fatal events itself ([`fatal_qps`](Self::fatal_qps)).
+    pub(crate) fn check_device(&self) -> Result<(), NetError> {
+        self.ports.iter().try_for_each(|p| p.dev.check_device())
+    }
+
+    /// The plan indices of this side's QPs that had a fatal event.
+    pub(crate) fn fatal_qps(&self) -> Vec<usize> {
+        let ids: Vec<u64> = self.qps.iter().map(|q| q.qp.id()).collect();
+        let mut out: Vec<usize> = self
+            .ports
+            .iter()
+            .flat_map(|p| p.dev.fatal_qps(&ids))
+            .filter_map(|id| ids.iter().position(|&i| i == id))
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// The plan index of the QP numbered `qpn` (`None` for a flush QP).
+    pub(crate) fn qp_index(&self, qpn: u32) -> Option<usize> {
+        self.qps.iter().position(|q| q.qp.qpn() == qpn)
+    }
+
     /// Polls the completion queues of `devices` into `pool`; a failed completion is an error of
     /// the connection (`ncclIbTest` returns `ncclRemoteError`).
     pub(crate) fn poll(
         &self,
         pool: &mut RequestPool,
         devices: impl Iterator<Item = usize>,
+    ) -> Result<(), NetError> {
+        self.poll_each(devices, |d, wc| self.account(pool, d, wc))
+    }
+
+    /// Accounts one completion polled from endpoint `d` in `pool`; a failed one is the
+    /// connection's error.
+    pub(crate) fn account(
+        &self,
+        pool: &mut RequestPool,
+        d: usize,
+        wc: &Completion,
+    ) -> Result<(), NetError> {
+        if wc.status != WcStatus::Success {
+            return Err(self.failed(d, wc));
+        }
+        let c = match wc.opcode {
+            WcOpcode::RecvRdmaWithImm => request::Completion::RecvWithImm {
+                wr_id: wc.wr_id,
+                imm: wc.imm.unwrap_or(0),
+            },
+            _ => request::Completion::Send { wr_id: wc.wr_id },
+        };
+        pool.complete(d, c)
+            .map_err(NetError::protocol("accounting a completion"))
+    }
+
+    /// The error a failed completion polled from endpoint `d` is.
+    pub(crate) fn failed(&self, d: usize, wc: &Completion) -> NetError {
+        NetError::Completion {
+            qpn: wc.qp_num,
+            local: self.ports[d].endpoint.device.clone(),
+            peer: self.desc.clone(),
+            status: format!("{:?}", wc.status),
+            opcode: format!("{:?}", wc.opcode),
+            vendor_err: wc.vendor_err,
+            wr_id: wc.wr_id,
+        }
+    }
+
+    /// Polls the completion queues of `devices` and hands each completion, with its endpoint,
+    /// to `each`; stops at its first error.
+    pub(crate) fn poll_each(
+        &self,
+        devices: impl Iterator<Item = usize>,
+        mut each: impl FnMut(usize, &Completion) -> Result<(), NetError>,
     ) -> Result<(), NetError> {
         let mut wcs = [Completion::default(); POLL_BATCH];
         for d in devices {
@@ -79,26 +149,7 @@ impl Side {
                     self.ports[d].dev.name()
                 )))?;
                 for wc in &wcs[..n] {
-                    if wc.status != WcStatus::Success {
-                        return Err(NetError::Completion {
-                            qpn: wc.qp_num,
-                            local: self.ports[d].endpoint.device.clone(),
-                            peer: self.desc.clone(),
-                            status: format!("{:?}", wc.status),
-                            opcode: format!("{:?}", wc.opcode),
-                            vendor_err: wc.vendor_err,
-                            wr_id: wc.wr_id,
-                        });
-                    }
-                    let c = match wc.opcode {
-                        WcOpcode::RecvRdmaWithImm => request::Completion::RecvWithImm {
-                            wr_id: wc.wr_id,
-                            imm: wc.imm.unwrap_or(0),
-                        },
-                        _ => request::Completion::Send { wr_id: wc.wr_id },
-                    };
-                    pool.complete(d, c)
-                        .map_err(NetError::protocol("accounting a completion"))?;
+                    each(d, wc)?;
                 }
                 if n < POLL_BATCH {
                     break;

@@ -10,7 +10,8 @@
 use std::fmt;
 
 use ncclwasm_model::{
-    ConnPlan, Connection, DeviceGroup, DeviceSelection, GidChoice, Port, PortState, VnicAnswer,
+    ConnPlan, Connection, DeviceGroup, DeviceSelection, GidChoice, Port, PortAnswer, PortEvent,
+    PortState, QpPlan, VnicAnswer,
 };
 
 /// A decision that could not be made: a policy fault under `NCCL_WASM_POLICY_FAILURE=closed`,
@@ -58,6 +59,16 @@ pub trait Decisions: fmt::Debug + Send + Sync {
         conn: &Connection,
         fits: &dyn Fn(&ConnPlan) -> Result<(), String>,
     ) -> Result<Decided<ConnPlan>, DecisionError>;
+
+    /// What connection `conn`, running QPs `qps`, does about `event`; `states[i]` is the state
+    /// of `conn.local[i]`. The answer is checked, so the data path can carry it out as given.
+    fn on_port_event(
+        &self,
+        event: &PortEvent,
+        conn: &Connection,
+        qps: &[QpPlan],
+        states: &[PortState],
+    ) -> Result<Decided<PortAnswer>, DecisionError>;
 
     /// A port changed state (an async `PORT_ERR`/`PORT_ACTIVE` event): later decisions and dry
     /// runs see the port as it is now.

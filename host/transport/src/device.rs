@@ -176,13 +176,8 @@ impl DevCtx {
         if !self.faults.any.load(Ordering::Acquire) {
             return Ok(());
         }
+        self.check_device()?;
         let f = self.faults.faults.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(event) = &f.device {
-            return Err(NetError::Fatal {
-                object: format!("device {}", self.name()),
-                event: event.clone(),
-            });
-        }
         match qps
             .iter()
             .find_map(|(id, q)| f.qps.get(id)?.as_ref().map(|e| (q, e)))
@@ -193,6 +188,34 @@ impl DevCtx {
             }),
             None => Ok(()),
         }
+    }
+
+    /// A fatal event of the device itself (every connection on it is lost).
+    pub(crate) fn check_device(&self) -> Result<(), NetError> {
+        if !self.faults.any.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let f = self.faults.faults.lock().unwrap_or_else(|p| p.into_inner());
+        match &f.device {
+            Some(event) => Err(NetError::Fatal {
+                object: format!("device {}", self.name()),
+                event: event.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Which of the QPs `ids` had a fatal event, for a connection prepared for failover (which
+    /// moves their traffic instead of failing).
+    pub(crate) fn fatal_qps(&self, ids: &[u64]) -> Vec<u64> {
+        if !self.faults.any.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        let f = self.faults.faults.lock().unwrap_or_else(|p| p.into_inner());
+        ids.iter()
+            .copied()
+            .filter(|id| f.qps.get(id).is_some_and(Option::is_some))
+            .collect()
     }
 
     /// Starts attributing fatal events to the QP with this id; they are forgotten when the

@@ -28,6 +28,7 @@
 mod comm;
 mod decide;
 mod device;
+mod failover;
 #[cfg(test)]
 mod fault_tests;
 mod gpu;

@@ -82,6 +82,17 @@ pub enum NetError {
         wr_id: u64,
     },
     /// NCCL core's fusion request was refused.
+    #[error(
+        "port {port} of {connection} failed and the connection cannot go on: {reason} \
+         [{source_of}]"
+    )]
+    PortFailed {
+        connection: String,
+        port: String,
+        reason: String,
+        /// Who decided: the policy and version, or the built-in default.
+        source_of: String,
+    },
     #[error("cannot make a virtual NIC of devices {devices:?}: {reason}")]
     Vnic { devices: Vec<u32>, reason: String },
     /// The caller used the API in a way it does not support (a call before `init`, on a closed
@@ -132,7 +143,8 @@ impl NetError {
             NetError::Verbs { .. }
             | NetError::Io { .. }
             | NetError::NoDevice(_)
-            | NetError::Fatal { .. } => ErrorClass::System,
+            | NetError::Fatal { .. }
+            | NetError::PortFailed { .. } => ErrorClass::System,
             NetError::Decision(_)
             | NetError::Vnic { .. }
             | NetError::Config { .. }

@@ -2,7 +2,8 @@
 //! the [`PolicyHost`], which applies the failure model, and keeps its reason and source.
 
 use ncclwasm_model::{
-    ConnPlan, Connection, DeviceGroup, DeviceSelection, GidChoice, Port, PortState, VnicAnswer,
+    ConnPlan, Connection, DeviceGroup, DeviceSelection, GidChoice, Port, PortAnswer, PortEvent,
+    PortState, QpPlan, VnicAnswer,
 };
 use ncclwasm_policy::{Decision, PolicyError, PolicyHost};
 
@@ -55,6 +56,16 @@ impl Decisions for PolicyHost {
         fits: &dyn Fn(&ConnPlan) -> Result<(), String>,
     ) -> Result<Decided<ConnPlan>, DecisionError> {
         ask(self.plan_connection_fitting(conn, fits))
+    }
+
+    fn on_port_event(
+        &self,
+        event: &PortEvent,
+        conn: &Connection,
+        qps: &[QpPlan],
+        states: &[PortState],
+    ) -> Result<Decided<PortAnswer>, DecisionError> {
+        ask(PolicyHost::on_port_event(self, event, conn, qps, states))
     }
 
     fn port_changed(&self, device: &str, port: u8, state: PortState) {

@@ -5,7 +5,7 @@ use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ncclwasm_verbs::{Access, Cq, RecvWr, Remote, SendOp, SendWr};
+use ncclwasm_verbs::{Access, Completion, Cq, RecvWr, Remote, SendOp, SendWr, WcOpcode, WcStatus};
 
 use crate::comm::{Done, MemHandle, OwnedRegion, Side};
 use crate::device::PortCtx;
@@ -14,7 +14,8 @@ use crate::net_error::NetError;
 use crate::qp::{self, ConnQp};
 use crate::send::describe;
 use crate::socket::Stream;
-use ncclwasm_proto::datapath::{PostedRecv, Receiver};
+use ncclwasm_proto::datapath::{CtsWrite, PostedRecv, Receiver};
+use ncclwasm_proto::failover::CTS_WR_ID;
 use ncclwasm_proto::fifo::{CTS_FIFO_BYTES, CtsEntry, SIZES_FIFO_BYTES, SIZES_SLOT_BYTES};
 use ncclwasm_proto::handshake::Acceptor;
 use ncclwasm_proto::handshake::{AcceptorAction, RecvSetup};
@@ -124,10 +125,11 @@ impl Accepting {
         let qp::SideQps { cqs, qps, locals } = qp::create_all(&self.ports, endpoints, true, false)?;
         self.cqs = cqs;
         self.qps = qps;
+        // Remote read: a sender prepared for failover reads the arrival record in it.
         let sizes = OwnedRegion::new(
             &self.ports,
             SIZES_FIFO_BYTES,
-            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
         )?;
         let window = RemoteWindow {
             addr: sizes.buf.addr(),
@@ -175,8 +177,21 @@ impl Accepting {
             qps,
             desc,
         };
+        let receiver = Receiver::new(&setup);
+        for q in &side.qps {
+            for _ in 0..receiver.prefill() {
+                q.qp.post_recv(&[RecvWr {
+                    wr_id: 0,
+                    sges: &[],
+                }])
+                .map_err(NetError::verbs(format!(
+                    "posting a receive ahead on QP {}",
+                    q.qp.qpn()
+                )))?;
+            }
+        }
         Ok(RecvComm {
-            state: Mutex::new(Receiver::new(&setup)),
+            state: Mutex::new(receiver),
             side,
             regions,
             setup,
@@ -263,7 +278,7 @@ impl RecvComm {
     /// `irecv` of 1..=8 grouped buffers: posts the receives, then writes the CTS entries into
     /// the sender's FIFO.
     pub fn irecv(&self, bufs: &[RecvBuf<'_>]) -> Result<ReqId, NetError> {
-        self.side.check()?;
+        self.check()?;
         if bufs.is_empty() || bufs.len() > MAX_RECVS {
             return Err(NetError::Argument(format!(
                 "irecv of {} buffers; 1..={MAX_RECVS} are supported",
@@ -286,7 +301,7 @@ impl RecvComm {
             };
         }
         let mut receiver = crate::comm::lock_state(&self.state)?;
-        self.side.poll(receiver.requests(), self.side.all())?;
+        self.progress(&mut receiver, self.side.all())?;
         let post = receiver
             .irecv(&recvs[..bufs.len()])
             .map_err(NetError::protocol("irecv"))?;
@@ -299,7 +314,98 @@ impl RecvComm {
                     qp.qpn()
                 )))?;
         }
+        if let Some((off, word)) = post.record {
+            // Before the CTS: the sender may probe the record as soon as it can send.
+            self.regions.sizes.buf.store_u64_release(off, word);
+        }
+        let req = post.req;
         let cts = post.cts;
+        self.post_cts(&cts)?;
+        Ok(req)
+    }
+
+    /// Fatal events: of the device always; of a QP too unless the connection is prepared for
+    /// failover, which goes on over its other QPs ([`progress`](Self::progress)).
+    fn check(&self) -> Result<(), NetError> {
+        if self.setup.failover {
+            self.side.check_device()
+        } else {
+            self.side.check()
+        }
+    }
+
+    /// Polls completions. On a connection prepared for failover, a tagged arrival is counted by
+    /// its tag (and its consumed receive posted again), and a failed QP is dropped: its
+    /// completions count nothing and the CTS entries in flight are written again through a QP
+    /// that works (`ncclwasm_proto::failover`). The sender decides about the port.
+    fn progress(
+        &self,
+        receiver: &mut Receiver,
+        devices: impl Iterator<Item = usize>,
+    ) -> Result<(), NetError> {
+        if !self.setup.failover {
+            return self.side.poll(receiver.requests(), devices);
+        }
+        let mut failed = self.side.fatal_qps();
+        self.side.poll_each(self.side.all(), |d, wc: &Completion| {
+            let Some(q) = self.side.qp_index(wc.qp_num) else {
+                // A flush QP's: as on any connection.
+                return self.side.account(receiver.requests(), d, wc);
+            };
+            if receiver.is_failed(q) {
+                return Ok(());
+            }
+            if wc.status != WcStatus::Success {
+                if !failed.contains(&q) {
+                    failed.push(q);
+                }
+                return Ok(());
+            }
+            match wc.opcode {
+                WcOpcode::RecvRdmaWithImm => {
+                    let a = receiver
+                        .arrived(wc.imm.unwrap_or(0))
+                        .map_err(NetError::protocol("accounting a tagged arrival"))?;
+                    if let Some((off, word)) = a.record {
+                        self.regions.sizes.buf.store_u64_release(off, word);
+                    }
+                    let qp = &self.side.qps[q].qp;
+                    qp.post_recv(&[RecvWr {
+                        wr_id: 0,
+                        sges: &[],
+                    }])
+                    .map_err(NetError::verbs(format!(
+                        "posting a receive on QP {}",
+                        qp.qpn()
+                    )))
+                }
+                _ if wc.wr_id == CTS_WR_ID => Ok(()),
+                _ => self.side.account(receiver.requests(), d, wc),
+            }
+        })?;
+        for q in failed {
+            let rewrites = receiver
+                .qp_failed(q)
+                .map_err(NetError::protocol("dropping a failed QP"))?;
+            if let Some(first) = rewrites.first().map(|c| c.qp).or(receiver.cts_qp()) {
+                tracing::info!(
+                    "NET/WASM: {}: QP {} failed; the sender moves its traffic; {} CTS \
+                     entr(ies) written again, CTS now through QP {}",
+                    self.side.desc,
+                    self.side.qps[q].qp.qpn(),
+                    rewrites.len(),
+                    self.side.qps[first].qp.qpn()
+                );
+            }
+            for cts in &rewrites {
+                self.post_cts(cts)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stages a CTS slot's entries and writes them into the sender's FIFO.
+    fn post_cts(&self, cts: &CtsWrite) -> Result<(), NetError> {
         let off = cts.slot.cts_offset();
         let entries = cts.entries();
         let bytes: Vec<u8> = entries.iter().flat_map(|e| e.to_bytes()).collect();
@@ -323,15 +429,14 @@ impl RecvComm {
         .map_err(NetError::verbs(format!(
             "posting a CTS write on QP {}",
             qp.qpn()
-        )))?;
-        Ok(post.req)
+        )))
     }
 
     /// `iflush`: an RDMA READ of one byte of the last non-empty buffer over each endpoint's
     /// loopback QP, so that data written by the NIC is visible before NCCL reads it.
     /// `Ok(None)`: nothing to flush (every size is zero, or the connection does not flush).
     pub fn iflush(&self, bufs: &[RecvBuf<'_>]) -> Result<Option<ReqId>, NetError> {
-        self.side.check()?;
+        self.check()?;
         let sizes: Vec<u64> = bufs.iter().map(|b| b.size).collect();
         let mut receiver = crate::comm::lock_state(&self.state)?;
         let Some(f) = receiver
@@ -370,37 +475,45 @@ impl RecvComm {
 
     /// `test`: polls the completion queues the request waits on; `Some` once done (and freed).
     pub fn test(&self, req: ReqId) -> Result<Option<Done>, NetError> {
-        self.side.check()?;
+        self.check()?;
         let mut receiver = crate::comm::lock_state(&self.state)?;
-        let pool = receiver.requests();
-        let waiting = pool.awaiting(req).map_err(NetError::protocol("test"))?;
-        self.side.poll(pool, waiting.iter())?;
-        Ok(match pool.test(req).map_err(NetError::protocol("test"))? {
-            None => None,
-            Some(Finished::Flush) => Some(Done::Flush),
-            Some(Finished::Recv { n, sizes }) => {
-                let mut out = [0u64; MAX_RECVS];
-                match sizes {
-                    RecvSizes::Immediate(s) => out[0] = u64::from(s),
-                    RecvSizes::SizesFifo { slot } => {
-                        let mut row = [0u8; SIZES_SLOT_BYTES];
-                        self.regions
-                            .sizes
-                            .buf
-                            .read(slot * SIZES_SLOT_BYTES, &mut row);
-                        for (o, c) in out.iter_mut().zip(row.chunks_exact(4)).take(n) {
-                            *o = u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        let waiting = receiver
+            .requests()
+            .awaiting(req)
+            .map_err(NetError::protocol("test"))?;
+        self.progress(&mut receiver, waiting.iter())?;
+        Ok(
+            match receiver
+                .requests()
+                .test(req)
+                .map_err(NetError::protocol("test"))?
+            {
+                None => None,
+                Some(Finished::Flush) => Some(Done::Flush),
+                Some(Finished::Recv { n, sizes }) => {
+                    let mut out = [0u64; MAX_RECVS];
+                    match sizes {
+                        RecvSizes::Immediate(s) => out[0] = u64::from(s),
+                        RecvSizes::SizesFifo { slot } => {
+                            let mut row = [0u8; SIZES_SLOT_BYTES];
+                            self.regions
+                                .sizes
+                                .buf
+                                .read(slot * SIZES_SLOT_BYTES, &mut row);
+                            for (o, c) in out.iter_mut().zip(row.chunks_exact(4)).take(n) {
+                                *o = u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+                            }
                         }
                     }
+                    Some(Done::Recv { n, sizes: out })
                 }
-                Some(Done::Recv { n, sizes: out })
-            }
-            Some(Finished::Send { .. }) => {
-                return Err(NetError::Internal(format!(
-                    "request {} of a receive communicator finished as a send",
-                    req.index()
-                )));
-            }
-        })
+                Some(Finished::Send { .. }) => {
+                    return Err(NetError::Internal(format!(
+                        "request {} of a receive communicator finished as a send",
+                        req.index()
+                    )));
+                }
+            },
+        )
     }
 }

@@ -10,11 +10,15 @@ use ncclwasm_verbs::{Access, Remote, SendOp, SendWr, Sge};
 use crate::comm::{Done, MemHandle, OwnedRegion, Side};
 use crate::decide::Decisions;
 use crate::device::PortCtx;
+use crate::failover::{cause_text, port_name};
 use crate::mr_cache::{Backing, RegionSource};
 use crate::net_error::NetError;
 use crate::qp::{self, ConnQp};
 use crate::socket::Stream;
-use ncclwasm_proto::datapath::{LocalData, Opcode, Sender};
+use ncclwasm_model::{PortAnswer, PortChange, PortEvent, PortEventCause, PortState};
+use ncclwasm_proto::datapath::{LocalData, Opcode, QpPost, Sender};
+use ncclwasm_proto::failover::{FailoverCounters, PROBE_WR_ID};
+use ncclwasm_proto::fifo::ARRIVALS_OFFSET;
 use ncclwasm_proto::fifo::{
     CTS_FIFO_BYTES, CTS_SLOT_BYTES, CtsEntry, SIZES_FIFO_BYTES, SIZES_SLOT_BYTES,
 };
@@ -23,6 +27,7 @@ use ncclwasm_proto::handshake::{ConnectorAction, SendSetup};
 use ncclwasm_proto::message::RemoteWindow;
 use ncclwasm_proto::request::{Finished, ReqId};
 use ncclwasm_proto::{MAX_ENDPOINTS, MAX_RECVS, MAX_REQUESTS};
+use ncclwasm_verbs::{Completion, WcStatus};
 
 /// A connection being made: the handshake, its socket and the verbs objects made so far. NCCL
 /// calls `connect` again and again; each call resumes it.
@@ -38,6 +43,8 @@ pub(crate) struct Connecting {
     decisions: Arc<dyn Decisions>,
     /// Who made the plan (the policy version, or why the built-in default did).
     source: String,
+    /// The connection as the plan was asked for, for later decisions on it.
+    conn: Option<Connection>,
 }
 
 impl Connecting {
@@ -57,6 +64,7 @@ impl Connecting {
             cts: None,
             decisions,
             source: String::new(),
+            conn: None,
         }
     }
 
@@ -114,8 +122,17 @@ impl Connecting {
         );
         self.ece = d.value.ece;
         self.source = d.source;
+        let failover = crate::failover::prepared(&*self.decisions, conn, &d.value);
+        if failover {
+            tracing::info!(
+                "NET/WASM: comm {:#x}: prepared for rail failover (the policy would move a \
+                 failed port's traffic): tagged slices, receives posted ahead",
+                conn.comm_id
+            );
+        }
+        self.conn = Some(conn.clone());
         self.machine
-            .plan_decided(d.value)
+            .plan_decided(d.value, failover)
             .map_err(NetError::protocol("planning the connection"))
     }
 
@@ -145,6 +162,10 @@ impl Connecting {
             .take()
             .ok_or_else(|| NetError::Internal("established without a CTS FIFO".into()))?;
         let sizes = OwnedRegion::new(&self.ports, SIZES_FIFO_BYTES, Access::LOCAL_WRITE)?;
+        let conn = self
+            .conn
+            .take()
+            .ok_or_else(|| NetError::Internal("established without a plan".into()))?;
         let desc = describe(&setup.local, &setup.peer);
         tracing::info!("NET/WASM: connected {desc}: {} QP(s)", setup.plan.qps.len());
         let qps = std::mem::take(&mut self.qps);
@@ -166,6 +187,8 @@ impl Connecting {
             sizes,
             setup,
             source: std::mem::take(&mut self.source),
+            conn,
+            decisions: Arc::clone(&self.decisions),
         })
     }
 }
@@ -209,8 +232,11 @@ pub struct SendStats<'a> {
     /// The endpoints the plan's QPs index (`QpPlan::local`, `QpPlan::remote`).
     pub local: &'a [ncclwasm_model::Endpoint],
     pub peer: &'a [ncclwasm_model::Endpoint],
-    /// Payload bytes posted on each QP so far, in plan order (requests in flight included).
+    /// Payload bytes posted on each QP so far, in plan order (requests in flight included;
+    /// replayed slices count again on the QP that carried them again).
     pub posted: Vec<u64>,
+    /// What rail failover did, on a connection prepared for it.
+    pub failover: Option<FailoverCounters>,
 }
 
 /// A connected send communicator. NCCL's progress thread sends and tests while its service
@@ -225,6 +251,10 @@ pub struct SendComm {
     sizes: OwnedRegion,
     setup: SendSetup,
     source: String,
+    /// The connection the plan was made for, and who decides about it: a port failure is
+    /// decided per connection.
+    conn: Connection,
+    decisions: Arc<dyn Decisions>,
 }
 
 impl SendComm {
@@ -240,18 +270,14 @@ impl SendComm {
 
     /// The plan, who made it, its endpoints, and the payload bytes posted on each QP so far.
     pub fn stats(&self) -> SendStats<'_> {
-        let posted = self
-            .state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .posted
-            .to_vec();
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         SendStats {
             plan: &self.setup.plan,
             source: &self.source,
             local: &self.setup.local,
             peer: &self.setup.peer,
-            posted,
+            posted: state.posted.to_vec(),
+            failover: state.sender.failover().map(|f| f.counters()),
         }
     }
 
@@ -291,7 +317,7 @@ impl SendComm {
         tag: u32,
         mr: Option<&MemHandle>,
     ) -> Result<Option<ReqId>, NetError> {
-        self.side.check()?;
+        self.check()?;
         let lkeys = match mr {
             Some(m) if size == 0 || m.covers(addr, size) => m.lkeys(),
             None if size == 0 => [0; MAX_ENDPOINTS],
@@ -302,12 +328,12 @@ impl SendComm {
             }
         };
         let mut guard = crate::comm::lock_state(&self.state)?;
+        self.progress(&mut guard, self.side.all())?;
         let SendState {
             sender,
             bufs,
             posted,
         } = &mut *guard;
-        self.side.poll(sender.requests(), self.side.all())?;
         let head = sender.head();
         let off = head.cts_offset() as usize;
         // The marker is read first, with acquire ordering; the rest of the slot only after it
@@ -339,51 +365,7 @@ impl SendComm {
             self.sizes.buf.write(slot * SIZES_SLOT_BYTES, &bytes);
         }
         for post in work.posts() {
-            let local = post.route.local;
-            let chain = post.wrs();
-            let mut sges: Vec<Option<Sge>> = Vec::with_capacity(chain.len());
-            let mut payload = 0;
-            for wr in chain {
-                sges.push(match wr.local {
-                    LocalData::None => None,
-                    LocalData::Send { r, offset, len } => {
-                        payload += len;
-                        let b = &bufs[reqs[r].index()];
-                        Some(Sge::raw(b.addr + offset, len as u32, b.lkeys[local]))
-                    }
-                    LocalData::SizesRow { slot, len } => Some(
-                        self.sizes.mrs[local]
-                            .sge((slot * SIZES_SLOT_BYTES) as u64, len as u32)
-                            .map_err(NetError::verbs("staging the sizes row"))?,
-                    ),
-                });
-            }
-            let wrs: Vec<SendWr<'_>> = chain
-                .iter()
-                .zip(&sges)
-                .map(|(wr, sge)| {
-                    let remote = Remote {
-                        addr: wr.remote_addr,
-                        rkey: wr.rkey,
-                    };
-                    SendWr {
-                        wr_id: wr.wr_id,
-                        op: match wr.opcode {
-                            Opcode::Write => SendOp::Write(remote),
-                            Opcode::WriteWithImm { imm } => SendOp::WriteImm(remote, imm),
-                        },
-                        sges: sge.as_slice(),
-                        signaled: wr.signaled,
-                        inline: false,
-                    }
-                })
-                .collect();
-            let q = &self.side.qps[post.qp];
-            q.qp.post_send(&wrs).map_err(NetError::verbs(format!(
-                "posting a send on QP {}",
-                q.qp.qpn()
-            )))?;
-            posted[post.qp] += payload;
+            self.post(bufs, posted, &post, &reqs)?;
         }
         Ok(Some(req))
     }
@@ -391,12 +373,20 @@ impl SendComm {
     /// `test`: polls the completion queues the request waits on; `Some` once it is done (and
     /// freed).
     pub fn test(&self, req: ReqId) -> Result<Option<Done>, NetError> {
-        self.side.check()?;
+        self.check()?;
         let mut guard = crate::comm::lock_state(&self.state)?;
-        let pool = guard.sender.requests();
-        let waiting = pool.awaiting(req).map_err(NetError::protocol("test"))?;
-        self.side.poll(pool, waiting.iter())?;
-        match pool.test(req).map_err(NetError::protocol("test"))? {
+        let waiting = guard
+            .sender
+            .requests()
+            .awaiting(req)
+            .map_err(NetError::protocol("test"))?;
+        self.progress(&mut guard, waiting.iter())?;
+        match guard
+            .sender
+            .requests()
+            .test(req)
+            .map_err(NetError::protocol("test"))?
+        {
             None => Ok(None),
             Some(Finished::Send { size }) => Ok(Some(Done::Send { size })),
             Some(other) => Err(NetError::Internal(format!(
@@ -404,6 +394,261 @@ impl SendComm {
                 req.index()
             ))),
         }
+    }
+
+    /// Fatal events: of the device always; of a QP too unless the connection is prepared for
+    /// failover, which moves that QP's traffic instead ([`progress`](Self::progress)).
+    fn check(&self) -> Result<(), NetError> {
+        if self.setup.failover {
+            self.side.check_device()
+        } else {
+            self.side.check()
+        }
+    }
+
+    /// Polls completions. A prepared connection also carries out failover here: a failed QP's
+    /// port is decided by the policy; a `move-to` restripes, probes the receiver's arrival
+    /// record and writes again what it lacks (`ncclwasm_proto::failover`).
+    fn progress(
+        &self,
+        st: &mut SendState,
+        devices: impl Iterator<Item = usize>,
+    ) -> Result<(), NetError> {
+        if !self.setup.failover {
+            return self.side.poll(st.sender.requests(), devices);
+        }
+        let mut failed: Vec<(usize, PortEventCause)> = self
+            .side
+            .fatal_qps()
+            .into_iter()
+            .map(|q| (q, PortEventCause::AsyncEvent))
+            .collect();
+        let mut probe_done = false;
+        self.side.poll_each(self.side.all(), |d, wc: &Completion| {
+            let Some(q) = self.side.qp_index(wc.qp_num) else {
+                return Err(self.side.failed(d, wc));
+            };
+            let fo = st.sender.failover().is_some_and(|f| f.is_failed(q));
+            if fo {
+                // Its slices are accounted for by the probe.
+                return Ok(());
+            }
+            if wc.status != WcStatus::Success {
+                if wc.wr_id == PROBE_WR_ID {
+                    st.sender.probe_lost();
+                }
+                if !failed.iter().any(|&(f, _)| f == q) {
+                    failed.push((q, PortEventCause::FatalCompletion));
+                }
+                return Ok(());
+            }
+            if wc.wr_id == PROBE_WR_ID {
+                probe_done = true;
+                return Ok(());
+            }
+            st.sender
+                .slice_acked(wc.wr_id)
+                .map_err(NetError::protocol("accounting a completion"))
+        })?;
+        for (q, cause) in failed {
+            if !st.sender.failover().is_some_and(|f| f.is_failed(q)) {
+                self.port_down(st, q, cause)?;
+            }
+        }
+        if probe_done {
+            self.replay(st)?;
+        }
+        if let Some((q, route)) = st.sender.take_probe() {
+            let len = (MAX_REQUESTS * size_of::<u64>()) as u32;
+            let sge = self.sizes.mrs[route.local]
+                .sge(ARRIVALS_OFFSET as u64, len)
+                .map_err(NetError::verbs("the probe's landing area"))?;
+            let qp = &self.side.qps[q].qp;
+            qp.post_send(&[SendWr {
+                wr_id: PROBE_WR_ID,
+                op: SendOp::Read(Remote {
+                    addr: self.setup.sizes_fifo.addr + ARRIVALS_OFFSET as u64,
+                    rkey: self.setup.sizes_fifo.rkeys[route.remote],
+                }),
+                sges: &[sge],
+                signaled: true,
+                inline: false,
+            }])
+            .map_err(NetError::verbs(format!(
+                "posting the failover probe on QP {}",
+                qp.qpn()
+            )))?;
+        }
+        Ok(())
+    }
+
+    /// Plan QP `q` failed: the policy decides about its port.
+    fn port_down(
+        &self,
+        st: &mut SendState,
+        q: usize,
+        cause: PortEventCause,
+    ) -> Result<(), NetError> {
+        let port = self.setup.routes[q].local as u32;
+        let f = st.sender.failover();
+        // A port is down when every QP the plan has on it failed (this one's included).
+        let states: Vec<PortState> = (0..self.setup.local.len() as u32)
+            .map(|p| {
+                let down = p == port
+                    || self
+                        .setup
+                        .routes
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, r)| r.local as u32 == p)
+                        .all(|(i, _)| f.is_some_and(|f| f.is_failed(i)));
+                if down {
+                    PortState::Down
+                } else {
+                    PortState::Active
+                }
+            })
+            .collect();
+        let event = PortEvent {
+            port,
+            change: PortChange::Down,
+            cause,
+        };
+        let d = self
+            .decisions
+            .on_port_event(&event, &self.conn, &self.setup.plan.qps, &states)?;
+        let name = port_name(&self.conn, port);
+        tracing::info!(
+            "NET/WASM: {}: port {name} failed ({} on QP {}): {}: {} [{}]",
+            self.side.desc,
+            cause_text(cause),
+            self.side.qps[q].qp.qpn(),
+            d.value.kind(),
+            d.reason,
+            d.source
+        );
+        let fail = |reason: String| NetError::PortFailed {
+            connection: self.side.desc.clone(),
+            port: name.clone(),
+            reason,
+            source_of: d.source.clone(),
+        };
+        match d.value {
+            PortAnswer::MoveTo { ports, .. } => {
+                st.sender
+                    .fail_over(port, &ports)
+                    .map_err(|e| fail(e.to_string()))?;
+                let to: Vec<String> = ports.iter().map(|&p| port_name(&self.conn, p)).collect();
+                tracing::info!(
+                    "NET/WASM: {}: new messages go over {}; slices in flight on {name} are \
+                     probed at the receiver and written again where missing",
+                    self.side.desc,
+                    to.join(", ")
+                );
+                Ok(())
+            }
+            PortAnswer::Fail { reason } => Err(fail(reason)),
+            PortAnswer::Wait { .. } => Err(fail(
+                "the policy answered wait; holding traffic for a port to return needs the \
+                 failed QPs re-created, which this transport does not do yet"
+                    .into(),
+            )),
+            other => Err(NetError::Internal(format!(
+                "the answer to a port failure was {}, an answer to a port coming back",
+                other.kind()
+            ))),
+        }
+    }
+
+    /// The probe returned: writes again every slice the receiver lacks.
+    fn replay(&self, st: &mut SendState) -> Result<(), NetError> {
+        let mut words = [0u64; MAX_REQUESTS];
+        for (slot, w) in words.iter_mut().enumerate() {
+            *w = self
+                .sizes
+                .buf
+                .load_u64_acquire(ARRIVALS_OFFSET + slot * size_of::<u64>());
+        }
+        let reposts = st
+            .sender
+            .probed(&words)
+            .map_err(NetError::protocol("reading the failover probe"))?;
+        for r in &reposts {
+            let (post, reqs) = st
+                .sender
+                .replay(r)
+                .map_err(NetError::protocol("replaying a slice"))?;
+            let SendState { bufs, posted, .. } = st;
+            self.post(bufs, posted, &post, &reqs)?;
+        }
+        if let Some(c) = st.sender.failover().map(|f| f.counters()) {
+            tracing::info!(
+                "NET/WASM: {}: failover probe {}: {} slice(s) written again ({} bytes in all \
+                 so far), {} confirmed delivered",
+                self.side.desc,
+                c.probes,
+                reposts.len(),
+                c.replayed_bytes,
+                c.confirmed
+            );
+        }
+        Ok(())
+    }
+
+    /// Posts one QP's chain; `reqs` are the requests of its slot in receive order.
+    fn post(
+        &self,
+        bufs: &[SendBuf; MAX_REQUESTS],
+        posted: &mut [u64],
+        post: &QpPost,
+        reqs: &[ReqId],
+    ) -> Result<(), NetError> {
+        let local = post.route.local;
+        let chain = post.wrs();
+        let mut sges: Vec<Option<Sge>> = Vec::with_capacity(chain.len());
+        let mut payload = 0;
+        for wr in chain {
+            sges.push(match wr.local {
+                LocalData::None => None,
+                LocalData::Send { r, offset, len } => {
+                    payload += len;
+                    let b = &bufs[reqs[r].index()];
+                    Some(Sge::raw(b.addr + offset, len as u32, b.lkeys[local]))
+                }
+                LocalData::SizesRow { slot, len } => Some(
+                    self.sizes.mrs[local]
+                        .sge((slot * SIZES_SLOT_BYTES) as u64, len as u32)
+                        .map_err(NetError::verbs("staging the sizes row"))?,
+                ),
+            });
+        }
+        let wrs: Vec<SendWr<'_>> = chain
+            .iter()
+            .zip(&sges)
+            .map(|(wr, sge)| {
+                let remote = Remote {
+                    addr: wr.remote_addr,
+                    rkey: wr.rkey,
+                };
+                SendWr {
+                    wr_id: wr.wr_id,
+                    op: match wr.opcode {
+                        Opcode::Write => SendOp::Write(remote),
+                        Opcode::WriteWithImm { imm } => SendOp::WriteImm(remote, imm),
+                    },
+                    sges: sge.as_slice(),
+                    signaled: wr.signaled,
+                    inline: false,
+                }
+            })
+            .collect();
+        let q = &self.side.qps[post.qp];
+        q.qp.post_send(&wrs).map_err(NetError::verbs(format!(
+            "posting a send on QP {}",
+            q.qp.qpn()
+        )))?;
+        posted[post.qp] += payload;
+        Ok(())
     }
 
     /// Requests in flight.

@@ -6,34 +6,16 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::*;
 use ncclwasm_testkit::guest;
 
-/// Everything logged, to check that the swap is visible where operators look.
-static LOG: Mutex<Vec<u8>> = Mutex::new(Vec::new());
-
-struct Capture;
-
-impl Write for Capture {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        LOG.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// The logged plan lines, in order.
 fn plan_lines() -> Vec<String> {
-    String::from_utf8_lossy(&LOG.lock().unwrap())
+    logged()
         .lines()
         .filter(|l| l.contains("NET/WASM: plan for comm"))
         .map(str::to_owned)
@@ -62,10 +44,7 @@ fn swapping_the_policy_file_changes_only_new_connections() {
     }
     let live = PathBuf::from(std::env::var_os("NCCL_WASM_POLICY").unwrap());
     let dir = live.parent().unwrap().to_path_buf();
-    tracing_subscriber::fmt()
-        .with_writer(|| Capture)
-        .with_ansi(false)
-        .init();
+    capture_logs();
     let (net, policy) = net_and_policy();
     let first = policy.policy().expect("nccl-default loaded");
     assert_eq!(first.name, "nccl-default");

@@ -190,6 +190,20 @@ impl DmaBuf {
         u64::from_le(value)
     }
 
+    /// Stores the little-endian 8-byte word at `offset` with release ordering: how to publish
+    /// a record a peer reads by RDMA READ, after the host writes it depends on, and in one
+    /// piece. Panics when the range is out of bounds or `offset` is not 8-byte aligned.
+    pub fn store_u64_release(&self, offset: usize, value: u64) {
+        self.check(offset, 8);
+        let word = self.ptr.as_ptr().wrapping_add(offset).cast::<u64>();
+        assert!(
+            word.is_aligned(),
+            "DmaBuf word at {offset} is not 8-byte aligned"
+        );
+        // SAFETY: as in `load_u64_acquire`; the host only ever writes it atomically.
+        unsafe { AtomicU64::from_ptr(word) }.store(value.to_le(), Ordering::Release);
+    }
+
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = vec![0; self.len];
         self.read(0, &mut v);

@@ -14,6 +14,35 @@ use ncclwasm_transport::{
 use ncclwasm_verbs::DmaBuf;
 
 pub const MIB: usize = 1 << 20;
+
+/// What the tracing subscriber [`capture_logs`] installs has written so far.
+static LOG: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+
+struct Capture;
+
+impl std::io::Write for Capture {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        LOG.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Sends this process's log lines (INFO and up) to a buffer [`logged`] returns.
+pub fn capture_logs() {
+    tracing_subscriber::fmt()
+        .with_writer(|| Capture)
+        .with_ansi(false)
+        .init();
+}
+
+/// Everything logged since [`capture_logs`].
+pub fn logged() -> String {
+    String::from_utf8_lossy(&LOG.lock().unwrap()).into_owned()
+}
 pub const BUF: usize = 64 * MIB + 8192;
 
 pub fn net() -> Net {

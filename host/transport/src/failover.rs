@@ -1,0 +1,61 @@
+//! Rail failover in the shell: whether a connection is prepared for it, and the words its
+//! INFO lines use. The protocol itself — tags, the arrival record, the probe, the replay
+//! barrier — is `ncclwasm_proto::failover`; the send and receive communicators carry it out.
+
+use ncclwasm_model::{
+    ConnPlan, Connection, PortAnswer, PortChange, PortEvent, PortEventCause, PortState,
+};
+use ncclwasm_proto::failover::MAX_FAILOVER_SLICES;
+
+use crate::decide::Decisions;
+
+/// Whether the connection `conn` with plan `plan` runs prepared for failover: when its QPs span
+/// two local ports or more, its stripe fits a failover record, and the policy, asked about a
+/// failure of any of those ports (the others up), would move or hold the traffic rather
+/// than fail the connection. Preparing costs a work request per QP and message, so a
+/// connection whose policy would fail anyway runs the reference's data path unchanged. A policy
+/// that cannot answer counts as "fail": the connection then fails on a port failure, as NCCL's
+/// own default does.
+pub(crate) fn prepared(decisions: &dyn Decisions, conn: &Connection, plan: &ConnPlan) -> bool {
+    let mut ports: Vec<u32> = plan.qps.iter().map(|q| q.local).collect();
+    ports.sort_unstable();
+    ports.dedup();
+    if ports.len() < 2 || plan.stripe_count() > MAX_FAILOVER_SLICES {
+        return false;
+    }
+    ports.iter().any(|&port| {
+        let event = PortEvent {
+            port,
+            change: PortChange::Down,
+            cause: PortEventCause::AsyncEvent,
+        };
+        let states: Vec<PortState> = (0..conn.local.len() as u32)
+            .map(|p| {
+                if p == port {
+                    PortState::Down
+                } else {
+                    PortState::Active
+                }
+            })
+            .collect();
+        decisions
+            .on_port_event(&event, conn, &plan.qps, &states)
+            .is_ok_and(|d| matches!(d.value, PortAnswer::MoveTo { .. } | PortAnswer::Wait { .. }))
+    })
+}
+
+/// "mlx5_0:1", or the index when the connection has no such port.
+pub(crate) fn port_name(conn: &Connection, port: u32) -> String {
+    conn.local.get(port as usize).map_or_else(
+        || format!("port {port}"),
+        |e| format!("{}:{}", e.device, e.port),
+    )
+}
+
+/// How the event was learnt, for INFO lines.
+pub(crate) fn cause_text(cause: PortEventCause) -> &'static str {
+    match cause {
+        PortEventCause::AsyncEvent => "fatal QP event",
+        PortEventCause::FatalCompletion => "failed work completion",
+    }
+}

@@ -1,0 +1,275 @@
+//! Rail failover end to end on the soft fabric: a fused two-port device carries a stream of
+//! messages, one port goes down in the middle (the soft fabric's fault injection: every QP on the
+//! port fails, on both ends), and what the policy answers is carried out. Every message's bytes
+//! are checked, and each receive must complete exactly once.
+//!
+//! Each test runs in a child process with its own settings (`rerun_with_env`), so a port taken
+//! down never leaks into another test.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use ncclwasm_transport::{ErrorClass, NetError, RecvBuf, RecvComm, ReqId, SendComm};
+use ncclwasm_verbs::Context;
+
+/// Messages in the stream, and how many are in flight at once.
+const MESSAGES: usize = 96;
+const IN_FLIGHT: usize = 8;
+/// Each in-flight message lands in its own region of the receive buffer.
+const REGION: usize = 2 * MIB;
+
+/// A second context on soft device `name`: fault injection acts on the device, so every
+/// connection on it sees the port go down.
+fn device(name: &str) -> std::sync::Arc<Context> {
+    ncclwasm_soft::fabric()
+        .expect("soft fabric")
+        .open(name)
+        .expect("a context on the device")
+}
+
+/// Message `k`: (send offset, size), sizes from 1 byte to 1 MiB.
+fn shape(k: usize) -> (usize, usize) {
+    ((k * 4099) % (8 * MIB), (k * 7919 + k * k * 131) % MIB + 1)
+}
+
+/// The receive side of one in-flight message.
+struct Pending {
+    k: usize,
+    /// Its region of the receive buffer.
+    region: usize,
+    recv: ReqId,
+    send: ReqId,
+    send_done: bool,
+}
+
+/// Streams `MESSAGES` messages, `IN_FLIGHT` at a time, calling `at(k)` after message `k` was
+/// posted. Returns the first error of any call, after checking every completed message.
+fn stream(
+    s: &SendComm,
+    r: &RecvComm,
+    b: &Bufs,
+    mut at: impl FnMut(usize),
+) -> Result<usize, NetError> {
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut free: Vec<usize> = (0..IN_FLIGHT).map(|i| i * REGION).collect();
+    let mut done = 0;
+    let end = Instant::now() + Duration::from_secs(60);
+    let retire = |p: &mut Pending| -> Result<bool, NetError> {
+        if !p.send_done {
+            p.send_done = s.test(p.send)?.is_some();
+        }
+        let Some(d) = r.test(p.recv)? else {
+            return Ok(false);
+        };
+        let (off, size) = shape(p.k);
+        let region = p.region;
+        assert_eq!(
+            d,
+            ncclwasm_transport::Done::Recv {
+                n: 1,
+                sizes: [size as u64, 0, 0, 0, 0, 0, 0, 0]
+            },
+            "message {}",
+            p.k
+        );
+        let mut got = vec![0u8; size + 1];
+        b.recv.read(region, &mut got);
+        let mut want = vec![0u8; size];
+        b.send.read(off, &mut want);
+        assert!(got[..size] == want[..], "message {} arrived altered", p.k);
+        assert_eq!(got[size], 0xee, "message {} wrote past its size", p.k);
+        b.recv.write(region, &vec![0xee; size + 1]);
+        // A receive completes once: its request is free now.
+        assert!(
+            r.test(p.recv).is_err(),
+            "message {} completed a second time",
+            p.k
+        );
+        Ok(true)
+    };
+    b.recv.fill(0xee);
+    for k in 0..MESSAGES {
+        while pending.len() == IN_FLIGHT {
+            let mut i = 0;
+            while i < pending.len() {
+                if retire(&mut pending[i])? {
+                    let p = pending.remove(i);
+                    while !p.send_done && s.test(p.send)?.is_none() {
+                        assert!(Instant::now() < end, "send of {} never completed", p.k);
+                    }
+                    free.push(p.region);
+                    done += 1;
+                } else {
+                    i += 1;
+                }
+            }
+            assert!(Instant::now() < end, "the stream stalled at message {k}");
+        }
+        let (off, size) = shape(k);
+        let region = free.pop().expect("a free region");
+        let recv = r.irecv(&[RecvBuf {
+            addr: b.recv.addr() + region as u64,
+            size: REGION as u64 - 1,
+            tag: 3,
+            mr: Some(&b.rmr),
+        }])?;
+        let send = loop {
+            if let Some(req) = s.isend(b.send.addr() + off as u64, size as u64, 3, Some(&b.smr))? {
+                break req;
+            }
+            for p in &mut pending {
+                if !p.send_done {
+                    p.send_done = s.test(p.send)?.is_some();
+                }
+            }
+            assert!(Instant::now() < end, "isend of {k} never matched");
+        };
+        pending.push(Pending {
+            k,
+            region,
+            recv,
+            send,
+            send_done: false,
+        });
+        at(k);
+    }
+    while !pending.is_empty() {
+        let mut i = 0;
+        while i < pending.len() {
+            if retire(&mut pending[i])? {
+                let p = pending.remove(i);
+                while !p.send_done && s.test(p.send)?.is_none() {
+                    assert!(Instant::now() < end, "send of {} never completed", p.k);
+                }
+                done += 1;
+            } else {
+                i += 1;
+            }
+        }
+        assert!(Instant::now() < end, "the stream never drained");
+    }
+    Ok(done)
+}
+
+#[test]
+fn a_port_down_mid_transfer_moves_its_traffic_and_loses_nothing() {
+    let vars = [
+        ("NCCL_IB_RESILIENCY_PORT_FAILOVER", "1"),
+        ("NCCL_IB_QPS_PER_CONNECTION", "2"),
+    ];
+    if rerun_with_env(
+        "a_port_down_mid_transfer_moves_its_traffic_and_loses_nothing",
+        &vars,
+    ) {
+        return;
+    }
+    capture_logs();
+    let net = net();
+    let v = i64::from(net.make_vdevice(&[0, 1]).unwrap());
+    let (s, r) = connect(&net, v, v);
+    let stats = s.stats();
+    let ports: Vec<u32> = stats.plan.qps.iter().map(|q| q.local).collect();
+    assert!(ports.contains(&0) && ports.contains(&1), "{:?}", stats.plan);
+    assert_eq!(
+        stats.failover.map(|c| c.moves),
+        Some(0),
+        "prepared for failover"
+    );
+    let first = stats.local[0].device.clone();
+    drop(stats);
+    let dev = device(&first);
+    let b = bufs(&s, &r);
+    let mut posted_at_failure = Vec::new();
+    let done = stream(&s, &r, &b, |k| {
+        if k == MESSAGES / 3 {
+            posted_at_failure = s.stats().posted;
+            assert!(dev.inject_port_down(1).unwrap(), "{first} port 1 went down");
+        }
+    })
+    .expect("no request fails");
+    assert_eq!(done, MESSAGES);
+    let stats = s.stats();
+    let c = stats.failover.unwrap();
+    assert_eq!(c.moves, 1, "{c:?}");
+    assert_eq!(c.probes, 1, "{c:?}");
+    // After the move only the surviving port's QPs carry new messages; a failed QP's counter
+    // grows no more than the slices that were in flight on it at the failure.
+    for (q, qp) in stats.plan.qps.iter().enumerate() {
+        if qp.local == 0 {
+            assert!(
+                stats.posted[q] <= posted_at_failure[q] + (IN_FLIGHT * MIB) as u64,
+                "QP {q} on the failed port kept carrying: {} then {}",
+                posted_at_failure[q],
+                stats.posted[q]
+            );
+        }
+    }
+    let log = logged();
+    let answer = log
+        .lines()
+        .find(|l| l.contains("failed (") && l.contains("move-to"))
+        .unwrap_or_else(|| panic!("the policy's answer is not in the log:\n{log}"));
+    assert!(
+        answer.contains("NCCL_IB_RESILIENCY_PORT_FAILOVER=1"),
+        "{answer}"
+    );
+    assert!(log.contains("failover probe 1"), "{log}");
+    println!("{answer}");
+    println!("{c:?}");
+
+    // The port comes back: the connection keeps working (on the port that carried it through).
+    assert!(dev.inject_port_up(1).unwrap());
+    small_message(&s, &r);
+}
+
+/// NCCL's default (`NCCL_IB_RESILIENCY_PORT_FAILOVER=0`) through the shipped nccl-default
+/// policy, failing closed: the policy answers `fail`, so the connection is not prepared and a
+/// port failure fails it: a clean error from the next call within the fault's own time, never
+/// a hang.
+#[test]
+fn a_policy_that_answers_fail_fails_the_connection_cleanly() {
+    let policy = ncclwasm_testkit::guest("nccl-default");
+    let policy = policy.to_string_lossy().into_owned();
+    let vars = [
+        ("NCCL_WASM_POLICY", policy.as_str()),
+        ("NCCL_WASM_POLICY_FAILURE", "closed"),
+        ("NCCL_IB_QPS_PER_CONNECTION", "2"),
+    ];
+    if rerun_with_env(
+        "a_policy_that_answers_fail_fails_the_connection_cleanly",
+        &vars,
+    ) {
+        return;
+    }
+    let net = net();
+    let v = i64::from(net.make_vdevice(&[0, 1]).unwrap());
+    let (s, r) = connect(&net, v, v);
+    assert!(
+        s.plan_source().contains("nccl-default"),
+        "{}",
+        s.plan_source()
+    );
+    assert!(
+        s.stats().failover.is_none(),
+        "not prepared: the policy fails"
+    );
+    let dev = device(&s.stats().local[0].device);
+    let b = bufs(&s, &r);
+    let started = std::cell::Cell::new(None);
+    let err = stream(&s, &r, &b, |k| {
+        if k == MESSAGES / 3 {
+            started.set(Some(Instant::now()));
+            dev.inject_port_down(1).unwrap();
+        }
+    })
+    .expect_err("a port failure fails an unprepared connection");
+    let took = started.get().expect("the port went down").elapsed();
+    assert!(
+        matches!(err.class(), ErrorClass::System | ErrorClass::Remote),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    println!("{err} (after {took:?})");
+}
