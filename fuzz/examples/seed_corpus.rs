@@ -46,6 +46,25 @@ fn main() {
     {
         write(&dir("message"), name, m);
     }
+    // Fail-back's two messages, on the kept handshake socket.
+    let rejoin = ncclwasm_proto::message::Rejoin {
+        indices: vec![0, 2],
+        qps: (0..2)
+            .map(|i| ncclwasm_proto::message::QpInfo {
+                qpn: 0x100 + i,
+                endpoint: 0,
+                secret: 0x5ec,
+                psn: 0x7000 + i,
+                ece: None,
+            })
+            .collect(),
+    };
+    for (name, m) in [
+        ("rejoin", ncclwasm_proto::message::Message::Rejoin(rejoin.clone())),
+        ("rejoined", ncclwasm_proto::message::Message::Rejoined(rejoin)),
+    ] {
+        write(&dir("message"), name, &m.encode().expect("encode"));
+    }
     let mut acceptor_side = vec![0u8];
     acceptor_side.extend(to_chunks(&hs.to_acceptor));
     write(&dir("handshake"), "acceptor-complete", &acceptor_side);

@@ -507,6 +507,17 @@ impl Sender {
         Ok(())
     }
 
+    /// Local port `port`'s QPs were re-created and connected: stripe over them again.
+    pub fn fail_back(&mut self, port: u32) -> Result<(), ProtoError> {
+        let f = self.failover_mut()?;
+        let full = f.plan(0).clone();
+        f.fail_back(&full, port)?;
+        let (_, plan, map) = f.current();
+        let (plan, map) = (plan.clone(), map.to_vec());
+        self.rotation.switch(&plan, &map);
+        Ok(())
+    }
+
     /// The QP (index and route) to post the due probe READ on, if one is due.
     pub fn take_probe(&mut self) -> Option<(usize, QpRoute)> {
         let q = self.failover.as_deref_mut()?.take_probe()?;
@@ -720,9 +731,21 @@ impl Receiver {
         }
     }
 
+    /// Plan QP `qp` was re-created and connected again (fail-back): it counts again.
+    pub fn qp_rejoined(&mut self, qp: usize) {
+        if let Some(f) = self.failover.as_deref_mut() {
+            f.rejoined(qp);
+        }
+    }
+
     /// The QP every CTS write goes through since a QP failed.
     pub fn cts_qp(&self) -> Option<usize> {
         self.failover.as_ref().and_then(|f| f.cts_pin)
+    }
+
+    /// Whether a QP failed and was not re-created yet (a rejoin may come).
+    pub fn any_failed(&self) -> bool {
+        self.failover.as_ref().is_some_and(|f| f.failed != 0)
     }
 
     /// Whether plan QP `qp` failed (its completions count nothing any more).

@@ -310,6 +310,8 @@ enum Probe {
 pub struct FailoverCounters {
     /// Moves carried out (`move-to` answers).
     pub moves: u32,
+    /// Fail-backs carried out: a port's re-created QPs carry traffic again.
+    pub fail_backs: u32,
     /// Probe READs completed.
     pub probes: u32,
     /// Slices of failed QPs the probe showed had landed.
@@ -457,6 +459,37 @@ impl SendFailover {
         Ok(())
     }
 
+    /// The QPs of local port `port` were re-created and connected again (`fail-back`): they
+    /// carry new messages again, with every other QP that works. Only once no probe or replay
+    /// is pending ([`blocked`](Self::blocked)), so no slice is still accounted to the QPs the
+    /// new ones replace.
+    pub fn fail_back(&mut self, full: &ConnPlan, port: u32) -> Result<(), ProtoError> {
+        if self.blocked() {
+            return Err(ProtoError::Bookkeeping {
+                detail: "fail-back while a probe or replays are pending".into(),
+            });
+        }
+        for (q, p) in full.qps.iter().enumerate() {
+            if p.local == port {
+                self.failed &= !(1 << q);
+            }
+        }
+        let kept: Vec<u32> = (0..full.qps.len() as u32)
+            .filter(|&q| !self.is_failed(q as usize))
+            .collect();
+        let mut plan = full.clone();
+        plan.qps = kept.iter().map(|&q| full.qps[q as usize]).collect();
+        plan.stripe_width = plan.stripe_width.min(plan.qps.len() as u32).max(1);
+        if self.plans.len() >= MAX_GENERATIONS {
+            return Err(ProtoError::Bookkeeping {
+                detail: format!("{MAX_GENERATIONS} plan changes on one connection"),
+            });
+        }
+        self.plans.push((plan, kept));
+        self.counters.fail_backs += 1;
+        Ok(())
+    }
+
     /// The plan QP to post the probe READ on, when one is due; the caller posts it and the
     /// probe counts as out.
     pub fn take_probe(&mut self) -> Option<usize> {
@@ -572,6 +605,13 @@ impl RecvFailover {
 
     pub fn is_failed(&self, qp: usize) -> bool {
         qp < 128 && self.failed & (1 << qp) != 0
+    }
+
+    /// Plan QP `qp` was re-created and connected again: its completions count again.
+    pub(crate) fn rejoined(&mut self, qp: usize) {
+        if qp < 128 {
+            self.failed &= !(1 << qp);
+        }
     }
 }
 

@@ -27,8 +27,8 @@ use tracing::debug;
 use super::MAX_ENDPOINTS;
 use super::fifo::{CTS_FIFO_BYTES, SIZES_FIFO_BYTES};
 use super::message::{
-    AcceptorMeta, ConnectorMeta, DeviceList, Ece, Hello, MAX_24BIT, Message, QpInfo, RemoteWindow,
-    decode_frame,
+    AcceptorMeta, ConnectorMeta, DeviceList, Ece, Hello, MAX_24BIT, Message, QpInfo, Rejoin,
+    RemoteWindow, decode_frame,
 };
 use crate::error::ProtoError;
 use crate::failover::MAX_FAILOVER_SLICES;
@@ -217,6 +217,106 @@ impl Link {
             m
         }))
     }
+}
+
+/// The handshake socket once the connection is up: the two sides re-create failed QPs over it
+/// (fail-back, `crate::failover`). Sans-IO like the machines: the shell moves the bytes. Only
+/// [`Message::Rejoin`] and [`Message::Rejoined`] may arrive; anything else is the peer's error.
+#[derive(Debug, Default)]
+pub struct Control {
+    link: Link,
+    /// The peer closed its end (it is closing the connection, or gone).
+    closed: bool,
+}
+
+impl Control {
+    /// Queues `m` for the peer.
+    pub fn send(&mut self, m: &Message) -> Result<(), ProtoError> {
+        self.link.queue(m)
+    }
+
+    pub fn transmit(&self) -> &[u8] {
+        self.link.transmit()
+    }
+
+    pub fn advance_transmit(&mut self, n: usize) -> Result<(), ProtoError> {
+        self.link.advance(n)
+    }
+
+    pub fn handle_bytes(&mut self, data: &[u8]) -> Result<(), ProtoError> {
+        self.link.inbox.extend_from_slice(data);
+        Ok(())
+    }
+
+    /// The peer closed: nothing more will come. Not an error by itself (a peer that closes
+    /// its communicator closes the socket); a rejoin then never completes.
+    pub fn handle_eof(&mut self) -> Result<(), ProtoError> {
+        self.closed = true;
+        Ok(())
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// The next complete message, if any.
+    pub fn next_message(&mut self) -> Result<Option<Rejoin>, ProtoError> {
+        match self.link.next_message()? {
+            None => Ok(None),
+            Some(Message::Rejoin(m) | Message::Rejoined(m)) => Ok(Some(m)),
+            Some(other) => Err(unexpected(&other, "established")),
+        }
+    }
+}
+
+/// Bring-up of fresh QPs `indices` of an established connection, given the peer's halves
+/// `infos` (checked: known plan QPs, on the peer endpoints the plan names). `tc` is the traffic
+/// class the side uses (the plan's, or its FIFO class on the receiving side).
+pub fn rejoin_bring_up(
+    plan: &ConnPlan,
+    routes: &[QpRoute],
+    local: &[Endpoint],
+    peer: &[Endpoint],
+    m: &Rejoin,
+    tc: u8,
+) -> Result<Vec<QpBringUp>, ProtoError> {
+    let bad = |detail: String| ProtoError::BadPeerInfo { detail };
+    if m.indices.len() != m.qps.len() {
+        return Err(bad(format!(
+            "{} indices for {} QPs",
+            m.indices.len(),
+            m.qps.len()
+        )));
+    }
+    m.indices
+        .iter()
+        .zip(&m.qps)
+        .map(|(&i, info)| {
+            let route = *routes
+                .get(i as usize)
+                .ok_or_else(|| bad(format!("a rejoin names QP {i} of {}", routes.len())))?;
+            if usize::from(info.endpoint) != route.remote {
+                return Err(bad(format!(
+                    "rejoined QP {i} is on endpoint {}, the plan says {}",
+                    info.endpoint, route.remote
+                )));
+            }
+            Ok(QpBringUp {
+                qp: i as usize,
+                route,
+                remote: peer[route.remote].clone(),
+                remote_qpn: info.qpn,
+                remote_psn: info.psn,
+                remote_secret: info.secret,
+                mtu: local[route.local].mtu.min(peer[route.remote].mtu),
+                ece: None,
+                traffic_class: tc,
+                service_level: plan.sl,
+                timeout: plan.timeout,
+                retry_cnt: plan.retry_cnt,
+            })
+        })
+        .collect()
 }
 
 fn wrong_state(input: &'static str, state: &'static str) -> ProtoError {

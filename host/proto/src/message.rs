@@ -37,12 +37,14 @@ pub const MAX_BODY: usize = 16 * 1024;
 /// Longest plan `reason` carried; longer ones are cut at a character boundary when encoding.
 pub const MAX_REASON_LEN: usize = 1024;
 /// Message names by kind byte − 1.
-const KIND_NAMES: [&str; 5] = [
+const KIND_NAMES: [&str; 7] = [
     "hello",
     "device-list",
     "connector-metadata",
     "acceptor-metadata",
     "ready",
+    "rejoin",
+    "rejoined",
 ];
 /// QP numbers and packet sequence numbers are 24-bit quantities in InfiniBand.
 pub const MAX_24BIT: u32 = 0x00ff_ffff;
@@ -134,6 +136,19 @@ pub enum Message {
     AcceptorMeta(AcceptorMeta),
     /// Connector → acceptor, last: the connector's QPs are in RTS, data may flow.
     Ready,
+    /// After the handshake, connector → acceptor: QPs that failed are re-created (fail-back);
+    /// here are the connector's halves.
+    Rejoin(Rejoin),
+    /// Acceptor → connector: the acceptor's re-created halves, already in RTS.
+    Rejoined(Rejoin),
+}
+
+/// Fresh QPs replacing failed ones: their plan indices and one side's half of each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejoin {
+    pub indices: Vec<u32>,
+    /// One per index, in the same order.
+    pub qps: Vec<QpInfo>,
 }
 
 impl Message {
@@ -149,6 +164,8 @@ impl Message {
             Message::ConnectorMeta(_) => 3,
             Message::AcceptorMeta(_) => 4,
             Message::Ready => 5,
+            Message::Rejoin(_) => 6,
+            Message::Rejoined(_) => 7,
         }
     }
 
@@ -183,6 +200,13 @@ impl Message {
                 w.bool(m.flush);
             }
             Message::Ready => {}
+            Message::Rejoin(m) | Message::Rejoined(m) => {
+                limit(m.indices.len() == m.qps.len(), || {
+                    format!("{} indices for {} QPs", m.indices.len(), m.qps.len())
+                })?;
+                put_qps(&mut w, &m.qps)?;
+                m.indices.iter().for_each(|&i| w.u32(i));
+            }
         }
         let body = w.bytes.len() - HEADER_LEN;
         limit(body <= MAX_BODY, || {
@@ -260,7 +284,20 @@ pub fn decode_frame(buf: &[u8]) -> Result<Option<(Message, usize)>, ProtoError> 
             sizes_fifo: get_window(&mut r)?,
             flush: r.bool("flush")?,
         }),
-        _ => Message::Ready,
+        5 => Message::Ready,
+        k => {
+            let qps = get_qps(&mut r)?;
+            let mut indices = Vec::with_capacity(qps.len());
+            for _ in 0..qps.len() {
+                indices.push(r.u32("QP index")?);
+            }
+            let m = Rejoin { indices, qps };
+            if k == 6 {
+                Message::Rejoin(m)
+            } else {
+                Message::Rejoined(m)
+            }
+        }
     };
     r.finish()?;
     Ok(Some((msg, HEADER_LEN + len)))

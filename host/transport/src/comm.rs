@@ -1,7 +1,7 @@
 //! What send and receive communicators share: their local endpoints with one completion queue
 //! each, the QPs of the plan, memory handles, completion polling and the answer of `test`.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use ncclwasm_verbs::{Access, Completion, Cq, DmaBuf, Mr, WcOpcode, WcStatus};
 
@@ -31,8 +31,9 @@ pub enum Done {
 pub(crate) struct Side {
     pub(crate) ports: Vec<PortCtx>,
     pub(crate) cqs: Vec<Arc<Cq>>,
-    /// In plan order.
-    pub(crate) qps: Vec<ConnQp>,
+    /// In plan order. Written only when fail-back replaces failed QPs with fresh ones; every
+    /// use is under the communicator's state lock, so the lock is never contended.
+    pub(crate) qps: RwLock<Vec<ConnQp>>,
     /// Every QP of this side as `(id, number)`, for fatal-event checks.
     pub(crate) qpns: Vec<(u64, u32)>,
     /// "local ports -> peer ports", for error messages.
@@ -71,7 +72,7 @@ impl Side {
 
     /// The plan indices of this side's QPs that had a fatal event.
     pub(crate) fn fatal_qps(&self) -> Vec<usize> {
-        let ids: Vec<u64> = self.qps.iter().map(|q| q.qp.id()).collect();
+        let ids: Vec<u64> = self.qps().iter().map(|q| q.qp.id()).collect();
         let mut out: Vec<usize> = self
             .ports
             .iter()
@@ -85,7 +86,20 @@ impl Side {
 
     /// The plan index of the QP numbered `qpn` (`None` for a flush QP).
     pub(crate) fn qp_index(&self, qpn: u32) -> Option<usize> {
-        self.qps.iter().position(|q| q.qp.qpn() == qpn)
+        self.qps().iter().position(|q| q.qp.qpn() == qpn)
+    }
+
+    /// The QPs, in plan order.
+    pub(crate) fn qps(&self) -> RwLockReadGuard<'_, Vec<ConnQp>> {
+        // A panic never happens while the lock is held for writing (a plain swap).
+        self.qps.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Puts `fresh` in place of plan QP `i` (fail-back); the failed one is destroyed when the
+    /// returned value is dropped, after the fresh one got its own number.
+    pub(crate) fn replace_qp(&self, i: usize, fresh: ConnQp) -> ConnQp {
+        let mut qps = self.qps.write().unwrap_or_else(|p| p.into_inner());
+        std::mem::replace(&mut qps[i], fresh)
     }
 
     /// Polls the completion queues of `devices` into `pool`; a failed completion is an error of

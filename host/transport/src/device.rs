@@ -27,6 +27,13 @@ struct FaultState {
     faults: Mutex<Faults>,
 }
 
+/// How many times each port of the device came back (`PORT_ACTIVE` events): a connection that
+/// moved traffic off a port notes the count, and a higher one says the port returned.
+#[derive(Debug, Default)]
+struct PortReturns {
+    counts: Mutex<HashMap<u8, u64>>,
+}
+
 #[derive(Debug, Default)]
 struct Faults {
     /// The whole device is gone.
@@ -79,6 +86,7 @@ pub(crate) struct DevCtx {
     /// The Data Direct sysfs path mlx5 reported for this context (see [`DevCtx::data_direct_twin`]).
     data_direct_path: Option<String>,
     faults: Arc<FaultState>,
+    returns: Arc<PortReturns>,
 }
 
 impl DevCtx {
@@ -125,6 +133,7 @@ impl DevCtx {
             facts,
             data_direct_path,
             faults: Arc::default(),
+            returns: Arc::default(),
         }))
     }
 
@@ -163,6 +172,7 @@ impl DevCtx {
             facts,
             data_direct_path: None,
             faults: Arc::clone(&self.faults),
+            returns: Arc::clone(&self.returns),
         })))
     }
 
@@ -231,6 +241,16 @@ impl DevCtx {
             faults: Arc::clone(&self.faults),
             id,
         }
+    }
+
+    /// How many times port `port` came back so far.
+    pub(crate) fn port_returns(&self, port: u8) -> u64 {
+        let c = self
+            .returns
+            .counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        c.get(&port).copied().unwrap_or(0)
     }
 
     fn record(&self, kind: AsyncEventKind, qp: Option<u64>, description: String) {
@@ -316,6 +336,14 @@ impl EventThread {
                                 };
                                 if let (Some(state), Some(port)) = (state, ev.port) {
                                     decisions.port_changed(dev.name(), port, state);
+                                    if state == PortState::Active {
+                                        *dev.returns
+                                            .counts
+                                            .lock()
+                                            .unwrap_or_else(|p| p.into_inner())
+                                            .entry(port)
+                                            .or_default() += 1;
+                                    }
                                 }
                                 dev.record(ev.kind, ev.qp_id, ev.description);
                             }

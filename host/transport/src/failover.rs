@@ -6,8 +6,12 @@ use ncclwasm_model::{
     ConnPlan, Connection, PortAnswer, PortChange, PortEvent, PortEventCause, PortState,
 };
 use ncclwasm_proto::failover::MAX_FAILOVER_SLICES;
+use ncclwasm_proto::handshake::{Control, LocalQp};
+use ncclwasm_proto::message::{Message, QpInfo, Rejoin};
 
 use crate::decide::Decisions;
+use crate::net_error::NetError;
+use crate::socket::Stream;
 
 /// Whether the connection `conn` with plan `plan` runs prepared for failover: when its QPs span
 /// two local ports or more, its stripe fits a failover record, and the policy, asked about a
@@ -57,5 +61,50 @@ pub(crate) fn cause_text(cause: PortEventCause) -> &'static str {
     match cause {
         PortEventCause::AsyncEvent => "fatal QP event",
         PortEventCause::FatalCompletion => "failed work completion",
+    }
+}
+
+/// The handshake socket a prepared connection keeps after the handshake: fail-back re-creates
+/// failed QPs and exchanges their halves over it (`Message::Rejoin`, `Message::Rejoined`).
+#[derive(Debug)]
+pub(crate) struct ControlLink {
+    stream: Stream,
+    control: Control,
+}
+
+impl ControlLink {
+    pub(crate) fn new(stream: Stream) -> Self {
+        ControlLink {
+            stream,
+            control: Control::default(),
+        }
+    }
+
+    /// Sends what is queued, reads what arrived, and returns the next complete message.
+    pub(crate) fn poll(&mut self) -> Result<Option<Rejoin>, NetError> {
+        self.stream.pump(&mut self.control, FAIL_BACK)?;
+        self.control
+            .next_message()
+            .map_err(NetError::protocol(FAIL_BACK))
+    }
+
+    pub(crate) fn send(&mut self, m: &Message) -> Result<(), NetError> {
+        self.control
+            .send(m)
+            .map_err(NetError::protocol(FAIL_BACK))?;
+        self.stream.pump(&mut self.control, FAIL_BACK)
+    }
+}
+
+const FAIL_BACK: &str = "fail-back";
+
+/// What a fresh QP tells the peer, for a [`Rejoin`]: its half, on endpoint `endpoint`.
+pub(crate) fn half(l: &LocalQp, endpoint: usize) -> QpInfo {
+    QpInfo {
+        qpn: l.qpn,
+        endpoint: endpoint as u8,
+        secret: l.secret,
+        psn: l.psn,
+        ece: None,
     }
 }

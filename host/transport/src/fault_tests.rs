@@ -19,7 +19,7 @@ fn a_cut_qp_fails_the_next_call_with_a_system_error() {
     let buf = DmaBuf::new(8192);
     let (_smr, rmr) = one_message(&s, &r, &buf);
 
-    r.side.qps[0].qp.inject_cut().unwrap();
+    r.side.qps()[0].qp.inject_cut().unwrap();
     let end = Instant::now() + Duration::from_secs(10);
     let err = loop {
         match s.isend(0, 0, 1, None) {
@@ -132,7 +132,7 @@ fn a_connection_reusing_a_failed_qps_number_works() {
     let (s, r) = pair(&net);
     let old = (s.side.qpns.clone(), r.side.qpns.clone());
     let mrs = one_message(&s, &r, &buf);
-    r.side.qps[0].qp.inject_cut().unwrap();
+    r.side.qps()[0].qp.inject_cut().unwrap();
     // Both ends learn of it through their fatal event.
     let end = Instant::now() + Duration::from_secs(10);
     while !matches!(s.side.check(), Err(NetError::Fatal { .. }))

@@ -9,6 +9,7 @@ use ncclwasm_verbs::{Access, Completion, Cq, RecvWr, Remote, SendOp, SendWr, WcO
 
 use crate::comm::{Done, MemHandle, OwnedRegion, Side};
 use crate::device::PortCtx;
+use crate::failover::{ControlLink, half};
 use crate::mr_cache::{Backing, RegionSource};
 use crate::net_error::NetError;
 use crate::qp::{self, ConnQp};
@@ -17,9 +18,10 @@ use crate::socket::Stream;
 use ncclwasm_proto::datapath::{CtsWrite, PostedRecv, Receiver};
 use ncclwasm_proto::failover::CTS_WR_ID;
 use ncclwasm_proto::fifo::{CTS_FIFO_BYTES, CtsEntry, SIZES_FIFO_BYTES, SIZES_SLOT_BYTES};
-use ncclwasm_proto::handshake::Acceptor;
+use ncclwasm_proto::handshake::{Acceptor, rejoin_bring_up};
 use ncclwasm_proto::handshake::{AcceptorAction, RecvSetup};
 use ncclwasm_proto::message::{Ece, RemoteWindow};
+use ncclwasm_proto::message::{Message, Rejoin};
 use ncclwasm_proto::request::{Finished, RecvSizes, ReqId};
 use ncclwasm_proto::{MAX_ENDPOINTS, MAX_RECVS};
 
@@ -36,7 +38,8 @@ const FLUSH_RETRY: u8 = 7;
 #[derive(Debug)]
 pub(crate) struct Accepting {
     machine: Acceptor,
-    stream: Stream,
+    /// Taken by the communicator when it keeps the socket (a connection prepared for failover).
+    stream: Option<Stream>,
     ports: Vec<PortCtx>,
     flush: bool,
     cqs: Vec<Arc<Cq>>,
@@ -66,7 +69,7 @@ impl Accepting {
     pub(crate) fn new(machine: Acceptor, stream: Stream, ports: Vec<PortCtx>, flush: bool) -> Self {
         Accepting {
             machine,
-            stream,
+            stream: Some(stream),
             ports,
             flush,
             cqs: Vec::new(),
@@ -76,8 +79,10 @@ impl Accepting {
     }
 
     /// Who is on the other end of the socket.
-    pub(crate) fn peer(&self) -> std::net::SocketAddr {
-        self.stream.peer()
+    pub(crate) fn peer(&self) -> String {
+        self.stream
+            .as_ref()
+            .map_or_else(|| "a finished handshake".into(), |s| s.peer().to_string())
     }
 
     /// Whether the peer presented the listener's nonce (see [`Acceptor::authenticated`]).
@@ -89,7 +94,7 @@ impl Accepting {
     /// has nothing more for now (`Ok(false)`); touches no verbs object, so a stranger that fails
     /// here leaves nothing behind.
     pub(crate) fn pump_hello(&mut self) -> Result<bool, NetError> {
-        self.stream.pump(&mut self.machine, ACCEPT_HANDSHAKE)?;
+        crate::socket::open(&mut self.stream)?.pump(&mut self.machine, ACCEPT_HANDSHAKE)?;
         Ok(self.proven())
     }
 
@@ -97,7 +102,7 @@ impl Accepting {
     pub(crate) fn progress(&mut self) -> Result<Option<RecvComm>, NetError> {
         const DURING: &str = ACCEPT_HANDSHAKE;
         loop {
-            self.stream.pump(&mut self.machine, DURING)?;
+            crate::socket::open(&mut self.stream)?.pump(&mut self.machine, DURING)?;
             let mut acted = false;
             while let Some(action) = self.machine.poll_action() {
                 acted = true;
@@ -174,23 +179,23 @@ impl Accepting {
             qpns,
             ports: self.ports.clone(),
             cqs: std::mem::take(&mut self.cqs),
-            qps,
+            qps: std::sync::RwLock::new(qps),
             desc,
         };
         let receiver = Receiver::new(&setup);
-        for q in &side.qps {
-            for _ in 0..receiver.prefill() {
-                q.qp.post_recv(&[RecvWr {
-                    wr_id: 0,
-                    sges: &[],
-                }])
-                .map_err(NetError::verbs(format!(
-                    "posting a receive ahead on QP {}",
-                    q.qp.qpn()
-                )))?;
-            }
+        for q in side.qps().iter() {
+            prefill(q, receiver.prefill())?;
         }
+        let control = match setup.failover {
+            true => Some(Mutex::new(ControlLink::new(
+                self.stream.take().ok_or_else(|| {
+                    NetError::Internal("established without the handshake socket".into())
+                })?,
+            ))),
+            false => None,
+        };
         Ok(RecvComm {
+            control,
             state: Mutex::new(receiver),
             side,
             regions,
@@ -219,6 +224,24 @@ pub struct RecvComm {
     setup: RecvSetup,
     /// Flushes posted (`iflush` calls that issued RDMA READs), for tests and diagnostics.
     flushes: AtomicU64,
+    /// A connection prepared for failover keeps the handshake socket: the sender asks for failed
+    /// QPs to be re-created over it (fail-back). Locked only under `state`.
+    control: Option<Mutex<ControlLink>>,
+}
+
+/// Posts `n` receives ahead on `q` (a prepared connection's receive queues stay full).
+fn prefill(q: &ConnQp, n: usize) -> Result<(), NetError> {
+    for _ in 0..n {
+        q.qp.post_recv(&[RecvWr {
+            wr_id: 0,
+            sges: &[],
+        }])
+        .map_err(NetError::verbs(format!(
+            "posting a receive ahead on QP {}",
+            q.qp.qpn()
+        )))?;
+    }
+    Ok(())
 }
 
 impl RecvComm {
@@ -307,7 +330,7 @@ impl RecvComm {
             .map_err(NetError::protocol("irecv"))?;
         let wr_id = post.wr_id();
         for (q, _) in post.receives() {
-            let qp = &self.side.qps[q].qp;
+            let qp = &self.side.qps()[q].qp;
             qp.post_recv(&[RecvWr { wr_id, sges: &[] }])
                 .map_err(NetError::verbs(format!(
                     "posting a receive on QP {}",
@@ -369,7 +392,7 @@ impl RecvComm {
                     if let Some((off, word)) = a.record {
                         self.regions.sizes.buf.store_u64_release(off, word);
                     }
-                    let qp = &self.side.qps[q].qp;
+                    let qp = &self.side.qps()[q].qp;
                     qp.post_recv(&[RecvWr {
                         wr_id: 0,
                         sges: &[],
@@ -392,15 +415,58 @@ impl RecvComm {
                     "NET/WASM: {}: QP {} failed; the sender moves its traffic; {} CTS \
                      entr(ies) written again, CTS now through QP {}",
                     self.side.desc,
-                    self.side.qps[q].qp.qpn(),
+                    self.side.qps()[q].qp.qpn(),
                     rewrites.len(),
-                    self.side.qps[first].qp.qpn()
+                    self.side.qps()[first].qp.qpn()
                 );
             }
             for cts in &rewrites {
                 self.post_cts(cts)?;
             }
         }
+        // A rejoin can only follow a failure: the socket is read only then.
+        if receiver.any_failed()
+            && let Some(control) = &self.control
+        {
+            let mut link = crate::comm::lock_state(control)?;
+            if let Some(m) = link.poll()? {
+                self.rejoin(receiver, &mut link, &m)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The sender re-created failed QPs (fail-back): fresh ones here, brought up to its halves,
+    /// their receive queues filled, and our halves sent back.
+    fn rejoin(
+        &self,
+        receiver: &mut Receiver,
+        link: &mut ControlLink,
+        m: &Rejoin,
+    ) -> Result<(), NetError> {
+        let s = &self.setup;
+        let ups = rejoin_bring_up(&s.plan, &s.routes, &s.local, &s.peer, m, s.plan.fifo_tc)
+            .map_err(NetError::protocol("fail-back"))?;
+        let mut halves = Vec::with_capacity(ups.len());
+        for b in &ups {
+            let ep = b.route.local;
+            let port = &self.side.ports[ep];
+            let (q, l) = qp::create(port, &self.side.cqs[ep], true, false)?;
+            q.bring_up(port, b)?;
+            prefill(&q, receiver.prefill())?;
+            drop(self.side.replace_qp(b.qp, q));
+            receiver.qp_rejoined(b.qp);
+            halves.push(half(&l, ep));
+        }
+        link.send(&Message::Rejoined(Rejoin {
+            indices: m.indices.clone(),
+            qps: halves,
+        }))?;
+        tracing::info!(
+            "NET/WASM: {}: QP(s) {:?} re-created for the sender's fail-back",
+            self.side.desc,
+            m.indices
+        );
         Ok(())
     }
 
@@ -415,7 +481,7 @@ impl RecvComm {
         let sge = stage.mrs[cts.route.local]
             .sge(off, len)
             .map_err(NetError::verbs("staging a CTS slot"))?;
-        let qp = &self.side.qps[cts.qp].qp;
+        let qp = &self.side.qps()[cts.qp].qp;
         qp.post_send(&[SendWr {
             wr_id: cts.wr_id,
             op: SendOp::Write(Remote {

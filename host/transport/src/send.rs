@@ -10,21 +10,23 @@ use ncclwasm_verbs::{Access, Remote, SendOp, SendWr, Sge};
 use crate::comm::{Done, MemHandle, OwnedRegion, Side};
 use crate::decide::Decisions;
 use crate::device::PortCtx;
-use crate::failover::{cause_text, port_name};
+use crate::failover::{ControlLink, cause_text, half, port_name};
 use crate::mr_cache::{Backing, RegionSource};
 use crate::net_error::NetError;
 use crate::qp::{self, ConnQp};
 use crate::socket::Stream;
 use ncclwasm_model::{PortAnswer, PortChange, PortEvent, PortEventCause, PortState};
+use ncclwasm_proto::ProtoError;
 use ncclwasm_proto::datapath::{LocalData, Opcode, QpPost, Sender};
 use ncclwasm_proto::failover::{FailoverCounters, PROBE_WR_ID};
 use ncclwasm_proto::fifo::ARRIVALS_OFFSET;
 use ncclwasm_proto::fifo::{
     CTS_FIFO_BYTES, CTS_SLOT_BYTES, CtsEntry, SIZES_FIFO_BYTES, SIZES_SLOT_BYTES,
 };
-use ncclwasm_proto::handshake::Connector;
+use ncclwasm_proto::handshake::{Connector, rejoin_bring_up};
 use ncclwasm_proto::handshake::{ConnectorAction, SendSetup};
 use ncclwasm_proto::message::RemoteWindow;
+use ncclwasm_proto::message::{Message, Rejoin};
 use ncclwasm_proto::request::{Finished, ReqId};
 use ncclwasm_proto::{MAX_ENDPOINTS, MAX_RECVS, MAX_REQUESTS};
 use ncclwasm_verbs::{Completion, WcStatus};
@@ -34,7 +36,8 @@ use ncclwasm_verbs::{Completion, WcStatus};
 #[derive(Debug)]
 pub(crate) struct Connecting {
     machine: Connector,
-    stream: Stream,
+    /// Taken by the communicator when it keeps the socket (a connection prepared for failover).
+    stream: Option<Stream>,
     ports: Vec<PortCtx>,
     cqs: Vec<Arc<ncclwasm_verbs::Cq>>,
     qps: Vec<ConnQp>,
@@ -56,7 +59,7 @@ impl Connecting {
     ) -> Self {
         Connecting {
             machine,
-            stream,
+            stream: Some(stream),
             ports,
             cqs: Vec::new(),
             qps: Vec::new(),
@@ -72,7 +75,7 @@ impl Connecting {
     pub(crate) fn progress(&mut self) -> Result<Option<SendComm>, NetError> {
         const DURING: &str = "connect handshake";
         loop {
-            self.stream.pump(&mut self.machine, DURING)?;
+            crate::socket::open(&mut self.stream)?.pump(&mut self.machine, DURING)?;
             let mut acted = false;
             while let Some(action) = self.machine.poll_action() {
                 acted = true;
@@ -162,6 +165,17 @@ impl Connecting {
             .take()
             .ok_or_else(|| NetError::Internal("established without a CTS FIFO".into()))?;
         let sizes = OwnedRegion::new(&self.ports, SIZES_FIFO_BYTES, Access::LOCAL_WRITE)?;
+        let failback = match setup.failover {
+            true => Some(Failback {
+                link: ControlLink::new(self.stream.take().ok_or_else(|| {
+                    NetError::Internal("established without the handshake socket".into())
+                })?),
+                down: vec![None; setup.local.len()],
+                stayed: vec![None; setup.local.len()],
+                pending: None,
+            }),
+            false => None,
+        };
         let conn = self
             .conn
             .take()
@@ -173,7 +187,7 @@ impl Connecting {
             qpns: qps.iter().map(ConnQp::ids).collect(),
             ports: self.ports.clone(),
             cqs: std::mem::take(&mut self.cqs),
-            qps,
+            qps: std::sync::RwLock::new(qps),
             desc,
         };
         Ok(SendComm {
@@ -181,6 +195,7 @@ impl Connecting {
                 sender: Sender::new(&setup),
                 bufs: [SendBuf::default(); MAX_REQUESTS],
                 posted: vec![0; setup.plan.qps.len()].into_boxed_slice(),
+                failback,
             }),
             side,
             cts,
@@ -221,6 +236,22 @@ struct SendState {
     /// Payload bytes posted on each QP of the plan: plain integers under the lock `isend`
     /// holds anyway, so counting costs an add per work request.
     posted: Box<[u64]>,
+    /// A connection prepared for failover: what fail-back needs.
+    failback: Option<Failback>,
+}
+
+/// Fail-back on a prepared connection: the kept handshake socket, the ports whose QPs failed
+/// (with the port's return count then), the policy's `stay` answers, and a rejoin waiting for
+/// the peer's halves.
+#[derive(Debug)]
+struct Failback {
+    link: ControlLink,
+    /// Per local endpoint: the port's return count when its QPs failed.
+    down: Vec<Option<u64>>,
+    /// Per local endpoint: the return count the policy answered `stay` to.
+    stayed: Vec<Option<u64>>,
+    /// A rejoin sent: the port and its fresh QPs (plan index, QP).
+    pending: Option<(u32, Vec<(usize, ConnQp)>)>,
 }
 
 /// What a send communicator runs and has done: the plugin's `ncclwasm_send_comm_stats`.
@@ -333,6 +364,7 @@ impl SendComm {
             sender,
             bufs,
             posted,
+            ..
         } = &mut *guard;
         let head = sender.head();
         let off = head.cts_offset() as usize;
@@ -458,12 +490,13 @@ impl SendComm {
         if probe_done {
             self.replay(st)?;
         }
+        self.fail_back(st)?;
         if let Some((q, route)) = st.sender.take_probe() {
             let len = (MAX_REQUESTS * size_of::<u64>()) as u32;
             let sge = self.sizes.mrs[route.local]
                 .sge(ARRIVALS_OFFSET as u64, len)
                 .map_err(NetError::verbs("the probe's landing area"))?;
-            let qp = &self.side.qps[q].qp;
+            let qp = &self.side.qps()[q].qp;
             qp.post_send(&[SendWr {
                 wr_id: PROBE_WR_ID,
                 op: SendOp::Read(Remote {
@@ -517,12 +550,16 @@ impl SendComm {
         let d = self
             .decisions
             .on_port_event(&event, &self.conn, &self.setup.plan.qps, &states)?;
+        if let Some(fb) = st.failback.as_mut() {
+            let pc = &self.side.ports[port as usize];
+            fb.down[port as usize] = Some(pc.dev.port_returns(pc.port.port));
+        }
         let name = port_name(&self.conn, port);
         tracing::info!(
             "NET/WASM: {}: port {name} failed ({} on QP {}): {}: {} [{}]",
             self.side.desc,
             cause_text(cause),
-            self.side.qps[q].qp.qpn(),
+            self.side.qps()[q].qp.qpn(),
             d.value.kind(),
             d.reason,
             d.source
@@ -558,6 +595,123 @@ impl SendComm {
                 other.kind()
             ))),
         }
+    }
+
+    /// Fail-back: a rejoin in flight is finished when the peer's halves arrive; otherwise a
+    /// port whose QPs failed and that came back since is decided by the policy (`fail-back`
+    /// re-creates its QPs and sends their halves over the kept socket; `stay` leaves traffic
+    /// where it is until the port fails and returns again).
+    fn fail_back(&self, st: &mut SendState) -> Result<(), NetError> {
+        let SendState {
+            sender, failback, ..
+        } = st;
+        let Some(fb) = failback.as_mut() else {
+            return Ok(());
+        };
+        if let Some((port, fresh)) = fb.pending.take() {
+            let Some(m) = fb.link.poll()? else {
+                fb.pending = Some((port, fresh));
+                return Ok(());
+            };
+            let s = &self.setup;
+            let ups = rejoin_bring_up(&s.plan, &s.routes, &s.local, &s.peer, &m, s.plan.tc)
+                .map_err(NetError::protocol("fail-back"))?;
+            if ups.len() != fresh.len() || ups.iter().zip(&fresh).any(|(b, (i, _))| b.qp != *i) {
+                return Err(NetError::Protocol {
+                    during: "fail-back",
+                    source: ProtoError::BadPeerInfo {
+                        detail: format!(
+                            "the peer rejoined QPs {:?}, not the ones asked for",
+                            m.indices
+                        ),
+                    },
+                });
+            }
+            let n = fresh.len();
+            for (b, (i, q)) in ups.iter().zip(fresh) {
+                q.bring_up(&self.side.ports[b.route.local], b)?;
+                drop(self.side.replace_qp(i, q));
+            }
+            sender
+                .fail_back(port)
+                .map_err(NetError::protocol("fail-back"))?;
+            fb.down[port as usize] = None;
+            tracing::info!(
+                "NET/WASM: {}: port {} is back: its {n} QP(s) were re-created and carry new \
+                 messages again",
+                self.side.desc,
+                port_name(&self.conn, port)
+            );
+            return Ok(());
+        }
+        if sender.failover().is_none_or(|f| f.blocked()) {
+            return Ok(());
+        }
+        for p in 0..fb.down.len() {
+            let Some(at) = fb.down[p] else { continue };
+            let pc = &self.side.ports[p];
+            let now = pc.dev.port_returns(pc.port.port);
+            if now <= at || fb.stayed[p] == Some(now) {
+                continue;
+            }
+            let event = PortEvent {
+                port: p as u32,
+                change: PortChange::Up,
+                cause: PortEventCause::AsyncEvent,
+            };
+            let states: Vec<PortState> = (0..fb.down.len())
+                .map(|q| {
+                    if q != p && fb.down[q].is_some() {
+                        PortState::Down
+                    } else {
+                        PortState::Active
+                    }
+                })
+                .collect();
+            let d =
+                self.decisions
+                    .on_port_event(&event, &self.conn, &self.setup.plan.qps, &states)?;
+            let name = port_name(&self.conn, p as u32);
+            tracing::info!(
+                "NET/WASM: {}: port {name} is active again: {}: {} [{}]",
+                self.side.desc,
+                d.value.kind(),
+                d.reason,
+                d.source
+            );
+            match d.value {
+                PortAnswer::FailBack { .. } => {
+                    let f = sender.failover();
+                    let mut fresh = Vec::new();
+                    let mut halves = Vec::new();
+                    let failed = self
+                        .setup
+                        .routes
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, r)| r.local == p && f.is_some_and(|f| f.is_failed(*i)));
+                    for (i, _) in failed {
+                        let (q, l) = qp::create(pc, &self.side.cqs[p], false, false)?;
+                        halves.push(half(&l, p));
+                        fresh.push((i, q));
+                    }
+                    fb.link.send(&Message::Rejoin(Rejoin {
+                        indices: fresh.iter().map(|(i, _)| *i as u32).collect(),
+                        qps: halves,
+                    }))?;
+                    fb.pending = Some((p as u32, fresh));
+                    return Ok(());
+                }
+                PortAnswer::Stay { .. } => fb.stayed[p] = Some(now),
+                other => {
+                    return Err(NetError::Internal(format!(
+                        "the answer to a port coming back was {}, an answer to a port failure",
+                        other.kind()
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The probe returned: writes again every slice the receiver lacks.
@@ -642,7 +796,7 @@ impl SendComm {
                 }
             })
             .collect();
-        let q = &self.side.qps[post.qp];
+        let q = &self.side.qps()[post.qp];
         q.qp.post_send(&wrs).map_err(NetError::verbs(format!(
             "posting a send on QP {}",
             q.qp.qpn()

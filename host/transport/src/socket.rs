@@ -9,7 +9,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::net_error::NetError;
 use ncclwasm_proto::ProtoError;
-use ncclwasm_proto::handshake::{Acceptor, Connector};
+use ncclwasm_proto::handshake::{Acceptor, Connector, Control};
 
 /// What a handshake machine offers the socket (both [`Connector`] and [`Acceptor`]).
 pub(crate) trait Machine {
@@ -39,8 +39,16 @@ macro_rules! machine {
 }
 machine!(Connector);
 machine!(Acceptor);
+machine!(Control);
 
 /// A handshake stream, possibly still connecting.
+/// The handshake socket of a connection still being made (a made connection may have taken it).
+pub(crate) fn open(stream: &mut Option<Stream>) -> Result<&mut Stream, NetError> {
+    stream
+        .as_mut()
+        .ok_or_else(|| NetError::Internal("the handshake socket is gone".into()))
+}
+
 #[derive(Debug)]
 pub(crate) struct Stream {
     stream: TcpStream,

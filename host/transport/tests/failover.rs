@@ -153,10 +153,13 @@ fn stream(
     Ok(done)
 }
 
+/// NCCL 2.30's knobs through the built-in default: the port's traffic moves to the other port
+/// of the vNIC, and comes back when the port does.
 #[test]
 fn a_port_down_mid_transfer_moves_its_traffic_and_loses_nothing() {
     let vars = [
         ("NCCL_IB_RESILIENCY_PORT_FAILOVER", "1"),
+        ("NCCL_IB_RESILIENCY_PORT_RECOVERY", "1"),
         ("NCCL_IB_QPS_PER_CONNECTION", "2"),
     ];
     if rerun_with_env(
@@ -219,9 +222,38 @@ fn a_port_down_mid_transfer_moves_its_traffic_and_loses_nothing() {
     println!("{answer}");
     println!("{c:?}");
 
-    // The port comes back: the connection keeps working (on the port that carried it through).
+    // The port comes back: the policy answers fail-back, the failed QPs are re-created over
+    // the kept handshake socket, and the port carries new messages again.
     assert!(dev.inject_port_up(1).unwrap());
-    small_message(&s, &r);
+    let end = Instant::now() + Duration::from_secs(20);
+    while s.stats().failover.unwrap().fail_backs == 0 {
+        small_message(&s, &r);
+        assert!(Instant::now() < end, "no fail-back:\n{}", logged());
+    }
+    let before = s.stats().posted;
+    assert_eq!(
+        stream(&s, &r, &b, |_| ()).expect("no request fails"),
+        MESSAGES
+    );
+    let stats = s.stats();
+    for (q, qp) in stats.plan.qps.iter().enumerate() {
+        if qp.local == 0 {
+            assert!(
+                stats.posted[q] > before[q],
+                "QP {q} carries nothing after the fail-back"
+            );
+        }
+    }
+    let log = logged();
+    let back = log
+        .lines()
+        .find(|l| l.contains("is active again") && l.contains("fail-back"))
+        .unwrap_or_else(|| panic!("the fail-back answer is not in the log:\n{log}"));
+    assert!(
+        back.contains("NCCL_IB_RESILIENCY_PORT_RECOVERY=1"),
+        "{back}"
+    );
+    println!("{back}");
 }
 
 /// NCCL's default (`NCCL_IB_RESILIENCY_PORT_FAILOVER=0`) through the shipped nccl-default
