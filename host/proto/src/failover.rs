@@ -46,9 +46,15 @@
 //! message (the tagged write carries the sizes row), and receives posted ahead; a connection
 //! whose policy would never move traffic does not pay it.
 //!
-//! Not done yet: `wait` (hold the traffic until the port returns) and `fail-back` need the
-//! failed QPs re-created and re-connected; a prepared connection answers `wait` by failing and
-//! keeps its traffic on the surviving ports after the port returns.
+//! 6. **Fail-back.** When the port returns and the policy answers `fail-back`, both sides
+//!    re-create its QPs (the old ones are in the error state for good) and exchange their halves
+//!    over the handshake socket a prepared connection keeps
+//!    ([`crate::handshake::Control`]); new messages are striped over them again
+//!    ([`SendFailover::fail_back`]). Only with no probe or replay pending, so no slice is still
+//!    accounted to a QP being replaced.
+//!
+//! Not done yet: `wait` (hold the failed port's traffic until it returns) — a prepared
+//! connection answers it by failing.
 
 use ncclwasm_model::{ConnPlan, QpPlan};
 

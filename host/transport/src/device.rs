@@ -3,7 +3,7 @@
 //! `ncclIbAsyncThreadMain` and `devFatalError`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -27,11 +27,20 @@ struct FaultState {
     faults: Mutex<Faults>,
 }
 
-/// How many times each port of the device came back (`PORT_ACTIVE` events): a connection that
-/// moved traffic off a port notes the count, and a higher one says the port returned.
+/// How many times each port of the device went down (`PORT_ERR`) and came back
+/// (`PORT_ACTIVE`): a connection prepared for failover compares them with what it saw before.
 #[derive(Debug, Default)]
-struct PortReturns {
-    counts: Mutex<HashMap<u8, u64>>,
+struct PortEvents {
+    /// Bumped on every port event: the one atomic load a prepared connection makes per call.
+    generation: AtomicU64,
+    counts: Mutex<HashMap<u8, PortCounts>>,
+}
+
+/// Port events of one port so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PortCounts {
+    pub(crate) downs: u64,
+    pub(crate) ups: u64,
 }
 
 #[derive(Debug, Default)]
@@ -86,7 +95,7 @@ pub(crate) struct DevCtx {
     /// The Data Direct sysfs path mlx5 reported for this context (see [`DevCtx::data_direct_twin`]).
     data_direct_path: Option<String>,
     faults: Arc<FaultState>,
-    returns: Arc<PortReturns>,
+    port_events: Arc<PortEvents>,
 }
 
 impl DevCtx {
@@ -133,7 +142,7 @@ impl DevCtx {
             facts,
             data_direct_path,
             faults: Arc::default(),
-            returns: Arc::default(),
+            port_events: Arc::default(),
         }))
     }
 
@@ -172,7 +181,7 @@ impl DevCtx {
             facts,
             data_direct_path: None,
             faults: Arc::clone(&self.faults),
-            returns: Arc::clone(&self.returns),
+            port_events: Arc::clone(&self.port_events),
         })))
     }
 
@@ -243,14 +252,36 @@ impl DevCtx {
         }
     }
 
-    /// How many times port `port` came back so far.
-    pub(crate) fn port_returns(&self, port: u8) -> u64 {
+    /// Changes whenever a port of the device changes state.
+    pub(crate) fn port_generation(&self) -> u64 {
+        self.port_events.generation.load(Ordering::Acquire)
+    }
+
+    /// How many times port `port` went down and came back so far.
+    pub(crate) fn port_counts(&self, port: u8) -> PortCounts {
+        // A plain counter map: a panic elsewhere cannot leave it half-updated.
         let c = self
-            .returns
+            .port_events
             .counts
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        c.get(&port).copied().unwrap_or(0)
+        c.get(&port).copied().unwrap_or_default()
+    }
+
+    fn note_port(&self, port: u8, state: PortState) {
+        {
+            let mut c = self
+                .port_events
+                .counts
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let c = c.entry(port).or_default();
+            match state {
+                PortState::Active => c.ups += 1,
+                _ => c.downs += 1,
+            }
+        }
+        self.port_events.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     fn record(&self, kind: AsyncEventKind, qp: Option<u64>, description: String) {
@@ -336,14 +367,7 @@ impl EventThread {
                                 };
                                 if let (Some(state), Some(port)) = (state, ev.port) {
                                     decisions.port_changed(dev.name(), port, state);
-                                    if state == PortState::Active {
-                                        *dev.returns
-                                            .counts
-                                            .lock()
-                                            .unwrap_or_else(|p| p.into_inner())
-                                            .entry(port)
-                                            .or_default() += 1;
-                                    }
+                                    dev.note_port(port, state);
                                 }
                                 dev.record(ev.kind, ev.qp_id, ev.description);
                             }

@@ -10,6 +10,7 @@ use ncclwasm_proto::handshake::{Control, LocalQp};
 use ncclwasm_proto::message::{Message, QpInfo, Rejoin};
 
 use crate::decide::Decisions;
+use crate::device::PortCtx;
 use crate::net_error::NetError;
 use crate::socket::Stream;
 
@@ -106,5 +107,48 @@ pub(crate) fn half(l: &LocalQp, endpoint: usize) -> QpInfo {
         secret: l.secret,
         psn: l.psn,
         ece: None,
+    }
+}
+
+/// Which local ports went down since last asked (`PORT_ERR` events), for a prepared connection:
+/// a port's QPs may sit idle, and the async event is then the only news of the failure.
+#[derive(Debug)]
+pub(crate) struct PortWatch {
+    /// Per local endpoint: the device's port generation and the port's downs when last looked.
+    seen: Vec<(u64, u64)>,
+}
+
+impl PortWatch {
+    /// Starts from what the ports have seen so far.
+    pub(crate) fn new(ports: &[PortCtx]) -> Self {
+        PortWatch {
+            seen: ports
+                .iter()
+                .map(|p| {
+                    (
+                        p.dev.port_generation(),
+                        p.dev.port_counts(p.port.port).downs,
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// The endpoints whose port went down since the last call; one atomic load per endpoint
+    /// when nothing happened.
+    pub(crate) fn newly_down(&mut self, ports: &[PortCtx]) -> Vec<usize> {
+        let mut out = Vec::new();
+        for (e, (p, seen)) in ports.iter().zip(&mut self.seen).enumerate() {
+            let g = p.dev.port_generation();
+            if g == seen.0 {
+                continue;
+            }
+            let downs = p.dev.port_counts(p.port.port).downs;
+            if downs > seen.1 {
+                out.push(e);
+            }
+            *seen = (g, downs);
+        }
+        out
     }
 }

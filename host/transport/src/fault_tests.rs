@@ -177,3 +177,122 @@ fn a_connection_reusing_a_failed_qps_number_works() {
         assert!(Instant::now() < end, "receive never completed");
     }
 }
+
+/// A decision maker that prepares connections for failover (it would move a port's traffic,
+/// asked at connect time) but answers `fail` when a port really fails: the connection then fails
+/// with the policy's reason, cleanly, on the side that decides.
+#[derive(Debug)]
+struct FailWhenItHappens(PolicyHost, std::sync::atomic::AtomicUsize);
+
+impl crate::Decisions for FailWhenItHappens {
+    fn live_ports(&self, ports: &[ncclwasm_model::Port]) {
+        crate::Decisions::live_ports(&self.0, ports)
+    }
+    fn select_devices(
+        &self,
+        ports: &[ncclwasm_model::Port],
+    ) -> Result<crate::Decided<ncclwasm_model::DeviceSelection>, crate::DecisionError> {
+        crate::Decisions::select_devices(&self.0, ports)
+    }
+    fn select_gid(
+        &self,
+        port: &ncclwasm_model::Port,
+    ) -> Result<crate::Decided<ncclwasm_model::GidChoice>, crate::DecisionError> {
+        crate::Decisions::select_gid(&self.0, port)
+    }
+    fn group_devices(
+        &self,
+        ports: &[ncclwasm_model::Port],
+    ) -> Result<crate::Decided<Vec<ncclwasm_model::DeviceGroup>>, crate::DecisionError> {
+        crate::Decisions::group_devices(&self.0, ports)
+    }
+    fn make_vnic(
+        &self,
+        request: &[u32],
+        ports: &[ncclwasm_model::Port],
+    ) -> Result<crate::Decided<ncclwasm_model::VnicAnswer>, crate::DecisionError> {
+        crate::Decisions::make_vnic(&self.0, request, ports)
+    }
+    fn plan_connection(
+        &self,
+        conn: &ncclwasm_model::Connection,
+        fits: &dyn Fn(&ncclwasm_model::ConnPlan) -> Result<(), String>,
+    ) -> Result<crate::Decided<ncclwasm_model::ConnPlan>, crate::DecisionError> {
+        crate::Decisions::plan_connection(&self.0, conn, fits)
+    }
+    fn on_port_event(
+        &self,
+        event: &ncclwasm_model::PortEvent,
+        _: &ncclwasm_model::Connection,
+        _: &[ncclwasm_model::QpPlan],
+        _: &[ncclwasm_model::PortState],
+    ) -> Result<crate::Decided<ncclwasm_model::PortAnswer>, crate::DecisionError> {
+        use ncclwasm_model::PortAnswer;
+        // The first question is the one asked at connect time.
+        let value = match self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed) {
+            0 => PortAnswer::MoveTo {
+                ports: vec![1 - event.port],
+                reason: "would move".into(),
+            },
+            _ => PortAnswer::Fail {
+                reason: "this job prefers a restart".into(),
+            },
+        };
+        Ok(crate::Decided {
+            reason: value.reason().to_owned(),
+            value,
+            source: "the test's decisions".into(),
+        })
+    }
+    fn port_changed(&self, device: &str, port: u8, state: ncclwasm_model::PortState) {
+        crate::Decisions::port_changed(&self.0, device, port, state)
+    }
+}
+
+#[test]
+fn a_prepared_connection_whose_policy_answers_fail_fails_with_its_reason() {
+    let net = Net::new(NetConfig {
+        fabric: ncclwasm_soft::fabric().unwrap(),
+        require_active_port: false,
+        max_devs_per_nic: 4,
+        decisions: Arc::new(FailWhenItHappens(
+            PolicyHost::from_env(4).expect("policy settings"),
+            Default::default(),
+        )),
+        oob: OobEnv::default(),
+    })
+    .unwrap();
+    let v = i64::from(net.make_vdevice(&[0, 1]).unwrap());
+    let (mut listener, mut handle) = net.listen(v).unwrap();
+    let (mut s, mut r) = (None, None);
+    let end = Instant::now() + Duration::from_secs(30);
+    while s.is_none() || r.is_none() {
+        assert!(Instant::now() < end, "handshake stuck");
+        if s.is_none() {
+            s = net.connect(v, &mut handle, CommConfig::default()).unwrap();
+        }
+        if r.is_none() {
+            r = listener.accept().unwrap();
+        }
+    }
+    let (s, r) = (s.unwrap(), r.unwrap());
+    assert!(s.stats().failover.is_some(), "prepared");
+    let buf = DmaBuf::new(8192);
+    let _mrs = one_message(&s, &r, &buf);
+    let port = s.side.ports[0].port.port;
+    assert!(s.side.ports[0].dev.ctx.inject_port_up(port).is_ok());
+    assert!(s.side.ports[0].dev.ctx.inject_port_down(port).unwrap());
+    let end = Instant::now() + Duration::from_secs(10);
+    let err = loop {
+        match s.isend(0, 0, 1, None) {
+            Err(e) => break e,
+            Ok(_) => assert!(Instant::now() < end, "the port failure never surfaced"),
+        }
+    };
+    assert!(
+        matches!(&err, NetError::PortFailed { reason, .. } if reason.contains("prefers a restart")),
+        "{err}"
+    );
+    assert_eq!(err.class(), ErrorClass::System);
+    s.side.ports[0].dev.ctx.inject_port_up(port).unwrap();
+}

@@ -204,6 +204,15 @@ mod tests {
             ),
             (NetError::NoDevice(s()), ErrorClass::System),
             (
+                NetError::PortFailed {
+                    connection: s(),
+                    port: s(),
+                    reason: s(),
+                    source_of: s(),
+                },
+                ErrorClass::System,
+            ),
+            (
                 NetError::Verbs {
                     what: s(),
                     source: VerbsError::NoSuchDevice(s()),

@@ -9,7 +9,7 @@ use ncclwasm_verbs::{Access, Completion, Cq, RecvWr, Remote, SendOp, SendWr, WcO
 
 use crate::comm::{Done, MemHandle, OwnedRegion, Side};
 use crate::device::PortCtx;
-use crate::failover::{ControlLink, half};
+use crate::failover::{ControlLink, PortWatch, half};
 use crate::mr_cache::{Backing, RegionSource};
 use crate::net_error::NetError;
 use crate::qp::{self, ConnQp};
@@ -187,10 +187,11 @@ impl Accepting {
             prefill(q, receiver.prefill())?;
         }
         let control = match setup.failover {
-            true => Some(Mutex::new(ControlLink::new(
-                self.stream.take().ok_or_else(|| {
+            true => Some(Mutex::new((
+                ControlLink::new(self.stream.take().ok_or_else(|| {
                     NetError::Internal("established without the handshake socket".into())
-                })?,
+                })?),
+                PortWatch::new(&self.ports),
             ))),
             false => None,
         };
@@ -226,7 +227,8 @@ pub struct RecvComm {
     flushes: AtomicU64,
     /// A connection prepared for failover keeps the handshake socket: the sender asks for failed
     /// QPs to be re-created over it (fail-back). Locked only under `state`.
-    control: Option<Mutex<ControlLink>>,
+    /// Port failures announced by async events are watched with it.
+    control: Option<Mutex<(ControlLink, PortWatch)>>,
 }
 
 /// Posts `n` receives ahead on `q` (a prepared connection's receive queues stay full).
@@ -370,6 +372,14 @@ impl RecvComm {
             return self.side.poll(receiver.requests(), devices);
         }
         let mut failed = self.side.fatal_qps();
+        if let Some(control) = &self.control {
+            let (_, watch) = &mut *crate::comm::lock_state(control)?;
+            for e in watch.newly_down(&self.side.ports) {
+                failed.extend(
+                    (0..self.setup.routes.len()).filter(|&q| self.setup.routes[q].local == e),
+                );
+            }
+        }
         self.side.poll_each(self.side.all(), |d, wc: &Completion| {
             let Some(q) = self.side.qp_index(wc.qp_num) else {
                 // A flush QP's: as on any connection.
@@ -428,9 +438,9 @@ impl RecvComm {
         if receiver.any_failed()
             && let Some(control) = &self.control
         {
-            let mut link = crate::comm::lock_state(control)?;
+            let (link, _) = &mut *crate::comm::lock_state(control)?;
             if let Some(m) = link.poll()? {
-                self.rejoin(receiver, &mut link, &m)?;
+                self.rejoin(receiver, link, &m)?;
             }
         }
         Ok(())

@@ -10,7 +10,7 @@ use ncclwasm_verbs::{Access, Remote, SendOp, SendWr, Sge};
 use crate::comm::{Done, MemHandle, OwnedRegion, Side};
 use crate::decide::Decisions;
 use crate::device::PortCtx;
-use crate::failover::{ControlLink, cause_text, half, port_name};
+use crate::failover::{ControlLink, PortWatch, cause_text, half, port_name};
 use crate::mr_cache::{Backing, RegionSource};
 use crate::net_error::NetError;
 use crate::qp::{self, ConnQp};
@@ -173,6 +173,7 @@ impl Connecting {
                 down: vec![None; setup.local.len()],
                 stayed: vec![None; setup.local.len()],
                 pending: None,
+                watch: PortWatch::new(&self.ports),
             }),
             false => None,
         };
@@ -252,6 +253,8 @@ struct Failback {
     stayed: Vec<Option<u64>>,
     /// A rejoin sent: the port and its fresh QPs (plan index, QP).
     pending: Option<(u32, Vec<(usize, ConnQp)>)>,
+    /// Port failures announced by async events.
+    watch: PortWatch,
 }
 
 /// What a send communicator runs and has done: the plugin's `ncclwasm_send_comm_stats`.
@@ -455,6 +458,13 @@ impl SendComm {
             .into_iter()
             .map(|q| (q, PortEventCause::AsyncEvent))
             .collect();
+        if let (Some(fb), Some(f)) = (st.failback.as_mut(), st.sender.failover()) {
+            for e in fb.watch.newly_down(&self.side.ports) {
+                let live = (0..self.setup.routes.len())
+                    .find(|&q| self.setup.routes[q].local == e && !f.is_failed(q));
+                failed.extend(live.map(|q| (q, PortEventCause::AsyncEvent)));
+            }
+        }
         let mut probe_done = false;
         self.side.poll_each(self.side.all(), |d, wc: &Completion| {
             let Some(q) = self.side.qp_index(wc.qp_num) else {
@@ -552,7 +562,7 @@ impl SendComm {
             .on_port_event(&event, &self.conn, &self.setup.plan.qps, &states)?;
         if let Some(fb) = st.failback.as_mut() {
             let pc = &self.side.ports[port as usize];
-            fb.down[port as usize] = Some(pc.dev.port_returns(pc.port.port));
+            fb.down[port as usize] = Some(pc.dev.port_counts(pc.port.port).ups);
         }
         let name = port_name(&self.conn, port);
         tracing::info!(
@@ -650,7 +660,7 @@ impl SendComm {
         for p in 0..fb.down.len() {
             let Some(at) = fb.down[p] else { continue };
             let pc = &self.side.ports[p];
-            let now = pc.dev.port_returns(pc.port.port);
+            let now = pc.dev.port_counts(pc.port.port).ups;
             if now <= at || fb.stayed[p] == Some(now) {
                 continue;
             }

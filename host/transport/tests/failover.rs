@@ -12,13 +12,13 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use ncclwasm_transport::{ErrorClass, NetError, RecvBuf, RecvComm, ReqId, SendComm};
-use ncclwasm_verbs::Context;
+use ncclwasm_verbs::{Context, DmaBuf};
 
 /// Messages in the stream, and how many are in flight at once.
 const MESSAGES: usize = 96;
 const IN_FLIGHT: usize = 8;
 /// Each in-flight message lands in its own region of the receive buffer.
-const REGION: usize = 2 * MIB;
+const REGION: usize = 24 * MIB;
 
 /// A second context on soft device `name`: fault injection acts on the device, so every
 /// connection on it sees the port go down.
@@ -29,9 +29,29 @@ fn device(name: &str) -> std::sync::Arc<Context> {
         .expect("a context on the device")
 }
 
-/// Message `k`: (send offset, size), sizes from 1 byte to 1 MiB.
+/// Message `k`: (send offset, size), sizes from 1 byte to 1 MiB, and every fifth 20 MiB (long
+/// enough to be in flight when the port goes down right after it was posted).
 fn shape(k: usize) -> (usize, usize) {
-    ((k * 4099) % (8 * MIB), (k * 7919 + k * k * 131) % MIB + 1)
+    let size = if k % 5 == 4 {
+        20 * MIB + k
+    } else {
+        (k * 7919 + k * k * 131) % MIB + 1
+    };
+    ((k * 4099) % (8 * MIB), size)
+}
+
+/// A send buffer with the usual pattern and a receive buffer with a region per message in
+/// flight.
+fn buffers(s: &SendComm, r: &RecvComm) -> Bufs {
+    let send = DmaBuf::new(BUF);
+    let recv = DmaBuf::new(IN_FLIGHT * REGION);
+    pattern(&send, 7);
+    Bufs {
+        smr: s.reg_mr(send.addr(), BUF as u64, &send).unwrap(),
+        rmr: r.reg_mr(recv.addr(), recv.len() as u64, &recv).unwrap(),
+        send,
+        recv,
+    }
 }
 
 /// The receive side of one in-flight message.
@@ -183,26 +203,37 @@ fn a_port_down_mid_transfer_moves_its_traffic_and_loses_nothing() {
     let first = stats.local[0].device.clone();
     drop(stats);
     let dev = device(&first);
-    let b = bufs(&s, &r);
+    let b = buffers(&s, &r);
     let mut posted_at_failure = Vec::new();
+    let mut last = s.stats().posted;
     let done = stream(&s, &r, &b, |k| {
-        if k == MESSAGES / 3 {
-            posted_at_failure = s.stats().posted;
+        // The port goes down right after a large message was posted on one of its QPs, so that
+        // message is in flight on it: the probe and the replay are exercised, not only the move.
+        let posted = s.stats().posted;
+        let on_port_0 = (0..posted.len())
+            .any(|q| s.plan().qps[q].local == 0 && posted[q] >= last[q] + (8 * MIB) as u64);
+        if k >= MESSAGES / 3 && posted_at_failure.is_empty() && on_port_0 {
+            posted_at_failure = posted.clone();
             assert!(dev.inject_port_down(1).unwrap(), "{first} port 1 went down");
         }
+        last = posted;
     })
     .expect("no request fails");
+    assert!(!posted_at_failure.is_empty(), "the port never went down");
     assert_eq!(done, MESSAGES);
     let stats = s.stats();
     let c = stats.failover.unwrap();
     assert_eq!(c.moves, 1, "{c:?}");
+    // The 6 MiB message was in flight on the failed port: the probe ran, and its slice was
+    // written again (or found delivered).
     assert_eq!(c.probes, 1, "{c:?}");
+    assert!(c.replayed + c.confirmed >= 1, "{c:?}");
     // After the move only the surviving port's QPs carry new messages; a failed QP's counter
     // grows no more than the slices that were in flight on it at the failure.
     for (q, qp) in stats.plan.qps.iter().enumerate() {
         if qp.local == 0 {
             assert!(
-                stats.posted[q] <= posted_at_failure[q] + (IN_FLIGHT * MIB) as u64,
+                stats.posted[q] <= posted_at_failure[q] + (IN_FLIGHT * REGION) as u64,
                 "QP {q} on the failed port kept carrying: {} then {}",
                 posted_at_failure[q],
                 stats.posted[q]
@@ -288,7 +319,7 @@ fn a_policy_that_answers_fail_fails_the_connection_cleanly() {
         "not prepared: the policy fails"
     );
     let dev = device(&s.stats().local[0].device);
-    let b = bufs(&s, &r);
+    let b = buffers(&s, &r);
     let started = std::cell::Cell::new(None);
     let err = stream(&s, &r, &b, |k| {
         if k == MESSAGES / 3 {
