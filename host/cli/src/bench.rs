@@ -820,7 +820,7 @@ pub fn render(r: &BenchReport) -> String {
             r.device, r.device_name, r.warmup
         ),
     );
-    let mut t = Table::new(
+    out += &render::table(
         2,
         &[
             "size",
@@ -832,20 +832,20 @@ pub fn render(r: &BenchReport) -> String {
             "tcp GB/s",
             "ratio",
         ],
+        &r.rows,
+        |row| {
+            vec![
+                row.size.to_string(),
+                row.count.to_string(),
+                row.iters.to_string(),
+                format!("{:.1}", row.time_us),
+                format!("{:.3}", row.algbw_gbps),
+                format!("{:.1}", row.tcp_time_us),
+                format!("{:.3}", row.tcp_algbw_gbps),
+                format!("{:.2}", row.ratio),
+            ]
+        },
     );
-    for row in &r.rows {
-        t.row(vec![
-            row.size.to_string(),
-            row.count.to_string(),
-            row.iters.to_string(),
-            format!("{:.1}", row.time_us),
-            format!("{:.3}", row.algbw_gbps),
-            format!("{:.1}", row.tcp_time_us),
-            format!("{:.3}", row.tcp_algbw_gbps),
-            format!("{:.2}", row.ratio),
-        ]);
-    }
-    out += &t.render();
     out += &field(
         "ratio",
         &match r.large_message_ratio {
@@ -863,7 +863,7 @@ pub fn render(r: &BenchReport) -> String {
             r.latency_warmup
         ),
     );
-    let mut t = Table::new(
+    out += &render::table(
         2,
         &[
             "size",
@@ -874,19 +874,19 @@ pub fn render(r: &BenchReport) -> String {
             "tcp mean µs",
             "ratio",
         ],
+        &r.latency,
+        |row| {
+            vec![
+                row.size.to_string(),
+                row.iters.to_string(),
+                format!("{:.1}", row.latency_us),
+                format!("{:.1}", row.mean_us),
+                format!("{:.1}", row.tcp_latency_us),
+                format!("{:.1}", row.tcp_mean_us),
+                format!("{:.2}", row.ratio),
+            ]
+        },
     );
-    for row in &r.latency {
-        t.row(vec![
-            row.size.to_string(),
-            row.iters.to_string(),
-            format!("{:.1}", row.latency_us),
-            format!("{:.1}", row.mean_us),
-            format!("{:.1}", row.tcp_latency_us),
-            format!("{:.1}", row.tcp_mean_us),
-            format!("{:.2}", row.ratio),
-        ]);
-    }
-    out += &t.render();
     out + &field(
         "ratio",
         "plugin median / raw TCP median: how many times the socket's latency the plugin takes",

@@ -193,6 +193,19 @@ pub struct Timing {
     pub checked_bytes: u64,
 }
 
+impl Timing {
+    /// `iters` transfers of `size` bytes, timed from `start` until now; the first transfer's
+    /// bytes were checked.
+    fn since(size: usize, iters: u32, start: Instant) -> Timing {
+        Timing {
+            size: size as u64,
+            iters,
+            secs: start.elapsed().as_secs_f64(),
+            checked_bytes: size as u64,
+        }
+    }
+}
+
 /// `iters` round trips of `size` bytes each way, each timed alone by the rank that starts them
 /// (the sender), reported one way: half the round trip.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -300,9 +313,22 @@ fn verify(buf: &[u8], k: usize, what: &str) -> Result<(), Fail> {
     }
 }
 
-/// The pattern number of latency size number `k`: after the bandwidth part's.
-fn latency_pattern(args: &Args, k: usize) -> usize {
-    args.sizes.len() + k
+/// `sizes` with their pattern numbers, counted from `first`: the bandwidth part's from 0, the
+/// ping-pong's after them, so no two checked transfers of a run look alike.
+fn patterned(sizes: &[u64], first: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+    sizes
+        .iter()
+        .enumerate()
+        .map(move |(k, &size)| (size as usize, first + k))
+}
+
+/// What a rank's ping-pong runs on: its send comm and recv comm, and the memory registered on
+/// each.
+struct Ends<'a, 'c, 'p> {
+    tx: &'a SendComm<'p>,
+    smr: &'a mut Mr<'c>,
+    rx: &'a RecvComm<'p>,
+    rmr: &'a mut Mr<'c>,
 }
 
 /// A transfer that completed with another size than posted.
@@ -440,27 +466,34 @@ fn plugin_run(args: &Args, stdin: &mut impl BufRead) -> Result<(), Fail> {
     let mut peer = unhex(&line).ok_or_else(|| Fail::trouble(format!("not a handle: {line:?}")))?;
     let (tx, rx) = connect_both(&plugin, args.device, &listen, &mut peer)?;
     drop(listen); // as NCCL: closeListen right after accept
+    // The streaming side's registration holds the largest message of either part.
+    let (smr, rmr) = match args.role {
+        Role::Recv => (tx.reg_mr(lat), rx.reg_mr(bw.max(lat))),
+        Role::Send => (tx.reg_mr(bw.max(lat)), rx.reg_mr(lat)),
+    };
+    let (mut smr, mut rmr) = (smr.map_err(plugin_fail)?, rmr.map_err(plugin_fail)?);
+    let ends = Ends {
+        tx: &tx,
+        smr: &mut smr,
+        rx: &rx,
+        rmr: &mut rmr,
+    };
     match args.role {
         Role::Recv => {
-            let mut rmr = rx.reg_mr(bw.max(lat)).map_err(plugin_fail)?;
-            let mut smr = tx.reg_mr(lat).map_err(plugin_fail)?;
-            stream_in(args, &rx, &mut rmr)?;
-            pong(args, &tx, &mut smr, &rx, &mut rmr)?;
-            plugin_done(stdin)
+            stream_in(args, ends.rx, ends.rmr)?;
+            pong(args, ends)?;
         }
         Role::Send => {
-            let mut smr = tx.reg_mr(bw.max(lat)).map_err(plugin_fail)?;
-            let mut rmr = rx.reg_mr(lat).map_err(plugin_fail)?;
-            let streamed = stream_out(args, &tx, &mut smr)?;
-            let pinged = ping(args, &tx, &mut smr, &rx, &mut rmr)?;
+            let streamed = stream_out(args, ends.tx, ends.smr)?;
+            let pinged = ping(args, ends)?;
             let stats = tx.stats().map_err(plugin_fail)?;
             send(&Msg::Observed(Observed::new(
                 stats,
                 (streamed + pinged) as u64,
             )))?;
-            plugin_done(stdin)
         }
     }
+    plugin_done(stdin)
 }
 
 /// Waits, registrations and comms still open, until the parent says both ranks are done, as
@@ -482,8 +515,7 @@ fn plugin_done(stdin: &mut impl BufRead) -> Result<(), Fail> {
 /// untimed ones, then the timed ones, [`WINDOW`] in flight, timed from the first post to the
 /// last completion.
 fn stream_in(args: &Args, rx: &RecvComm<'_>, mr: &mut Mr<'_>) -> Result<(), Fail> {
-    for (k, &size) in args.sizes.iter().enumerate() {
-        let size = size as usize;
+    for (size, k) in patterned(&args.sizes, 0) {
         spoil(&mut mr.bytes()[..size], k);
         let got = stream(1, || rx.irecv(mr, 0..size, TAG).map_err(plugin_fail))?;
         expect_size("plugin", size, got)?;
@@ -494,12 +526,7 @@ fn stream_in(args: &Args, rx: &RecvComm<'_>, mr: &mut Mr<'_>) -> Result<(), Fail
         let iters = iterations(size as u64, args.iters);
         let start = Instant::now();
         stream(iters, || rx.irecv(mr, 0..size, TAG).map_err(plugin_fail))?;
-        send(&Msg::Plugin(Timing {
-            size: size as u64,
-            iters,
-            secs: start.elapsed().as_secs_f64(),
-            checked_bytes: size as u64,
-        }))?;
+        send(&Msg::Plugin(Timing::since(size, iters, start)))?;
     }
     Ok(())
 }
@@ -507,8 +534,7 @@ fn stream_in(args: &Args, rx: &RecvComm<'_>, mr: &mut Mr<'_>) -> Result<(), Fail
 /// The sender's half of the bandwidth part; returns the bytes `test` reported sent.
 fn stream_out(args: &Args, tx: &SendComm<'_>, mr: &mut Mr<'_>) -> Result<usize, Fail> {
     let mut sent = 0;
-    for (k, &size) in args.sizes.iter().enumerate() {
-        let size = size as usize;
+    for (size, k) in patterned(&args.sizes, 0) {
         fill(&mut mr.bytes()[..size], k);
         let got = stream(1, || tx.isend(mr, 0..size, TAG).map_err(plugin_fail))?;
         expect_size("plugin", size, got)?;
@@ -524,25 +550,18 @@ fn stream_out(args: &Args, tx: &SendComm<'_>, mr: &mut Mr<'_>) -> Result<usize, 
 /// The sender's half of the ping-pong through the plugin: per size the checked exchange (its
 /// pattern out, the receiver's echo back and compared), `--latency-warmup` untimed round trips,
 /// then `--latency-iters` timed one by one. Returns the bytes its pings carried.
-fn ping(
-    args: &Args,
-    tx: &SendComm<'_>,
-    smr: &mut Mr<'_>,
-    rx: &RecvComm<'_>,
-    rmr: &mut Mr<'_>,
-) -> Result<usize, Fail> {
+fn ping(args: &Args, ends: Ends<'_, '_, '_>) -> Result<usize, Fail> {
     let mut sent = 0;
-    for (k, &size) in args.latency_sizes.iter().enumerate() {
-        let (size, k) = (size as usize, latency_pattern(args, k));
-        fill(&mut smr.bytes()[..size], k);
-        spoil(&mut rmr.bytes()[..size], k);
-        trip(tx, smr, rx, rmr, size)?;
-        verify(&rmr.bytes()[..size], k, "plugin ping-pong, the echo")?;
+    for (size, k) in patterned(&args.latency_sizes, args.sizes.len()) {
+        fill(&mut ends.smr.bytes()[..size], k);
+        spoil(&mut ends.rmr.bytes()[..size], k);
+        trip(&ends, size)?;
+        verify(&ends.rmr.bytes()[..size], k, "plugin ping-pong, the echo")?;
         for _ in 0..args.latency_warmup {
-            trip(tx, smr, rx, rmr, size)?;
+            trip(&ends, size)?;
         }
         let trips = (0..args.latency_iters)
-            .map(|_| trip(tx, smr, rx, rmr, size))
+            .map(|_| trip(&ends, size))
             .collect::<Result<Vec<_>, _>>()?;
         sent += size * (1 + args.latency_warmup + args.latency_iters) as usize;
         send(&Msg::PluginPingPong(RoundTrips::new(size, trips)))?;
@@ -552,13 +571,9 @@ fn ping(
 
 /// One round trip through the plugin, timed: the ping is posted, then the receive of the pong
 /// (its clear-to-send travels while the peer answers), both tested in one loop until done.
-fn trip(
-    tx: &SendComm<'_>,
-    smr: &Mr<'_>,
-    rx: &RecvComm<'_>,
-    rmr: &Mr<'_>,
-    size: usize,
-) -> Result<Duration, Fail> {
+fn trip(ends: &Ends<'_, '_, '_>, size: usize) -> Result<Duration, Fail> {
+    let Ends { tx, rx, .. } = ends;
+    let (smr, rmr) = (&*ends.smr, &*ends.rmr);
     let start = Instant::now();
     let mut ping = retry("isend", || tx.isend(smr, 0..size, TAG).map_err(plugin_fail))?;
     let mut pong = retry("irecv", || rx.irecv(rmr, 0..size, TAG).map_err(plugin_fail))?;
@@ -582,15 +597,9 @@ fn trip(
 /// and echoes exactly what arrived, then answers each ping with a pong of the same size. The
 /// next receive is posted right after each pong, so the next ping finds its clear-to-send
 /// waiting, as it would in a pipeline NCCL keeps busy.
-fn pong(
-    args: &Args,
-    tx: &SendComm<'_>,
-    smr: &mut Mr<'_>,
-    rx: &RecvComm<'_>,
-    rmr: &mut Mr<'_>,
-) -> Result<(), Fail> {
-    for (k, &size) in args.latency_sizes.iter().enumerate() {
-        let (size, k) = (size as usize, latency_pattern(args, k));
+fn pong(args: &Args, ends: Ends<'_, '_, '_>) -> Result<(), Fail> {
+    let Ends { tx, smr, rx, rmr } = ends;
+    for (size, k) in patterned(&args.latency_sizes, args.sizes.len()) {
         spoil(&mut rmr.bytes()[..size], k);
         let got = stream(1, || rx.irecv(rmr, 0..size, TAG).map_err(plugin_fail))?;
         expect_size("plugin ping", size, got)?;
@@ -694,8 +703,7 @@ fn tcp_run(args: &Args, stdin: &mut impl BufRead) -> Result<(), Fail> {
 /// one-byte "go" to the sender and the timed messages back to back.
 fn tcp_stream_in(args: &Args, stream: &mut TcpStream) -> Result<(), Fail> {
     let mut buf = vec![0u8; largest(&args.sizes)?];
-    for (k, &size) in args.sizes.iter().enumerate() {
-        let size = size as usize;
+    for (size, k) in patterned(&args.sizes, 0) {
         let iters = iterations(size as u64, args.iters);
         let msg = &mut buf[..size];
         spoil(msg, k);
@@ -709,12 +717,7 @@ fn tcp_stream_in(args: &Args, stream: &mut TcpStream) -> Result<(), Fail> {
         for _ in 0..iters {
             stream.read_exact(msg).map_err(io_fail("receive"))?;
         }
-        send(&Msg::Tcp(Timing {
-            size: size as u64,
-            iters,
-            secs: start.elapsed().as_secs_f64(),
-            checked_bytes: size as u64,
-        }))?;
+        send(&Msg::Tcp(Timing::since(size, iters, start)))?;
     }
     Ok(())
 }
@@ -722,8 +725,7 @@ fn tcp_stream_in(args: &Args, stream: &mut TcpStream) -> Result<(), Fail> {
 /// The sender's half of the TCP stream.
 fn tcp_stream_out(args: &Args, stream: &mut TcpStream) -> Result<(), Fail> {
     let mut buf = vec![0u8; largest(&args.sizes)?];
-    for (k, &size) in args.sizes.iter().enumerate() {
-        let size = size as usize;
+    for (size, k) in patterned(&args.sizes, 0) {
         let iters = iterations(size as u64, args.iters);
         let msg = &mut buf[..size];
         fill(msg, k);
@@ -744,8 +746,7 @@ fn tcp_stream_out(args: &Args, stream: &mut TcpStream) -> Result<(), Fail> {
 fn tcp_ping(args: &Args, stream: &mut TcpStream) -> Result<(), Fail> {
     let lat = largest(&args.latency_sizes)?;
     let (mut out, mut back) = (vec![0u8; lat], vec![0u8; lat]);
-    for (k, &size) in args.latency_sizes.iter().enumerate() {
-        let (size, k) = (size as usize, latency_pattern(args, k));
+    for (size, k) in patterned(&args.latency_sizes, args.sizes.len()) {
         let (out, back) = (&mut out[..size], &mut back[..size]);
         fill(out, k);
         spoil(back, k);
@@ -773,8 +774,8 @@ fn tcp_trip(stream: &mut TcpStream, out: &[u8], back: &mut [u8]) -> Result<Durat
 /// every ping with the bytes that arrived.
 fn tcp_pong(args: &Args, stream: &mut TcpStream) -> Result<(), Fail> {
     let mut buf = vec![0u8; largest(&args.latency_sizes)?];
-    for (k, &size) in args.latency_sizes.iter().enumerate() {
-        let (msg, k) = (&mut buf[..size as usize], latency_pattern(args, k));
+    for (size, k) in patterned(&args.latency_sizes, args.sizes.len()) {
+        let msg = &mut buf[..size];
         spoil(msg, k);
         for i in 0..=args.latency_warmup + args.latency_iters {
             stream.read_exact(msg).map_err(io_fail("ping"))?;

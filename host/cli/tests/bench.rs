@@ -81,12 +81,24 @@ fn observed_qps(v: &Value) -> Vec<(String, String, u64, u64)> {
         .collect()
 }
 
-/// A measured figure: positive and finite.
-fn measured(row: &Value, key: &str) {
-    assert!(
-        row[key].as_f64().is_some_and(|x| x > 0.0 && x.is_finite()),
-        "{key}: {row}"
-    );
+/// `table` has one row per size of `sizes`, in order, each with `iters` timed iterations,
+/// every figure of `keys` measured (positive and finite), and `checked_per_byte` × its size
+/// compared with the pattern on both transports.
+fn assert_rows(table: &Value, sizes: &[u64], iters: u64, keys: &[&str], checked_per_byte: u64) {
+    let rows = table.as_array().expect("a table");
+    assert_eq!(rows.len(), sizes.len(), "{table}");
+    for (row, &size) in rows.iter().zip(sizes) {
+        assert_eq!(row["size"], size);
+        assert_eq!(row["iters"], iters);
+        for key in keys {
+            assert!(
+                row[key].as_f64().is_some_and(|x| x > 0.0 && x.is_finite()),
+                "{key}: {row}"
+            );
+        }
+        assert_eq!(row["checked_bytes"], checked_per_byte * size, "{row}");
+        assert_eq!(row["tcp_checked_bytes"], checked_per_byte * size, "{row}");
+    }
 }
 
 #[test]
@@ -117,45 +129,36 @@ fn both_tables_through_the_plugin_and_tcp_as_json() {
     assert_eq!(v["policy"]["kind"], "builtin");
     let device = v["device"].as_u64().unwrap() as usize;
     assert_eq!(v["devices"][device]["name"], v["device_name"]);
-    let rows = v["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 2);
-    for (row, size) in rows.iter().zip([8, 1 << 20]) {
-        assert_eq!(row["size"], size);
-        assert_eq!(row["iters"], 2);
-        for key in [
+    // The receiver compared every byte of the first transfer of each size.
+    assert_rows(
+        &v["rows"],
+        &[8, 1 << 20],
+        2,
+        &[
             "algbw_gbps",
             "tcp_algbw_gbps",
             "ratio",
             "time_us",
             "tcp_time_us",
-        ] {
-            measured(row, key);
-        }
-        // The receiver compared every byte of the first transfer, on both transports.
-        assert_eq!(row["checked_bytes"], size, "{row}");
-        assert_eq!(row["tcp_checked_bytes"], size, "{row}");
-    }
+        ],
+        1,
+    );
     assert!(v["large_message_ratio"].as_f64().is_some_and(|x| x > 0.0));
-
+    // The first exchange of each size went out and came back intact.
     assert_eq!(v["latency_warmup"], 1);
-    let latency = v["latency"].as_array().unwrap();
-    assert_eq!(latency.len(), 2);
-    for (row, size) in latency.iter().zip([8, 4096]) {
-        assert_eq!(row["size"], size);
-        assert_eq!(row["iters"], 3);
-        for key in [
+    assert_rows(
+        &v["latency"],
+        &[8, 4096],
+        3,
+        &[
             "latency_us",
             "mean_us",
             "tcp_latency_us",
             "tcp_mean_us",
             "ratio",
-        ] {
-            measured(row, key);
-        }
-        // The first exchange went out and came back intact, on both transports.
-        assert_eq!(row["checked_bytes"], 2 * size, "{row}");
-        assert_eq!(row["tcp_checked_bytes"], 2 * size, "{row}");
-    }
+        ],
+        2,
+    );
 
     // What the connection ran: every byte the sender sent went out on one of its QPs, once
     // (each bandwidth size: the checked transfer, 2 warmup, 2 timed; each ping-pong size: the
