@@ -1,6 +1,6 @@
 //! `ncclwasm bench`: two ranks (processes) send through the built plugin library exactly as NCCL
-//! drives it, then over a plain TCP socket, and two tables compare the two: bandwidth (a stream
-//! of messages) and latency (a ping-pong, one message each way).
+//! drives it and, size by size, over a plain TCP socket, and two tables compare the two:
+//! bandwidth (a stream of messages) and latency (a ping-pong, one message each way).
 //!
 //! This process only orchestrates: it resolves the library, fabric, topology and policy, picks the
 //! device as `policy explain` picks its sample connection's (the vNIC of NCCL core's default
@@ -406,8 +406,8 @@ struct Expected {
 #[derive(Debug)]
 struct Ranks {
     children: Vec<Child>,
-    /// Each rank's stdin: the peer's handle, the TCP port (the sender) and the end of the
-    /// plugin part go there.
+    /// Each rank's stdin: the peer's handle, the TCP port (the sender) and the end of the run
+    /// go there.
     stdins: Vec<ChildStdin>,
     events: mpsc::Receiver<(usize, Option<Msg>)>,
     /// Each rank's stderr, read to the end.

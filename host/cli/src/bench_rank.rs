@@ -4,12 +4,12 @@
 //! `makeVDevice` when the plan runs on a vNIC, `listen` / `connect` + `accept` loops with the
 //! 128-byte handles relayed by the parent (each rank has one send comm and one recv comm, as a
 //! ring neighbour in NCCL has), `regMr`, `isend`/`irecv`/`test` loops — first a stream from the
-//! sender to the receiver (bandwidth), then a ping-pong of one message each way (latency) — and
-//! at the end the sender asks its connection what it ran (`ncclwasm_send_comm_stats`). Then the
-//! same traffic goes over a plain TCP socket for the baseline. It talks to the parent in JSON
-//! lines on stdout ([`Msg`]) and reads the peer's handle, the TCP port and the end of the plugin
-//! part from stdin. Every wait is bounded by [`STALL`], so a rank whose peer died stops by
-//! itself with one `error:` line.
+//! sender to the receiver (bandwidth), then a ping-pong of one message each way (latency), each
+//! size followed at once by the same traffic over a plain TCP connection (the baseline) — and at
+//! the end the sender asks its connection what it ran (`ncclwasm_send_comm_stats`). It talks to
+//! the parent in JSON lines on stdout ([`Msg`]) and reads the peer's handle, the TCP port and
+//! the end of the run from stdin. Every wait is bounded by [`STALL`], so a rank whose peer died
+//! stops by itself with one `error:` line.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, Read, Write};
@@ -249,8 +249,7 @@ pub fn iterations(size: u64, iters: Option<u32>) -> u32 {
 
 pub fn run(args: &Args) -> Result<Outcome, Fail> {
     let mut stdin = std::io::stdin().lock();
-    plugin_run(args, &mut stdin)?;
-    tcp_run(args, &mut stdin)?;
+    measure(args, &mut stdin)?;
     send(&Msg::Done)?;
     Ok(Outcome::success(String::new()))
 }
@@ -457,7 +456,11 @@ fn connect_both<'p>(
     })
 }
 
-fn plugin_run(args: &Args, stdin: &mut impl BufRead) -> Result<(), Fail> {
+/// Both transports, side by side: the plugin's comms, then the TCP connection, then each size
+/// through the plugin and at once over TCP — the two figures of a row are measured seconds
+/// apart, not minutes, so a host whose load changes meanwhile (a shared CI machine) moves both
+/// alike.
+fn measure(args: &Args, stdin: &mut impl BufRead) -> Result<(), Fail> {
     let (bw, lat) = (largest(&args.sizes)?, largest(&args.latency_sizes)?);
     let plugin = open(args)?;
     let (listen, handle) = plugin.listen(args.device).map_err(plugin_fail)?;
@@ -472,26 +475,36 @@ fn plugin_run(args: &Args, stdin: &mut impl BufRead) -> Result<(), Fail> {
         Role::Send => (tx.reg_mr(bw.max(lat)), rx.reg_mr(lat)),
     };
     let (mut smr, mut rmr) = (smr.map_err(plugin_fail)?, rmr.map_err(plugin_fail)?);
-    let ends = Ends {
+    let mut ends = Ends {
         tx: &tx,
         smr: &mut smr,
         rx: &rx,
         rmr: &mut rmr,
     };
-    match args.role {
-        Role::Recv => {
-            stream_in(args, ends.rx, ends.rmr)?;
-            pong(args, ends)?;
+    let mut tcp = tcp_connect(args, stdin)?;
+    // The TCP messages' buffer, and the sender's for the echo.
+    let (mut buf, mut back) = (vec![0u8; bw.max(lat)], vec![0u8; lat]);
+    let mut sent = 0;
+    for (size, k) in patterned(&args.sizes, 0) {
+        sent += plugin_stream(args, size, k, &mut ends)?;
+        tcp_stream(args, k, &mut tcp, &mut buf[..size])?;
+    }
+    for (size, k) in patterned(&args.latency_sizes, args.sizes.len()) {
+        let msg = &mut buf[..size];
+        match args.role {
+            Role::Recv => {
+                pong(args, size, k, &mut ends)?;
+                tcp_pong(args, k, &mut tcp, msg)?;
+            }
+            Role::Send => {
+                sent += ping(args, size, k, &mut ends)?;
+                tcp_ping(args, k, &mut tcp, msg, &mut back[..size])?;
+            }
         }
-        Role::Send => {
-            let streamed = stream_out(args, ends.tx, ends.smr)?;
-            let pinged = ping(args, ends)?;
-            let stats = tx.stats().map_err(plugin_fail)?;
-            send(&Msg::Observed(Observed::new(
-                stats,
-                (streamed + pinged) as u64,
-            )))?;
-        }
+    }
+    if args.role == Role::Send {
+        let stats = tx.stats().map_err(plugin_fail)?;
+        send(&Msg::Observed(Observed::new(stats, sent as u64)))?;
     }
     plugin_done(stdin)
 }
@@ -502,7 +515,7 @@ fn plugin_run(args: &Args, stdin: &mut impl BufRead) -> Result<(), Fail> {
 /// semantics).
 fn plugin_done(stdin: &mut impl BufRead) -> Result<(), Fail> {
     send(&Msg::PluginDone)?;
-    let line = read_line(stdin, "end of the plugin part")?;
+    let line = read_line(stdin, "end of the run")?;
     if line != PLUGIN_DONE {
         return Err(Fail::trouble(format!(
             "expected {PLUGIN_DONE:?} from the parent, got {line:?}"
@@ -511,62 +524,61 @@ fn plugin_done(stdin: &mut impl BufRead) -> Result<(), Fail> {
     Ok(())
 }
 
-/// The receiver's half of the bandwidth part: per size the checked transfer, `--warmup`
-/// untimed ones, then the timed ones, [`WINDOW`] in flight, timed from the first post to the
-/// last completion.
-fn stream_in(args: &Args, rx: &RecvComm<'_>, mr: &mut Mr<'_>) -> Result<(), Fail> {
-    for (size, k) in patterned(&args.sizes, 0) {
-        spoil(&mut mr.bytes()[..size], k);
-        let got = stream(1, || rx.irecv(mr, 0..size, TAG).map_err(plugin_fail))?;
-        expect_size("plugin", size, got)?;
-        verify(&mr.bytes()[..size], k, "plugin")?;
-        stream(args.warmup, || {
-            rx.irecv(mr, 0..size, TAG).map_err(plugin_fail)
-        })?;
-        let iters = iterations(size as u64, args.iters);
-        let start = Instant::now();
-        stream(iters, || rx.irecv(mr, 0..size, TAG).map_err(plugin_fail))?;
-        send(&Msg::Plugin(Timing::since(size, iters, start)))?;
-    }
-    Ok(())
-}
-
-/// The sender's half of the bandwidth part; returns the bytes `test` reported sent.
-fn stream_out(args: &Args, tx: &SendComm<'_>, mr: &mut Mr<'_>) -> Result<usize, Fail> {
-    let mut sent = 0;
-    for (size, k) in patterned(&args.sizes, 0) {
-        fill(&mut mr.bytes()[..size], k);
-        let got = stream(1, || tx.isend(mr, 0..size, TAG).map_err(plugin_fail))?;
-        expect_size("plugin", size, got)?;
-        let iters = iterations(size as u64, args.iters);
-        sent += got
-            + stream(args.warmup + iters, || {
-                tx.isend(mr, 0..size, TAG).map_err(plugin_fail)
+/// One size of the bandwidth part through the plugin, from the sender's send comm to the
+/// receiver's recv comm: the checked transfer, `--warmup` untimed ones, then the timed ones,
+/// [`WINDOW`] in flight, timed by the receiver from its first post to its last completion.
+/// Returns the bytes `test` reported sent (none on the receiver).
+fn plugin_stream(
+    args: &Args,
+    size: usize,
+    k: usize,
+    ends: &mut Ends<'_, '_, '_>,
+) -> Result<usize, Fail> {
+    let iters = iterations(size as u64, args.iters);
+    match args.role {
+        Role::Recv => {
+            let (rx, mr) = (ends.rx, &mut *ends.rmr);
+            spoil(&mut mr.bytes()[..size], k);
+            let got = stream(1, || rx.irecv(mr, 0..size, TAG).map_err(plugin_fail))?;
+            expect_size("plugin", size, got)?;
+            verify(&mr.bytes()[..size], k, "plugin")?;
+            stream(args.warmup, || {
+                rx.irecv(mr, 0..size, TAG).map_err(plugin_fail)
             })?;
+            let start = Instant::now();
+            stream(iters, || rx.irecv(mr, 0..size, TAG).map_err(plugin_fail))?;
+            send(&Msg::Plugin(Timing::since(size, iters, start)))?;
+            Ok(0)
+        }
+        Role::Send => {
+            let (tx, mr) = (ends.tx, &mut *ends.smr);
+            fill(&mut mr.bytes()[..size], k);
+            let got = stream(1, || tx.isend(mr, 0..size, TAG).map_err(plugin_fail))?;
+            expect_size("plugin", size, got)?;
+            Ok(got
+                + stream(args.warmup + iters, || {
+                    tx.isend(mr, 0..size, TAG).map_err(plugin_fail)
+                })?)
+        }
     }
-    Ok(sent)
 }
 
-/// The sender's half of the ping-pong through the plugin: per size the checked exchange (its
-/// pattern out, the receiver's echo back and compared), `--latency-warmup` untimed round trips,
-/// then `--latency-iters` timed one by one. Returns the bytes its pings carried.
-fn ping(args: &Args, ends: Ends<'_, '_, '_>) -> Result<usize, Fail> {
-    let mut sent = 0;
-    for (size, k) in patterned(&args.latency_sizes, args.sizes.len()) {
-        fill(&mut ends.smr.bytes()[..size], k);
-        spoil(&mut ends.rmr.bytes()[..size], k);
-        trip(&ends, size)?;
-        verify(&ends.rmr.bytes()[..size], k, "plugin ping-pong, the echo")?;
-        for _ in 0..args.latency_warmup {
-            trip(&ends, size)?;
-        }
-        let trips = (0..args.latency_iters)
-            .map(|_| trip(&ends, size))
-            .collect::<Result<Vec<_>, _>>()?;
-        sent += size * (1 + args.latency_warmup + args.latency_iters) as usize;
-        send(&Msg::PluginPingPong(RoundTrips::new(size, trips)))?;
+/// The sender's half of one size of the ping-pong through the plugin: the checked exchange
+/// (its pattern out, the receiver's echo back and compared), `--latency-warmup` untimed round
+/// trips, then `--latency-iters` timed one by one. Returns the bytes its pings carried.
+fn ping(args: &Args, size: usize, k: usize, ends: &mut Ends<'_, '_, '_>) -> Result<usize, Fail> {
+    fill(&mut ends.smr.bytes()[..size], k);
+    spoil(&mut ends.rmr.bytes()[..size], k);
+    trip(ends, size)?;
+    verify(&ends.rmr.bytes()[..size], k, "plugin ping-pong, the echo")?;
+    for _ in 0..args.latency_warmup {
+        trip(ends, size)?;
     }
-    Ok(sent)
+    let trips = (0..args.latency_iters)
+        .map(|_| trip(ends, size))
+        .collect::<Result<Vec<_>, _>>()?;
+    send(&Msg::PluginPingPong(RoundTrips::new(size, trips)))?;
+    Ok(size * (1 + args.latency_warmup + args.latency_iters) as usize)
 }
 
 /// One round trip through the plugin, timed: the ping is posted, then the receive of the pong
@@ -593,35 +605,33 @@ fn trip(ends: &Ends<'_, '_, '_>, size: usize) -> Result<Duration, Fail> {
     Ok(elapsed)
 }
 
-/// The receiver's half of the ping-pong through the plugin: per size it checks the first ping
-/// and echoes exactly what arrived, then answers each ping with a pong of the same size. The
-/// next receive is posted right after each pong, so the next ping finds its clear-to-send
+/// The receiver's half of one size of the ping-pong through the plugin: it checks the first
+/// ping and echoes exactly what arrived, then answers each ping with a pong of the same size.
+/// The next receive is posted right after each pong, so the next ping finds its clear-to-send
 /// waiting, as it would in a pipeline NCCL keeps busy.
-fn pong(args: &Args, ends: Ends<'_, '_, '_>) -> Result<(), Fail> {
-    let Ends { tx, smr, rx, rmr } = ends;
-    for (size, k) in patterned(&args.latency_sizes, args.sizes.len()) {
-        spoil(&mut rmr.bytes()[..size], k);
-        let got = stream(1, || rx.irecv(rmr, 0..size, TAG).map_err(plugin_fail))?;
-        expect_size("plugin ping", size, got)?;
-        verify(&rmr.bytes()[..size], k, "plugin ping-pong, the ping")?;
-        smr.bytes()[..size].copy_from_slice(&rmr.bytes()[..size]);
-        let (smr, rmr) = (&*smr, &*rmr);
-        let post = || retry("irecv", || rx.irecv(rmr, 0..size, TAG).map_err(plugin_fail));
-        // The receive of the next ping; none before the echo.
-        let mut next: Option<Request<'_>> = None;
-        let rest = args.latency_warmup + args.latency_iters;
-        for i in 0..=rest {
-            if let Some(mut ping) = next.take() {
-                let got = retry("a ping", || ping.test().map_err(plugin_fail))?;
-                expect_size("plugin ping", size, got)?;
-            }
-            let mut answer = retry("isend", || tx.isend(smr, 0..size, TAG).map_err(plugin_fail))?;
-            if i < rest {
-                next = Some(post()?);
-            }
-            let sent = retry("a pong", || answer.test().map_err(plugin_fail))?;
-            expect_size("plugin pong", size, sent)?;
+fn pong(args: &Args, size: usize, k: usize, ends: &mut Ends<'_, '_, '_>) -> Result<(), Fail> {
+    let (tx, rx) = (ends.tx, ends.rx);
+    spoil(&mut ends.rmr.bytes()[..size], k);
+    let got = stream(1, || rx.irecv(ends.rmr, 0..size, TAG).map_err(plugin_fail))?;
+    expect_size("plugin ping", size, got)?;
+    verify(&ends.rmr.bytes()[..size], k, "plugin ping-pong, the ping")?;
+    ends.smr.bytes()[..size].copy_from_slice(&ends.rmr.bytes()[..size]);
+    let (smr, rmr) = (&*ends.smr, &*ends.rmr);
+    let post = || retry("irecv", || rx.irecv(rmr, 0..size, TAG).map_err(plugin_fail));
+    // The receive of the next ping; none before the echo.
+    let mut next: Option<Request<'_>> = None;
+    let rest = args.latency_warmup + args.latency_iters;
+    for i in 0..=rest {
+        if let Some(mut ping) = next.take() {
+            let got = retry("a ping", || ping.test().map_err(plugin_fail))?;
+            expect_size("plugin ping", size, got)?;
         }
+        let mut answer = retry("isend", || tx.isend(smr, 0..size, TAG).map_err(plugin_fail))?;
+        if i < rest {
+            next = Some(post()?);
+        }
+        let sent = retry("a pong", || answer.test().map_err(plugin_fail))?;
+        expect_size("plugin pong", size, sent)?;
     }
     Ok(())
 }
@@ -684,83 +694,61 @@ fn tcp_connect(args: &Args, stdin: &mut impl BufRead) -> Result<TcpStream, Fail>
     Ok(stream)
 }
 
-/// The same traffic over one plain TCP connection: the bandwidth stream, then the ping-pong.
-fn tcp_run(args: &Args, stdin: &mut impl BufRead) -> Result<(), Fail> {
-    let mut stream = tcp_connect(args, stdin)?;
+/// One size of the TCP stream, `msg` its buffer on either rank: the checked message, the
+/// warmup, then a one-byte "go" from the receiver and the timed messages back to back, timed
+/// by the receiver.
+fn tcp_stream(args: &Args, k: usize, stream: &mut TcpStream, msg: &mut [u8]) -> Result<(), Fail> {
+    let iters = iterations(msg.len() as u64, args.iters);
     match args.role {
         Role::Recv => {
-            tcp_stream_in(args, &mut stream)?;
-            tcp_pong(args, &mut stream)
+            spoil(msg, k);
+            stream.read_exact(msg).map_err(io_fail("receive"))?;
+            verify(msg, k, "tcp")?;
+            for _ in 0..args.warmup {
+                stream.read_exact(msg).map_err(io_fail("receive"))?;
+            }
+            let start = Instant::now();
+            stream.write_all(b"g").map_err(io_fail("go"))?;
+            for _ in 0..iters {
+                stream.read_exact(msg).map_err(io_fail("receive"))?;
+            }
+            send(&Msg::Tcp(Timing::since(msg.len(), iters, start)))
         }
         Role::Send => {
-            tcp_stream_out(args, &mut stream)?;
-            tcp_ping(args, &mut stream)
+            fill(msg, k);
+            for _ in 0..=args.warmup {
+                stream.write_all(msg).map_err(io_fail("send"))?;
+            }
+            let mut go = [0u8; 1];
+            stream.read_exact(&mut go).map_err(io_fail("go"))?;
+            for _ in 0..iters {
+                stream.write_all(msg).map_err(io_fail("send"))?;
+            }
+            Ok(())
         }
     }
 }
 
-/// The receiver's half of the TCP stream: per size the checked message, the warmup, then a
-/// one-byte "go" to the sender and the timed messages back to back.
-fn tcp_stream_in(args: &Args, stream: &mut TcpStream) -> Result<(), Fail> {
-    let mut buf = vec![0u8; largest(&args.sizes)?];
-    for (size, k) in patterned(&args.sizes, 0) {
-        let iters = iterations(size as u64, args.iters);
-        let msg = &mut buf[..size];
-        spoil(msg, k);
-        stream.read_exact(msg).map_err(io_fail("receive"))?;
-        verify(msg, k, "tcp")?;
-        for _ in 0..args.warmup {
-            stream.read_exact(msg).map_err(io_fail("receive"))?;
-        }
-        let start = Instant::now();
-        stream.write_all(b"g").map_err(io_fail("go"))?;
-        for _ in 0..iters {
-            stream.read_exact(msg).map_err(io_fail("receive"))?;
-        }
-        send(&Msg::Tcp(Timing::since(size, iters, start)))?;
-    }
-    Ok(())
-}
-
-/// The sender's half of the TCP stream.
-fn tcp_stream_out(args: &Args, stream: &mut TcpStream) -> Result<(), Fail> {
-    let mut buf = vec![0u8; largest(&args.sizes)?];
-    for (size, k) in patterned(&args.sizes, 0) {
-        let iters = iterations(size as u64, args.iters);
-        let msg = &mut buf[..size];
-        fill(msg, k);
-        for _ in 0..=args.warmup {
-            stream.write_all(msg).map_err(io_fail("send"))?;
-        }
-        let mut go = [0u8; 1];
-        stream.read_exact(&mut go).map_err(io_fail("go"))?;
-        for _ in 0..iters {
-            stream.write_all(msg).map_err(io_fail("send"))?;
-        }
-    }
-    Ok(())
-}
-
-/// The sender's half of the TCP ping-pong, the same shape as [`ping`]: per size the checked
+/// The sender's half of one size of the TCP ping-pong, the same shape as [`ping`]: the checked
 /// exchange, the warmup, then each timed round trip alone.
-fn tcp_ping(args: &Args, stream: &mut TcpStream) -> Result<(), Fail> {
-    let lat = largest(&args.latency_sizes)?;
-    let (mut out, mut back) = (vec![0u8; lat], vec![0u8; lat]);
-    for (size, k) in patterned(&args.latency_sizes, args.sizes.len()) {
-        let (out, back) = (&mut out[..size], &mut back[..size]);
-        fill(out, k);
-        spoil(back, k);
+fn tcp_ping(
+    args: &Args,
+    k: usize,
+    stream: &mut TcpStream,
+    out: &mut [u8],
+    back: &mut [u8],
+) -> Result<(), Fail> {
+    fill(out, k);
+    spoil(back, k);
+    tcp_trip(stream, out, back)?;
+    verify(back, k, "tcp ping-pong, the echo")?;
+    for _ in 0..args.latency_warmup {
         tcp_trip(stream, out, back)?;
-        verify(back, k, "tcp ping-pong, the echo")?;
-        for _ in 0..args.latency_warmup {
-            tcp_trip(stream, out, back)?;
-        }
-        let trips = (0..args.latency_iters)
-            .map(|_| tcp_trip(stream, out, back))
-            .collect::<Result<Vec<_>, _>>()?;
-        send(&Msg::TcpPingPong(RoundTrips::new(size, trips)))?;
     }
-    Ok(())
+    let trips = (0..args.latency_iters)
+        .map(|_| tcp_trip(stream, out, back))
+        .collect::<Result<Vec<_>, _>>()?;
+    send(&Msg::TcpPingPong(RoundTrips::new(out.len(), trips)))
 }
 
 fn tcp_trip(stream: &mut TcpStream, out: &[u8], back: &mut [u8]) -> Result<Duration, Fail> {
@@ -770,20 +758,16 @@ fn tcp_trip(stream: &mut TcpStream, out: &[u8], back: &mut [u8]) -> Result<Durat
     Ok(start.elapsed())
 }
 
-/// The receiver's half of the TCP ping-pong: it checks the first ping of each size and answers
+/// The receiver's half of one size of the TCP ping-pong: it checks the first ping and answers
 /// every ping with the bytes that arrived.
-fn tcp_pong(args: &Args, stream: &mut TcpStream) -> Result<(), Fail> {
-    let mut buf = vec![0u8; largest(&args.latency_sizes)?];
-    for (size, k) in patterned(&args.latency_sizes, args.sizes.len()) {
-        let msg = &mut buf[..size];
-        spoil(msg, k);
-        for i in 0..=args.latency_warmup + args.latency_iters {
-            stream.read_exact(msg).map_err(io_fail("ping"))?;
-            if i == 0 {
-                verify(msg, k, "tcp ping-pong, the ping")?;
-            }
-            stream.write_all(msg).map_err(io_fail("pong"))?;
+fn tcp_pong(args: &Args, k: usize, stream: &mut TcpStream, msg: &mut [u8]) -> Result<(), Fail> {
+    spoil(msg, k);
+    for i in 0..=args.latency_warmup + args.latency_iters {
+        stream.read_exact(msg).map_err(io_fail("ping"))?;
+        if i == 0 {
+            verify(msg, k, "tcp ping-pong, the ping")?;
         }
+        stream.write_all(msg).map_err(io_fail("pong"))?;
     }
     Ok(())
 }
