@@ -1,11 +1,12 @@
 //! `ncclwasm bench`: two ranks (processes) send through the built plugin library exactly as NCCL
-//! drives it, then over a plain TCP socket, and the table compares the two.
+//! drives it and, size by size, over a plain TCP socket, and two tables compare the two:
+//! bandwidth (a stream of messages) and latency (a ping-pong, one message each way).
 //!
 //! This process only orchestrates: it resolves the library, fabric, topology and policy, picks the
 //! device as `policy explain` picks its sample connection's (the vNIC of NCCL core's default
 //! fusion when the policy accepts it), starts the two ranks ([`crate::bench_rank`]) with the
-//! matching `NCCL_WASM_*` environment, relays the listen handle and the TCP port between them,
-//! and renders what the receiver timed and what the sender's connection reported it ran — the
+//! matching `NCCL_WASM_*` environment, relays the listen handles and the TCP port between them,
+//! and renders what the ranks timed and what the sender's connection reported it ran — the
 //! plan and the bytes per QP, from the plugin itself rather than recomputed here. A rank that
 //! dies or stalls fails the run with one line, never a hang.
 
@@ -20,7 +21,7 @@ use ncclwasm_model::Topology;
 use ncclwasm_soft::FabricChoice;
 use serde::Serialize;
 
-use crate::bench_rank::{self, DeviceLine, Msg, Observed, Role, Timing};
+use crate::bench_rank::{self, DeviceLine, Msg, Observed, Role, RoundTrips, Timing};
 use crate::fail::{Fail, Outcome};
 use crate::live::FabricView;
 use crate::render::{self, Table, field};
@@ -30,6 +31,9 @@ use crate::setup::{self, ConfigArgs, PolicyArg};
 /// nccl-tests' default range: 8 B to 64 MiB, doubling.
 const BENCH_SIZES: &str =
     "8,16,32,64,128,256,512,1K,2K,4K,8K,16K,32K,64K,128K,256K,512K,1M,2M,4M,8M,16M,32M,64M";
+
+/// The ping-pong's default sizes: the latency-bound ones, 8 B to 64 KiB.
+const LATENCY_SIZES: &str = "8,16,32,64,128,256,512,1K,2K,4K,8K,16K,32K,64K";
 
 /// Sizes from here on count for the large-message ratio.
 const LARGE: u64 = 1 << 20;
@@ -63,6 +67,24 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub warmup: u32,
 
+    /// Ping-pong sizes for the latency table, comma-separated (bytes; K, M, G suffixes)
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = LATENCY_SIZES,
+        value_parser = setup::parse_size
+    )]
+    pub latency_sizes: Vec<u64>,
+
+    /// Timed round trips per latency size, each timed alone
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub latency_iters: u32,
+
+    /// Untimed round trips per latency size after the checked one
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub latency_warmup: u32,
+
     /// The plugin library [default: libnccl_net_wasm.so or libnccl-net-wasm.so next to this
     /// binary]
     #[arg(long, value_name = "SO")]
@@ -94,9 +116,13 @@ pub struct BenchReport {
     /// What the sender's connection ran and carried, as the plugin reports it.
     pub observed: Observed,
     pub warmup: u32,
+    /// The bandwidth table, one row per `--sizes`.
     pub rows: Vec<Row>,
     /// Mean of `ratio` over the sizes of 1 MiB and more.
     pub large_message_ratio: Option<f64>,
+    pub latency_warmup: u32,
+    /// The latency table, one row per `--latency-sizes`.
+    pub latency: Vec<LatencyRow>,
 }
 
 #[derive(Debug, Serialize)]
@@ -118,6 +144,28 @@ pub struct Row {
     pub tcp_algbw_gbps: f64,
     /// Plugin algbw / TCP algbw.
     pub ratio: f64,
+    /// Bytes of the first transfer the receiver compared with the sender's pattern.
+    pub checked_bytes: u64,
+    pub tcp_checked_bytes: u64,
+}
+
+/// One size of the ping-pong: one-way latency, half the round trip the sender timed.
+#[derive(Debug, PartialEq, Serialize)]
+pub struct LatencyRow {
+    pub size: u64,
+    pub iters: u32,
+    /// Through the plugin: half the median round trip.
+    pub latency_us: f64,
+    /// Half the mean round trip.
+    pub mean_us: f64,
+    pub tcp_latency_us: f64,
+    pub tcp_mean_us: f64,
+    /// Plugin latency / TCP latency (medians): how many times the socket's time the plugin
+    /// takes (the inverse sense of the bandwidth ratio).
+    pub ratio: f64,
+    /// Bytes of the first exchange compared with the sender's pattern, both ways.
+    pub checked_bytes: u64,
+    pub tcp_checked_bytes: u64,
 }
 
 /// Where the plugin library, the default policy and the guests are: next to this binary.
@@ -205,8 +253,10 @@ fn topology(args: &Args) -> Result<(Topology, Option<PathBuf>), Fail> {
 }
 
 pub fn run(args: &Args) -> Result<Outcome, Fail> {
-    if args.sizes.is_empty() {
-        return Err(Fail::trouble("--sizes is empty"));
+    if args.sizes.is_empty() || args.latency_sizes.is_empty() {
+        return Err(Fail::trouble(
+            "--sizes and --latency-sizes may not be empty",
+        ));
     }
     let lib = plugin_path(args)?;
     let fabric = fabric()?;
@@ -273,6 +323,12 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
         args.warmup.to_string(),
         "--sizes".into(),
         list(&args.sizes),
+        "--latency-sizes".into(),
+        list(&args.latency_sizes),
+        "--latency-iters".into(),
+        args.latency_iters.to_string(),
+        "--latency-warmup".into(),
+        args.latency_warmup.to_string(),
     ];
     if !fuse.is_empty() {
         rank_args.push("--fuse".into());
@@ -282,8 +338,12 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
         rank_args.push("--iters".into());
         rank_args.push(n.to_string());
     }
-    let measured = Ranks::start(&rank_args, &env)?.drive(args.sizes.len())?;
+    let measured = Ranks::start(&rank_args, &env)?.drive(&Expected {
+        sizes: args.sizes.len(),
+        latency_sizes: args.latency_sizes.len(),
+    })?;
     let rows = rows(&measured.plugin, &measured.tcp)?;
+    let latency = latency_rows(&measured.plugin_latency, &measured.tcp_latency)?;
     let observed = measured
         .observed
         .ok_or_else(|| Fail::trouble("the sender did not report what its connection ran"))?;
@@ -306,6 +366,8 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
         warmup: args.warmup,
         large_message_ratio: large_ratio(&rows),
         rows,
+        latency_warmup: args.latency_warmup,
+        latency,
     };
     let text = if args.json {
         crate::json(&report)?
@@ -319,23 +381,34 @@ fn list<T: ToString>(items: &[T]) -> String {
     items.iter().map(T::to_string).collect::<Vec<_>>().join(",")
 }
 
-/// What the receiver reported.
+/// What the ranks reported: the streams' timings from the receiver, the ping-pongs' from the
+/// sender.
 #[derive(Debug)]
 struct Measured {
     abi: u32,
     devices: Vec<DeviceLine>,
     plugin: Vec<Timing>,
     tcp: Vec<Timing>,
+    plugin_latency: Vec<RoundTrips>,
+    tcp_latency: Vec<RoundTrips>,
     /// From the sender.
     observed: Option<Observed>,
+}
+
+/// How many rows each table gets.
+#[derive(Debug)]
+struct Expected {
+    sizes: usize,
+    latency_sizes: usize,
 }
 
 /// The two rank processes; killed (and reaped) on drop unless they finished.
 #[derive(Debug)]
 struct Ranks {
     children: Vec<Child>,
-    /// The sender's stdin: the handle and the TCP port go there.
-    to_sender: Option<ChildStdin>,
+    /// Each rank's stdin: the peer's handle, the TCP port (the sender) and the end of the run
+    /// go there.
+    stdins: Vec<ChildStdin>,
     events: mpsc::Receiver<(usize, Option<Msg>)>,
     /// Each rank's stderr, read to the end.
     errors: Vec<Option<std::thread::JoinHandle<String>>>,
@@ -354,7 +427,7 @@ impl Ranks {
         let (tx, events) = mpsc::channel();
         let mut ranks = Ranks {
             children: Vec::new(),
-            to_sender: None,
+            stdins: Vec::new(),
             events,
             errors: Vec::new(),
         };
@@ -378,9 +451,7 @@ impl Ranks {
                 .map_err(|e| Fail::trouble(format!("cannot start a rank: {e}")))?;
             let stdout = child.stdout.take().expect("piped");
             let mut stderr = child.stderr.take().expect("piped");
-            if *role == Role::Send {
-                ranks.to_sender = child.stdin.take();
-            }
+            ranks.stdins.push(child.stdin.take().expect("piped"));
             ranks.children.push(child);
             let tx = tx.clone();
             std::thread::spawn(move || {
@@ -455,25 +526,29 @@ impl Ranks {
         }
     }
 
-    fn relay(&mut self, line: &str) -> Result<(), Fail> {
-        let to = self.to_sender.as_mut().expect("the sender's stdin");
+    /// One line to rank `i`.
+    fn relay(&mut self, i: usize, line: &str) -> Result<(), Fail> {
+        let to = &mut self.stdins[i];
         if writeln!(to, "{line}").and_then(|()| to.flush()).is_err() {
-            return Err(self.failure(1));
+            return Err(self.failure(i));
         }
         Ok(())
     }
 
     /// Relays and collects until both ranks are done; every wait bounded.
-    fn drive(mut self, nsizes: usize) -> Result<Measured, Fail> {
+    fn drive(mut self, expected: &Expected) -> Result<Measured, Fail> {
         let mut m = Measured {
             abi: 0,
             devices: Vec::new(),
             plugin: Vec::new(),
             tcp: Vec::new(),
+            plugin_latency: Vec::new(),
+            tcp_latency: Vec::new(),
             observed: None,
         };
-        let progress = Progress::new(nsizes);
+        let progress = Progress::new();
         let mut done = [false; 2];
+        let mut plugin_done = [false; 2];
         // A rank gives up after its own stall limit; this one covers a rank that hangs anyway.
         let limit = bench_rank::STALL + Duration::from_secs(30);
         while !done.iter().all(|&d| d) {
@@ -497,18 +572,34 @@ impl Ranks {
                 }
                 Some(Msg::Hello { .. }) => {}
                 Some(Msg::Observed(o)) => m.observed = Some(o),
-                Some(Msg::Handle(h)) => self.relay(&h)?,
-                Some(Msg::TcpPort(p)) => self.relay(&p.to_string())?,
+                // Each rank connects to the other's listener.
+                Some(Msg::Handle(h)) => self.relay(1 - i, &h)?,
+                Some(Msg::TcpPort(p)) => self.relay(1, &p.to_string())?,
+                Some(Msg::PluginDone) => {
+                    plugin_done[i] = true;
+                    if plugin_done.iter().all(|&d| d) {
+                        for r in 0..ROLES.len() {
+                            self.relay(r, bench_rank::PLUGIN_DONE)?;
+                        }
+                    }
+                }
                 Some(Msg::Plugin(t)) => {
                     m.plugin.push(t);
-                    progress.show("plugin", t.size, m.plugin.len());
-                    if m.plugin.len() == nsizes {
-                        self.relay(bench_rank::PLUGIN_DONE)?;
-                    }
+                    progress.show("plugin", t.size, m.plugin.len(), expected.sizes);
+                }
+                Some(Msg::PluginPingPong(r)) => {
+                    m.plugin_latency.push(r);
+                    let n = m.plugin_latency.len();
+                    progress.show("plugin ping-pong", r.size, n, expected.latency_sizes);
                 }
                 Some(Msg::Tcp(t)) => {
                     m.tcp.push(t);
-                    progress.show("tcp", t.size, m.tcp.len());
+                    progress.show("tcp", t.size, m.tcp.len(), expected.sizes);
+                }
+                Some(Msg::TcpPingPong(r)) => {
+                    m.tcp_latency.push(r);
+                    let n = m.tcp_latency.len();
+                    progress.show("tcp ping-pong", r.size, n, expected.latency_sizes);
                 }
             }
         }
@@ -535,24 +626,21 @@ impl Drop for Ranks {
 /// One overwritten status line on stderr, only when it is a terminal.
 #[derive(Debug)]
 struct Progress {
-    total: usize,
     tty: bool,
 }
 
 impl Progress {
-    fn new(total: usize) -> Progress {
+    fn new() -> Progress {
         Progress {
-            total,
             tty: std::io::stderr().is_terminal(),
         }
     }
 
-    fn show(&self, phase: &str, size: u64, n: usize) {
+    fn show(&self, phase: &str, size: u64, n: usize, total: usize) {
         if self.tty {
             eprint!(
-                "\r\x1b[Kbench: {phase} {} ({n}/{})",
-                render::size(size),
-                self.total
+                "\r\x1b[Kbench: {phase} {} ({n}/{total})",
+                render::size(size)
             );
         }
     }
@@ -584,7 +672,31 @@ fn rows(plugin: &[Timing], tcp: &[Timing]) -> Result<Vec<Row>, Fail> {
                 tcp_time_us: per(t) * 1e6,
                 tcp_algbw_gbps: bw(t),
                 ratio: bw(p) / bw(t),
+                checked_bytes: p.checked_bytes,
+                tcp_checked_bytes: t.checked_bytes,
             }
+        })
+        .collect())
+}
+
+/// The latency table's rows: both ping-pongs of each size, in order.
+fn latency_rows(plugin: &[RoundTrips], tcp: &[RoundTrips]) -> Result<Vec<LatencyRow>, Fail> {
+    if plugin.len() != tcp.len() {
+        return Err(Fail::trouble("the ranks reported an incomplete ping-pong"));
+    }
+    Ok(plugin
+        .iter()
+        .zip(tcp)
+        .map(|(p, t)| LatencyRow {
+            size: p.size,
+            iters: p.iters,
+            latency_us: p.median_secs * 1e6,
+            mean_us: p.mean_secs * 1e6,
+            tcp_latency_us: t.median_secs * 1e6,
+            tcp_mean_us: t.mean_secs * 1e6,
+            ratio: p.median_secs / t.median_secs.max(1e-12),
+            checked_bytes: p.checked_bytes,
+            tcp_checked_bytes: t.checked_bytes,
         })
         .collect())
 }
@@ -654,7 +766,8 @@ fn large_ratio(rows: &[Row]) -> Option<f64> {
     (!large.is_empty()).then(|| large.iter().sum::<f64>() / large.len() as f64)
 }
 
-/// The run for people: setup, the plan the connection ran, then the nccl-tests-style table.
+/// The run for people: setup, the plan the connection ran, the nccl-tests-style bandwidth table,
+/// then the latency table.
 pub fn render(r: &BenchReport) -> String {
     let mut out = field(
         "bench",
@@ -701,13 +814,13 @@ pub fn render(r: &BenchReport) -> String {
     out += &observed_section(&r.observed);
     out.push('\n');
     out += &field(
-        "results",
+        "bandwidth",
         &format!(
-            "device {} ({}); the receiver's clock; {} warmup + the timed iterations per size; every byte of the first transfer of each size checked",
+            "device {} ({}); a stream, up to 8 messages in flight; the receiver's clock; {} warmup + the timed iterations per size; every byte of the first transfer of each size checked",
             r.device, r.device_name, r.warmup
         ),
     );
-    let mut t = Table::new(
+    out += &render::table(
         2,
         &[
             "size",
@@ -719,20 +832,20 @@ pub fn render(r: &BenchReport) -> String {
             "tcp GB/s",
             "ratio",
         ],
+        &r.rows,
+        |row| {
+            vec![
+                row.size.to_string(),
+                row.count.to_string(),
+                row.iters.to_string(),
+                format!("{:.1}", row.time_us),
+                format!("{:.3}", row.algbw_gbps),
+                format!("{:.1}", row.tcp_time_us),
+                format!("{:.3}", row.tcp_algbw_gbps),
+                format!("{:.2}", row.ratio),
+            ]
+        },
     );
-    for row in &r.rows {
-        t.row(vec![
-            row.size.to_string(),
-            row.count.to_string(),
-            row.iters.to_string(),
-            format!("{:.1}", row.time_us),
-            format!("{:.3}", row.algbw_gbps),
-            format!("{:.1}", row.tcp_time_us),
-            format!("{:.3}", row.tcp_algbw_gbps),
-            format!("{:.2}", row.ratio),
-        ]);
-    }
-    out += &t.render();
     out += &field(
         "ratio",
         &match r.large_message_ratio {
@@ -742,7 +855,42 @@ pub fn render(r: &BenchReport) -> String {
             None => "no message of 1 MiB or more in --sizes".to_owned(),
         },
     );
-    out
+    out.push('\n');
+    out += &field(
+        "latency",
+        &format!(
+            "a ping-pong, one message each way (a send comm and a recv comm per rank; TCP: one connection, TCP_NODELAY); the sender's clock; one way = half the round trip; {} warmup + the timed round trips per size; every byte of the first exchange checked both ways",
+            r.latency_warmup
+        ),
+    );
+    out += &render::table(
+        2,
+        &[
+            "size",
+            "iters",
+            "median µs",
+            "mean µs",
+            "tcp median µs",
+            "tcp mean µs",
+            "ratio",
+        ],
+        &r.latency,
+        |row| {
+            vec![
+                row.size.to_string(),
+                row.iters.to_string(),
+                format!("{:.1}", row.latency_us),
+                format!("{:.1}", row.mean_us),
+                format!("{:.1}", row.tcp_latency_us),
+                format!("{:.1}", row.tcp_mean_us),
+                format!("{:.2}", row.ratio),
+            ]
+        },
+    );
+    out + &field(
+        "ratio",
+        "plugin median / raw TCP median: how many times the socket's latency the plugin takes",
+    )
 }
 
 #[cfg(test)]
@@ -750,7 +898,12 @@ mod tests {
     use super::*;
 
     fn timing(size: u64, iters: u32, secs: f64) -> Timing {
-        Timing { size, iters, secs }
+        Timing {
+            size,
+            iters,
+            secs,
+            checked_bytes: size,
+        }
     }
 
     #[test]
@@ -768,5 +921,23 @@ mod tests {
         assert_eq!(large_ratio(&rows), Some(0.5));
         assert_eq!(large_ratio(&rows[..1]), None);
         assert!(super::rows(&[timing(8, 1, 1.0)], &[]).is_err());
+    }
+
+    #[test]
+    fn latency_rows_compare_medians_with_tcp() {
+        let trips = |median_secs: f64, mean_secs: f64| RoundTrips {
+            size: 8,
+            iters: 3,
+            median_secs,
+            mean_secs,
+            checked_bytes: 16,
+        };
+        let rows = latency_rows(&[trips(30e-6, 40e-6)], &[trips(10e-6, 11e-6)]).unwrap();
+        assert!((rows[0].latency_us - 30.0).abs() < 1e-9);
+        assert!((rows[0].mean_us - 40.0).abs() < 1e-9);
+        assert!((rows[0].tcp_latency_us - 10.0).abs() < 1e-9);
+        assert!((rows[0].ratio - 3.0).abs() < 1e-9);
+        assert_eq!((rows[0].checked_bytes, rows[0].tcp_checked_bytes), (16, 16));
+        assert!(latency_rows(&[trips(1.0, 1.0)], &[]).is_err());
     }
 }

@@ -52,6 +52,20 @@ impl Table {
     }
 }
 
+/// `header` and one row of `cells` per item, rendered as a [`Table`].
+pub fn table<T>(
+    indent: usize,
+    header: &[&str],
+    items: &[T],
+    cells: impl Fn(&T) -> Vec<String>,
+) -> String {
+    let mut t = Table::new(indent, header);
+    for item in items {
+        t.row(cells(item));
+    }
+    t.render()
+}
+
 /// `8`, `4K`, `64K`, `1M`, `64M`: exact binary multiples with a suffix, anything else in bytes.
 pub fn size(bytes: u64) -> String {
     for (shift, suffix) in [(30, "G"), (20, "M"), (10, "K")] {

@@ -1,7 +1,7 @@
 //! `ncclwasm bench` end to end: two rank processes through the built plugin library on the soft
-//! fabric's loopback machine, the TCP baseline, what the sender's connection reports it ran, and
-//! the JSON shape README.md documents. Speeds are never asserted, only that every part was
-//! measured; bytes are, exactly.
+//! fabric's loopback machine, both tables (bandwidth and latency) next to the TCP baseline, what
+//! the sender's connection reports it ran, and the JSON shape host/cli/README.md documents.
+//! Speeds are never asserted, only that every part was measured and checked; bytes are, exactly.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -81,14 +81,40 @@ fn observed_qps(v: &Value) -> Vec<(String, String, u64, u64)> {
         .collect()
 }
 
+/// `table` has one row per size of `sizes`, in order, each with `iters` timed iterations,
+/// every figure of `keys` measured (positive and finite), and `checked_per_byte` × its size
+/// compared with the pattern on both transports.
+fn assert_rows(table: &Value, sizes: &[u64], iters: u64, keys: &[&str], checked_per_byte: u64) {
+    let rows = table.as_array().expect("a table");
+    assert_eq!(rows.len(), sizes.len(), "{table}");
+    for (row, &size) in rows.iter().zip(sizes) {
+        assert_eq!(row["size"], size);
+        assert_eq!(row["iters"], iters);
+        for key in keys {
+            assert!(
+                row[key].as_f64().is_some_and(|x| x > 0.0 && x.is_finite()),
+                "{key}: {row}"
+            );
+        }
+        assert_eq!(row["checked_bytes"], checked_per_byte * size, "{row}");
+        assert_eq!(row["tcp_checked_bytes"], checked_per_byte * size, "{row}");
+    }
+}
+
 #[test]
-fn two_sizes_through_the_plugin_and_tcp_as_json() {
+fn both_tables_through_the_plugin_and_tcp_as_json() {
     let lib = plugin();
     let out = bench(&[
         "--sizes",
         "8,1M",
         "--iters",
         "2",
+        "--latency-sizes",
+        "8,4K",
+        "--latency-iters",
+        "3",
+        "--latency-warmup",
+        "1",
         "--json",
         "--policy",
         "builtin",
@@ -103,27 +129,42 @@ fn two_sizes_through_the_plugin_and_tcp_as_json() {
     assert_eq!(v["policy"]["kind"], "builtin");
     let device = v["device"].as_u64().unwrap() as usize;
     assert_eq!(v["devices"][device]["name"], v["device_name"]);
-    let rows = v["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 2);
-    for (row, size) in rows.iter().zip([8, 1 << 20]) {
-        assert_eq!(row["size"], size);
-        assert_eq!(row["iters"], 2);
-        for key in [
+    // The receiver compared every byte of the first transfer of each size.
+    assert_rows(
+        &v["rows"],
+        &[8, 1 << 20],
+        2,
+        &[
             "algbw_gbps",
             "tcp_algbw_gbps",
             "ratio",
             "time_us",
             "tcp_time_us",
-        ] {
-            assert!(row[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {row}");
-        }
-    }
+        ],
+        1,
+    );
     assert!(v["large_message_ratio"].as_f64().is_some_and(|x| x > 0.0));
+    // The first exchange of each size went out and came back intact.
+    assert_eq!(v["latency_warmup"], 1);
+    assert_rows(
+        &v["latency"],
+        &[8, 4096],
+        3,
+        &[
+            "latency_us",
+            "mean_us",
+            "tcp_latency_us",
+            "tcp_mean_us",
+            "ratio",
+        ],
+        2,
+    );
 
     // What the connection ran: every byte the sender sent went out on one of its QPs, once
-    // (each size: the checked transfer, 2 warmup, 2 timed).
+    // (each bandwidth size: the checked transfer, 2 warmup, 2 timed; each ping-pong size: the
+    // checked ping, 1 warmup, 3 timed).
     let observed = &v["observed"];
-    let sent = 5 * (8 + (1 << 20));
+    let sent = 5 * (8 + (1 << 20)) + 5 * (8 + 4096);
     assert_eq!(observed["sent_bytes"], sent, "{observed}");
     assert_eq!(observed["posted_bytes"], sent, "{observed}");
     let qps = observed_qps(&v);
@@ -200,6 +241,12 @@ fn the_bytes_per_qp_follow_the_plan_weights() {
         "2",
         "--warmup",
         "1",
+        "--latency-sizes",
+        "3M",
+        "--latency-iters",
+        "1",
+        "--latency-warmup",
+        "0",
         "--json",
         "--plugin",
         lib.to_str().unwrap(),
@@ -222,7 +269,8 @@ fn the_bytes_per_qp_follow_the_plan_weights() {
         "{observed}"
     );
     const MIB: u64 = 1 << 20;
-    let messages = 1 + 1 + 2;
+    // The stream's checked, warmup and timed messages, then the checked and the timed ping.
+    let messages = 1 + 1 + 2 + 2;
     assert_eq!(observed["sent_bytes"], messages * 3 * MIB);
     assert_eq!(
         observed_qps(&v),
@@ -261,6 +309,12 @@ fn the_shipped_policy_plans_a_fused_device_and_the_ranks_use_it() {
         "1",
         "--warmup",
         "0",
+        "--latency-sizes",
+        "4K",
+        "--latency-iters",
+        "1",
+        "--latency-warmup",
+        "0",
         "--plugin",
         lib.to_str().unwrap(),
         "--policy",
@@ -277,12 +331,16 @@ fn the_shipped_policy_plans_a_fused_device_and_the_ranks_use_it() {
         "policy      nccl-default",
         "vnic        makeVDevice of devices 0,1",
         "  source    policy nccl-default@",
-        "  0   soft_0:1  soft_0:1  1       4096   50.0%",
-        "  1   soft_1:1  soft_1:1  1       4096   50.0%",
-        "  bytes     8192 posted over the QPs; the sender's test reported 8192 sent",
-        "results     device 2 (soft_0+soft_1)",
+        // Two streamed messages and two pings of 4 KiB, each striped over both QPs.
+        "  0   soft_0:1  soft_0:1  1       8192   50.0%",
+        "  1   soft_1:1  soft_1:1  1       8192   50.0%",
+        "  bytes     16384 posted over the QPs; the sender's test reported 16384 sent",
+        "bandwidth   device 2 (soft_0+soft_1)",
         "  4096  1024",
         "ratio       no message of 1 MiB or more",
+        "latency     a ping-pong, one message each way",
+        "  size  iters  median µs",
+        "ratio       plugin median / raw TCP median",
     ] {
         assert!(stdout.contains(needle), "{needle:?} not in:\n{stdout}");
     }
