@@ -70,8 +70,12 @@ impl Side {
         self.ports.iter().try_for_each(|p| p.dev.check_device())
     }
 
-    /// The plan indices of this side's QPs that had a fatal event.
+    /// The plan indices of this side's QPs that had a fatal event. Allocates nothing while
+    /// no device of the side recorded a fault (one atomic load per endpoint).
     pub(crate) fn fatal_qps(&self) -> Vec<usize> {
+        if !self.ports.iter().any(|p| p.dev.has_faults()) {
+            return Vec::new();
+        }
         let ids: Vec<u64> = self.qps().iter().map(|q| q.qp.id()).collect();
         let mut out: Vec<usize> = self
             .ports

@@ -224,10 +224,15 @@ impl DevCtx {
         }
     }
 
+    /// Whether any fatal event is recorded on the device.
+    pub(crate) fn has_faults(&self) -> bool {
+        self.faults.any.load(Ordering::Acquire)
+    }
+
     /// Which of the QPs `ids` had a fatal event, for a connection prepared for failover (which
     /// moves their traffic instead of failing).
     pub(crate) fn fatal_qps(&self, ids: &[u64]) -> Vec<u64> {
-        if !self.faults.any.load(Ordering::Acquire) {
+        if !self.has_faults() {
             return Vec::new();
         }
         let f = self.faults.faults.lock().unwrap_or_else(|p| p.into_inner());

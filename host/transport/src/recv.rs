@@ -416,11 +416,17 @@ impl RecvComm {
                 _ => self.side.account(receiver.requests(), d, wc),
             }
         })?;
+        failed.sort_unstable();
+        failed.dedup();
         for q in failed {
+            if receiver.is_failed(q) {
+                // Its fatal event stays recorded until the QP is replaced.
+                continue;
+            }
             let rewrites = receiver
                 .qp_failed(q)
                 .map_err(NetError::protocol("dropping a failed QP"))?;
-            if let Some(first) = rewrites.first().map(|c| c.qp).or(receiver.cts_qp()) {
+            if let Some(first) = receiver.cts_qp() {
                 tracing::info!(
                     "NET/WASM: {}: QP {} failed; the sender moves its traffic; {} CTS \
                      entr(ies) written again, CTS now through QP {}",
