@@ -60,8 +60,14 @@ fn main() {
             .collect(),
     };
     for (name, m) in [
-        ("rejoin", ncclwasm_proto::message::Message::Rejoin(rejoin.clone())),
-        ("rejoined", ncclwasm_proto::message::Message::Rejoined(rejoin)),
+        (
+            "rejoin",
+            ncclwasm_proto::message::Message::Rejoin(rejoin.clone()),
+        ),
+        (
+            "rejoined",
+            ncclwasm_proto::message::Message::Rejoined(rejoin),
+        ),
     ] {
         write(&dir("message"), name, &m.encode().expect("encode"));
     }
