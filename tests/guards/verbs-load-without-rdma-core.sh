@@ -29,9 +29,9 @@ else
     libdir=$(dirname "$real")
 fi
 
-cargo build -q -p ncclwasm-verbs --example ib_probe
-cargo build -q -p ncclwasm-soft-ibverbs
-cargo build -q -p ncclwasm-plugin
+# The build `cargo test --workspace` did (same features: a `-p` build would rebuild the
+# dependencies a second time); it also puts the shared libraries under target/debug/.
+cargo build -q --workspace --all-targets
 probe=$root/target/debug/examples/libib_probe.so
 soft=$root/target/debug/libsoft_ibverbs.so
 plugin=${PLUGIN:-$root/target/debug/libnccl_net_wasm.so}

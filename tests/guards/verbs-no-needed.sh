@@ -12,9 +12,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-cargo build -q -p ncclwasm-verbs --example ib_probe
-cargo build -q -p ncclwasm-soft --tests
-cargo build -q -p ncclwasm-plugin
+# The build `cargo test --workspace` did (same features: a `-p` build would rebuild the
+# dependencies a second time); it also puts the shared libraries under target/debug/.
+cargo build -q --workspace --all-targets
 targets=(target/debug/examples/libib_probe.so target/debug/libnccl_net_wasm.so)
 for t in soft ib_soft; do
     bin=$(ls -t target/debug/deps/"$t"-* 2>/dev/null | grep -v '\.d$' | head -n1 || true)

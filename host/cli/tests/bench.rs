@@ -5,7 +5,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
 use serde_json::Value;
 
@@ -17,40 +16,10 @@ fn target_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// The plugin library of this profile. The CLI does not depend on the plugin package, so this
-/// builds it — `cargo build -p ncclwasm-plugin`, as the guards in tests/guards do, so the two
-/// share one build, and a no-op when it is fresh — once per test binary.
+/// The plugin library of this profile ([`ncclwasm_testkit::cdylib`]: the CLI does not depend on
+/// the plugin package, so it is built with the rest of the workspace).
 fn plugin() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let dir = target_dir();
-            let profile = match dir.file_name().and_then(|n| n.to_str()) {
-                Some("debug") => "dev",
-                Some(profile) => profile,
-                None => panic!("{} names no profile", dir.display()),
-            };
-            let target = dir.parent().expect("target/<profile>");
-            let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-                .args([
-                    "build",
-                    "--quiet",
-                    "-p",
-                    "ncclwasm-plugin",
-                    "--profile",
-                    profile,
-                ])
-                .arg("--target-dir")
-                .arg(target)
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
-                .status()
-                .expect("run cargo");
-            assert!(status.success(), "cargo build -p ncclwasm-plugin failed");
-            ncclwasm_abi::load::built_library(&dir).unwrap_or_else(|| {
-                panic!("cargo built no libnccl_net_wasm.so under {}", dir.display())
-            })
-        })
-        .clone()
+    ncclwasm_testkit::cdylib("nccl_net_wasm")
 }
 
 fn bench(args: &[&str]) -> Output {

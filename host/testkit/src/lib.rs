@@ -9,7 +9,8 @@
 //! - [`topologies`]: the topology corpus, read from the directory, so a new file is covered by
 //!   every corpus test without editing a list.
 //! - [`wait_until`]: waiting on a condition with a deadline, never a bare sleep.
-//! - [`guest`]: the path of a guest `cargo xtask guests` built.
+//! - [`guest`]: the path of a guest `cargo xtask guests` built; [`cdylib`]: a shared library of
+//!   the workspace, built the way the tests' own build built it.
 //! - [`netns`]: network namespaces joined by veth pairs, as hosts of a multi-node test,
 //!   removed when the test ends.
 //! - [`scratch`]: throw-away directories with hostile files in them (FIFOs, sparse giants,
@@ -18,6 +19,7 @@
 //! Dev-only (`publish = false`) and free of workspace dependencies, so any crate's tests can use
 //! it.
 
+mod built;
 pub mod child;
 mod corpus;
 mod guest;
@@ -26,6 +28,7 @@ pub mod scratch;
 mod skip;
 mod wait;
 
+pub use built::cdylib;
 pub use corpus::{topologies, topology};
 pub use guest::guest;
 pub use skip::{SKIP_LOG_ENV, skip};

@@ -68,38 +68,13 @@ impl Backend {
     }
 }
 
-/// `libsoft_ibverbs.so` beside this test binary's profile directory, built on demand so
-/// `cargo test -p ncclwasm-soft` alone works; `NCCL_WASM_IBVERBS_PATH` overrides.
+/// `libsoft_ibverbs.so` of this test binary's profile ([`ncclwasm_testkit::cdylib`]);
+/// `NCCL_WASM_IBVERBS_PATH` overrides.
 pub fn soft_ibverbs_path() -> PathBuf {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        if let Some(p) = std::env::var_os("NCCL_WASM_IBVERBS_PATH") {
-            return PathBuf::from(p);
-        }
-        let exe = std::env::current_exe().expect("test binary path");
-        let profile_dir = exe
-            .parent()
-            .and_then(|d| d.parent())
-            .expect("target/<profile>/deps");
-        let mut cmd = std::process::Command::new(env!("CARGO"));
-        cmd.args(["build", "-q", "-p", "ncclwasm-soft-ibverbs"])
-            .env(
-                "CARGO_TARGET_DIR",
-                profile_dir.parent().expect("target dir"),
-            )
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd
-            .status()
-            .expect("run cargo build for the soft-ibverbs cdylib");
-        assert!(status.success(), "building ncclwasm-soft-ibverbs failed");
-        let path = profile_dir.join("libsoft_ibverbs.so");
-        assert!(path.exists(), "{} missing after the build", path.display());
-        path
-    })
-    .clone()
+    match std::env::var_os("NCCL_WASM_IBVERBS_PATH") {
+        Some(p) => PathBuf::from(p),
+        None => ncclwasm_testkit::cdylib("soft_ibverbs"),
+    }
 }
 
 /// Tests share one provider per process; the port-down test takes the device away, so it runs
