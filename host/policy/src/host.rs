@@ -401,6 +401,25 @@ impl PolicyHost {
         )
     }
 
+    /// [`on_port_event`](Self::on_port_event) about a failure that has not happened — asked at
+    /// connect time, to know whether to prepare the connection for one — without an INFO line.
+    pub fn on_port_event_ahead(
+        &self,
+        event: &PortEvent,
+        conn: &Connection,
+        qps: &[QpPlan],
+        states: &[PortState],
+    ) -> Result<Decision<PortAnswer>, PolicyError> {
+        let s = &*self.shared;
+        s.decide_logged(
+            Hook::OnPortEvent,
+            false,
+            || ncclwasm_default::on_port_event(&s.ib, event, conn, qps, states),
+            |a, _| format!("{}: {}", a.kind(), a.reason()),
+            |l| s.ask_on_port_event(l, event, conn, qps, states),
+        )
+    }
+
     /// A port changed state: the live topology (what a hot-swapped policy is tried on) follows.
     pub fn port_changed(&self, device: &str, port: u8, state: PortState) {
         let s = &*self.shared;
@@ -453,6 +472,19 @@ impl Shared {
         reason: impl FnOnce(&T, &Source) -> String,
         ask: impl FnOnce(&Loaded) -> Result<Asked<T>, Fault>,
     ) -> Result<Decision<T>, PolicyError> {
+        self.decide_logged(hook, true, builtin, reason, ask)
+    }
+
+    /// [`decide`](Self::decide), with its INFO line only when `log` (a question about what has
+    /// not happened is no decision an operator should read as taken).
+    fn decide_logged<T>(
+        &self,
+        hook: Hook,
+        log: bool,
+        builtin: impl FnOnce() -> T,
+        reason: impl FnOnce(&T, &Source) -> String,
+        ask: impl FnOnce(&Loaded) -> Result<Asked<T>, Fault>,
+    ) -> Result<Decision<T>, PolicyError> {
         self.counters.call(hook);
         let current = self.current.load_full();
         let (value, source) = match current {
@@ -485,7 +517,9 @@ impl Shared {
             },
         };
         let reason = reason(&value, &source);
-        tracing::info!(target: LOG_TARGET, %hook, source = %source, "{reason}");
+        if log {
+            tracing::info!(target: LOG_TARGET, %hook, source = %source, "{reason}");
+        }
         Ok(Decision {
             value,
             reason,

@@ -479,9 +479,7 @@ impl Sender {
     fn failover_mut(&mut self) -> Result<&mut SendFailover, ProtoError> {
         self.failover
             .as_deref_mut()
-            .ok_or_else(|| ProtoError::Bookkeeping {
-                detail: "a failover step on a connection not prepared for failover".into(),
-            })
+            .ok_or_else(|| unprepared("a failover step"))
     }
 
     /// A tagged slice's success completion, from a QP that has not failed.
@@ -489,9 +487,7 @@ impl Sender {
         let f = self
             .failover
             .as_deref_mut()
-            .ok_or_else(|| ProtoError::Bookkeeping {
-                detail: "a tagged completion on a connection not prepared for failover".into(),
-            })?;
+            .ok_or_else(|| unprepared("a tagged completion"))?;
         f.acked(wr_id, &mut self.pool)
     }
 
@@ -536,9 +532,7 @@ impl Sender {
         let f = self
             .failover
             .as_deref_mut()
-            .ok_or_else(|| ProtoError::Bookkeeping {
-                detail: "a probe on a connection not prepared for failover".into(),
-            })?;
+            .ok_or_else(|| unprepared("a probe"))?;
         f.probed(words, &mut self.pool)
     }
 
@@ -548,9 +542,7 @@ impl Sender {
         let f = self
             .failover
             .as_deref_mut()
-            .ok_or_else(|| ProtoError::Bookkeeping {
-                detail: "a replay on a connection not prepared for failover".into(),
-            })?;
+            .ok_or_else(|| unprepared("a replay"))?;
         let rec = *f.slot(r.slot);
         let plan = f.plan(rec.generation);
         let mut parts = [(0, 0); MAX_RECVS];
@@ -579,6 +571,13 @@ impl Sender {
         let reqs = work.requests().collect();
         f.count_replayed_bytes(bytes);
         Ok((post, reqs))
+    }
+}
+
+/// `what` (a failover step) asked of a connection not prepared for failover: our bug.
+fn unprepared(what: &str) -> ProtoError {
+    ProtoError::Bookkeeping {
+        detail: format!("{what} on a connection not prepared for failover"),
     }
 }
 
@@ -759,9 +758,7 @@ impl Receiver {
         let f = self
             .failover
             .as_deref_mut()
-            .ok_or_else(|| ProtoError::Bookkeeping {
-                detail: "a tagged arrival on a connection not prepared for failover".into(),
-            })?;
+            .ok_or_else(|| unprepared("a tagged arrival"))?;
         let tag = ImmTag::decode(imm);
         let slot = usize::from(tag.slot);
         match f.arrivals.record(tag)? {
@@ -785,9 +782,7 @@ impl Receiver {
         let f = self
             .failover
             .as_deref_mut()
-            .ok_or_else(|| ProtoError::Bookkeeping {
-                detail: "a failover step on a connection not prepared for failover".into(),
-            })?;
+            .ok_or_else(|| unprepared("a failover step"))?;
         if f.is_failed(qp) {
             return Ok(Vec::new());
         }

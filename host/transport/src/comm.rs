@@ -64,10 +64,15 @@ impl Side {
         self.ports.iter().try_for_each(|p| p.dev.check(&self.qpns))
     }
 
-    /// Fatal events of the device only: a connection prepared for failover handles its QPs'
-    /// fatal events itself ([`fatal_qps`](Self::fatal_qps)).
-    pub(crate) fn check_device(&self) -> Result<(), NetError> {
-        self.ports.iter().try_for_each(|p| p.dev.check_device())
+    /// Fatal events: of the devices always; of this side's QPs too unless the connection is
+    /// `prepared` for failover, which handles its QPs' fatal events itself
+    /// ([`fatal_qps`](Self::fatal_qps)) and goes on over the QPs that work.
+    pub(crate) fn check_events(&self, prepared: bool) -> Result<(), NetError> {
+        if prepared {
+            self.ports.iter().try_for_each(|p| p.dev.check_device())
+        } else {
+            self.check()
+        }
     }
 
     /// The plan indices of this side's QPs that had a fatal event. Allocates nothing while

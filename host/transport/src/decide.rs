@@ -70,6 +70,19 @@ pub trait Decisions: fmt::Debug + Send + Sync {
         states: &[PortState],
     ) -> Result<Decided<PortAnswer>, DecisionError>;
 
+    /// [`on_port_event`](Self::on_port_event) about a failure that has not happened: asked at
+    /// connect time, to know whether to prepare the connection for one. An implementation that
+    /// logs its decisions should not log this one as taken.
+    fn on_port_event_ahead(
+        &self,
+        event: &PortEvent,
+        conn: &Connection,
+        qps: &[QpPlan],
+        states: &[PortState],
+    ) -> Result<Decided<PortAnswer>, DecisionError> {
+        self.on_port_event(event, conn, qps, states)
+    }
+
     /// A port changed state (an async `PORT_ERR`/`PORT_ACTIVE` event): later decisions and dry
     /// runs see the port as it is now.
     fn port_changed(&self, device: &str, port: u8, state: PortState);

@@ -44,7 +44,7 @@ pub(crate) fn prepared(decisions: &dyn Decisions, conn: &Connection, plan: &Conn
             })
             .collect();
         decisions
-            .on_port_event(&event, conn, &plan.qps, &states)
+            .on_port_event_ahead(&event, conn, &plan.qps, &states)
             .is_ok_and(|d| matches!(d.value, PortAnswer::MoveTo { .. } | PortAnswer::Wait { .. }))
     })
 }

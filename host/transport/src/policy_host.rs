@@ -68,6 +68,18 @@ impl Decisions for PolicyHost {
         ask(PolicyHost::on_port_event(self, event, conn, qps, states))
     }
 
+    fn on_port_event_ahead(
+        &self,
+        event: &PortEvent,
+        conn: &Connection,
+        qps: &[QpPlan],
+        states: &[PortState],
+    ) -> Result<Decided<PortAnswer>, DecisionError> {
+        ask(PolicyHost::on_port_event_ahead(
+            self, event, conn, qps, states,
+        ))
+    }
+
     fn port_changed(&self, device: &str, port: u8, state: PortState) {
         PolicyHost::port_changed(self, device, port, state);
     }

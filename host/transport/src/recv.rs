@@ -303,7 +303,7 @@ impl RecvComm {
     /// `irecv` of 1..=8 grouped buffers: posts the receives, then writes the CTS entries into
     /// the sender's FIFO.
     pub fn irecv(&self, bufs: &[RecvBuf<'_>]) -> Result<ReqId, NetError> {
-        self.check()?;
+        self.side.check_events(self.setup.failover)?;
         if bufs.is_empty() || bufs.len() > MAX_RECVS {
             return Err(NetError::Argument(format!(
                 "irecv of {} buffers; 1..={MAX_RECVS} are supported",
@@ -347,16 +347,6 @@ impl RecvComm {
         let cts = post.cts;
         self.post_cts(&cts)?;
         Ok(req)
-    }
-
-    /// Fatal events: of the device always; of a QP too unless the connection is prepared for
-    /// failover, which goes on over its other QPs ([`progress`](Self::progress)).
-    fn check(&self) -> Result<(), NetError> {
-        if self.setup.failover {
-            self.side.check_device()
-        } else {
-            self.side.check()
-        }
     }
 
     /// Polls completions. On a connection prepared for failover, a tagged arrival is counted by
@@ -518,7 +508,7 @@ impl RecvComm {
     /// loopback QP, so that data written by the NIC is visible before NCCL reads it.
     /// `Ok(None)`: nothing to flush (every size is zero, or the connection does not flush).
     pub fn iflush(&self, bufs: &[RecvBuf<'_>]) -> Result<Option<ReqId>, NetError> {
-        self.check()?;
+        self.side.check_events(self.setup.failover)?;
         let sizes: Vec<u64> = bufs.iter().map(|b| b.size).collect();
         let mut receiver = crate::comm::lock_state(&self.state)?;
         let Some(f) = receiver
@@ -557,7 +547,7 @@ impl RecvComm {
 
     /// `test`: polls the completion queues the request waits on; `Some` once done (and freed).
     pub fn test(&self, req: ReqId) -> Result<Option<Done>, NetError> {
-        self.check()?;
+        self.side.check_events(self.setup.failover)?;
         let mut receiver = crate::comm::lock_state(&self.state)?;
         let waiting = receiver
             .requests()

@@ -351,7 +351,7 @@ impl SendComm {
         tag: u32,
         mr: Option<&MemHandle>,
     ) -> Result<Option<ReqId>, NetError> {
-        self.check()?;
+        self.side.check_events(self.setup.failover)?;
         let lkeys = match mr {
             Some(m) if size == 0 || m.covers(addr, size) => m.lkeys(),
             None if size == 0 => [0; MAX_ENDPOINTS],
@@ -408,7 +408,7 @@ impl SendComm {
     /// `test`: polls the completion queues the request waits on; `Some` once it is done (and
     /// freed).
     pub fn test(&self, req: ReqId) -> Result<Option<Done>, NetError> {
-        self.check()?;
+        self.side.check_events(self.setup.failover)?;
         let mut guard = crate::comm::lock_state(&self.state)?;
         let waiting = guard
             .sender
@@ -428,16 +428,6 @@ impl SendComm {
                 "request {} of a send communicator finished as {other:?}",
                 req.index()
             ))),
-        }
-    }
-
-    /// Fatal events: of the device always; of a QP too unless the connection is prepared for
-    /// failover, which moves that QP's traffic instead ([`progress`](Self::progress)).
-    fn check(&self) -> Result<(), NetError> {
-        if self.setup.failover {
-            self.side.check_device()
-        } else {
-            self.side.check()
         }
     }
 

@@ -54,6 +54,15 @@ fn buffers(s: &SendComm, r: &RecvComm) -> Bufs {
     }
 }
 
+/// The first logged line containing every one of `parts`.
+fn log_line(parts: &[&str]) -> String {
+    let log = logged();
+    log.lines()
+        .find(|l| parts.iter().all(|p| l.contains(p)))
+        .unwrap_or_else(|| panic!("no line with {parts:?} in the log:\n{log}"))
+        .to_owned()
+}
+
 /// The receive side of one in-flight message.
 struct Pending {
     k: usize,
@@ -240,16 +249,12 @@ fn a_port_down_mid_transfer_moves_its_traffic_and_loses_nothing() {
             );
         }
     }
-    let log = logged();
-    let answer = log
-        .lines()
-        .find(|l| l.contains("failed (") && l.contains("move-to"))
-        .unwrap_or_else(|| panic!("the policy's answer is not in the log:\n{log}"));
+    let answer = log_line(&["NET/WASM", "failed (", "move-to"]);
     assert!(
         answer.contains("NCCL_IB_RESILIENCY_PORT_FAILOVER=1"),
         "{answer}"
     );
-    assert!(log.contains("failover probe 1"), "{log}");
+    log_line(&["failover probe 1"]);
     println!("{answer}");
     println!("{c:?}");
 
@@ -275,11 +280,7 @@ fn a_port_down_mid_transfer_moves_its_traffic_and_loses_nothing() {
             );
         }
     }
-    let log = logged();
-    let back = log
-        .lines()
-        .find(|l| l.contains("is active again") && l.contains("fail-back"))
-        .unwrap_or_else(|| panic!("the fail-back answer is not in the log:\n{log}"));
+    let back = log_line(&["NET/WASM", "is active again", "fail-back"]);
     assert!(
         back.contains("NCCL_IB_RESILIENCY_PORT_RECOVERY=1"),
         "{back}"
