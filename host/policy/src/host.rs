@@ -142,7 +142,7 @@ impl Counters {
     }
 
     fn snapshot(&self) -> Stats {
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let get = |a: &AtomicU64| a.load(Ordering::Acquire);
         Stats {
             calls: std::array::from_fn(|i| (Hook::DECISIONS[i], get(&self.calls[i]))),
             faults: std::array::from_fn(|i| (FailureCause::ALL[i], get(&self.faults[i]))),
@@ -706,13 +706,14 @@ impl Shared {
                 Ok(id)
             }
             Err(e) => {
-                self.counters.swaps_refused.fetch_add(1, Ordering::Relaxed);
                 let keep = self
                     .current
                     .load()
                     .as_ref()
                     .map_or("the built-in default".to_owned(), |p| p.id.to_string());
                 tracing::warn!(target: LOG_TARGET, origin, "policy not loaded, keeping {keep}: {e}");
+                // Counted after the WARN: whoever sees the count can find the line that says why.
+                self.counters.swaps_refused.fetch_add(1, Ordering::Release);
                 Err(e)
             }
         }

@@ -132,7 +132,9 @@ fn by_hot_swap_each_bad_file_is_refused_at_once_the_old_policy_serves_and_a_good
                 entry.display()
             );
             let line = expected(&path, what);
-            assert!(logged().contains(&line), "WARNed {line:?}:\n{}", logged());
+            wait_until(&format!("the WARN {line:?}"), HANG, || {
+                logged().contains(&line)
+            });
             assert_eq!(serving(&host).as_deref(), Some("A"), "A still serves");
             let answer = host.select_devices(&ports()).unwrap();
             assert!(matches!(answer.source, Source::Policy(ref id) if id.version == "A"));
