@@ -392,13 +392,7 @@ impl PolicyHost {
         qps: &[QpPlan],
         states: &[PortState],
     ) -> Result<Decision<PortAnswer>, PolicyError> {
-        let s = &*self.shared;
-        s.decide(
-            Hook::OnPortEvent,
-            || ncclwasm_default::on_port_event(&s.ib, event, conn, qps, states),
-            |a, _| format!("{}: {}", a.kind(), a.reason()),
-            |l| s.ask_on_port_event(l, event, conn, qps, states),
-        )
+        self.port_event(true, event, conn, qps, states)
     }
 
     /// [`on_port_event`](Self::on_port_event) about a failure that has not happened — asked at
@@ -410,10 +404,21 @@ impl PolicyHost {
         qps: &[QpPlan],
         states: &[PortState],
     ) -> Result<Decision<PortAnswer>, PolicyError> {
+        self.port_event(false, event, conn, qps, states)
+    }
+
+    fn port_event(
+        &self,
+        log: bool,
+        event: &PortEvent,
+        conn: &Connection,
+        qps: &[QpPlan],
+        states: &[PortState],
+    ) -> Result<Decision<PortAnswer>, PolicyError> {
         let s = &*self.shared;
         s.decide_logged(
             Hook::OnPortEvent,
-            false,
+            log,
             || ncclwasm_default::on_port_event(&s.ib, event, conn, qps, states),
             |a, _| format!("{}: {}", a.kind(), a.reason()),
             |l| s.ask_on_port_event(l, event, conn, qps, states),

@@ -118,22 +118,30 @@ fn stream(
         );
         Ok(true)
     };
+    // Retires every pending message that completed; its region is free again.
+    let sweep = |pending: &mut Vec<Pending>,
+                 free: &mut Vec<usize>,
+                 done: &mut usize|
+     -> Result<(), NetError> {
+        let mut i = 0;
+        while i < pending.len() {
+            if retire(&mut pending[i])? {
+                let p = pending.remove(i);
+                while !p.send_done && s.test(p.send)?.is_none() {
+                    assert!(Instant::now() < end, "send of {} never completed", p.k);
+                }
+                free.push(p.region);
+                *done += 1;
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    };
     b.recv.fill(0xee);
     for k in 0..MESSAGES {
         while pending.len() == IN_FLIGHT {
-            let mut i = 0;
-            while i < pending.len() {
-                if retire(&mut pending[i])? {
-                    let p = pending.remove(i);
-                    while !p.send_done && s.test(p.send)?.is_none() {
-                        assert!(Instant::now() < end, "send of {} never completed", p.k);
-                    }
-                    free.push(p.region);
-                    done += 1;
-                } else {
-                    i += 1;
-                }
-            }
+            sweep(&mut pending, &mut free, &mut done)?;
             assert!(Instant::now() < end, "the stream stalled at message {k}");
         }
         let (off, size) = shape(k);
@@ -165,18 +173,7 @@ fn stream(
         at(k);
     }
     while !pending.is_empty() {
-        let mut i = 0;
-        while i < pending.len() {
-            if retire(&mut pending[i])? {
-                let p = pending.remove(i);
-                while !p.send_done && s.test(p.send)?.is_none() {
-                    assert!(Instant::now() < end, "send of {} never completed", p.k);
-                }
-                done += 1;
-            } else {
-                i += 1;
-            }
-        }
+        sweep(&mut pending, &mut free, &mut done)?;
         assert!(Instant::now() < end, "the stream never drained");
     }
     Ok(done)
