@@ -22,6 +22,7 @@ use ncclwasm_soft::FabricChoice;
 use serde::Serialize;
 
 use crate::bench_rank::{self, DeviceLine, Msg, Observed, Role, RoundTrips, Timing};
+use crate::bench_scale::{self, Footprint, Scale};
 use crate::fail::{Fail, Outcome};
 use crate::live::FabricView;
 use crate::render::{self, Table, field};
@@ -34,6 +35,10 @@ const BENCH_SIZES: &str =
 
 /// The ping-pong's default sizes: the latency-bound ones, 8 B to 64 KiB.
 const LATENCY_SIZES: &str = "8,16,32,64,128,256,512,1K,2K,4K,8K,16K,32K,64K";
+
+/// The connection-scale part's default: an all-to-all at scale opens this many between a pair
+/// of ranks' processes.
+const CONNECTIONS: u32 = 1024;
 
 /// Sizes from here on count for the large-message ratio.
 const LARGE: u64 = 1 << 20;
@@ -85,6 +90,11 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub latency_warmup: u32,
 
+    /// Connections set up at once between the ranks after the tables, timed and weighed
+    /// (0: none)
+    #[arg(long, value_name = "N", default_value_t = CONNECTIONS)]
+    pub connections: u32,
+
     /// The plugin library [default: libnccl_net_wasm.so or libnccl-net-wasm.so next to this
     /// binary]
     #[arg(long, value_name = "SO")]
@@ -123,6 +133,35 @@ pub struct BenchReport {
     pub latency_warmup: u32,
     /// The latency table, one row per `--latency-sizes`.
     pub latency: Vec<LatencyRow>,
+    /// The connection-scale part (`None` with `--connections 0`).
+    pub connections: Option<ConnectionScale>,
+}
+
+/// `--connections` set up at once: each rank's wall time and what the connections added to it.
+#[derive(Debug, PartialEq, Serialize)]
+pub struct ConnectionScale {
+    pub connections: u32,
+    /// The slower rank's setup time (first NCCL call to last comm established), per connection.
+    pub setup_us_per_connection: f64,
+    /// The slower rank's close time, per connection.
+    pub close_us_per_connection: f64,
+    /// The sending rank: one send comm per connection.
+    pub send: ScaleSide,
+    /// The receiving rank: one listen, accepted and closed, and one recv comm per connection.
+    pub recv: ScaleSide,
+}
+
+/// One rank's figures of the connection-scale part.
+#[derive(Debug, PartialEq, Serialize)]
+pub struct ScaleSide {
+    pub setup_secs: f64,
+    pub close_secs: f64,
+    pub before: Footprint,
+    pub after: Footprint,
+    /// Resident memory the connections added, per connection.
+    pub rss_kib_per_connection: f64,
+    pub threads_per_connection: f64,
+    pub fds_per_connection: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -329,6 +368,8 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
         args.latency_iters.to_string(),
         "--latency-warmup".into(),
         args.latency_warmup.to_string(),
+        "--connections".into(),
+        args.connections.to_string(),
     ];
     if !fuse.is_empty() {
         rank_args.push("--fuse".into());
@@ -341,7 +382,9 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
     let measured = Ranks::start(&rank_args, &env)?.drive(&Expected {
         sizes: args.sizes.len(),
         latency_sizes: args.latency_sizes.len(),
+        connections: args.connections,
     })?;
+    let connections = connection_scale(args.connections, &measured.scale)?;
     let rows = rows(&measured.plugin, &measured.tcp)?;
     let latency = latency_rows(&measured.plugin_latency, &measured.tcp_latency)?;
     let observed = measured
@@ -368,6 +411,7 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
         rows,
         latency_warmup: args.latency_warmup,
         latency,
+        connections,
     };
     let text = if args.json {
         crate::json(&report)?
@@ -393,6 +437,8 @@ struct Measured {
     tcp_latency: Vec<RoundTrips>,
     /// From the sender.
     observed: Option<Observed>,
+    /// Each rank's connection-scale part and its close time, by rank.
+    scale: [Option<(Scale, Option<f64>)>; 2],
 }
 
 /// How many rows each table gets.
@@ -400,6 +446,7 @@ struct Measured {
 struct Expected {
     sizes: usize,
     latency_sizes: usize,
+    connections: u32,
 }
 
 /// The two rank processes; killed (and reaped) on drop unless they finished.
@@ -545,6 +592,7 @@ impl Ranks {
             plugin_latency: Vec::new(),
             tcp_latency: Vec::new(),
             observed: None,
+            scale: [None, None],
         };
         let progress = Progress::new();
         let mut done = [false; 2];
@@ -600,6 +648,24 @@ impl Ranks {
                     m.tcp_latency.push(r);
                     let n = m.tcp_latency.len();
                     progress.show("tcp ping-pong", r.size, n, expected.latency_sizes);
+                    if n == expected.latency_sizes && expected.connections > 0 {
+                        progress.phase(&format!("{} connections", expected.connections));
+                    }
+                }
+                // The receiver's handles, to the sender.
+                Some(Msg::Handles(h)) => self.relay(1, &h.join(","))?,
+                Some(Msg::Scale(s)) => {
+                    m.scale[i] = Some((s, None));
+                    if m.scale.iter().all(Option::is_some) {
+                        for r in 0..ROLES.len() {
+                            self.relay(r, bench_scale::SCALE_DONE)?;
+                        }
+                    }
+                }
+                Some(Msg::ScaleClosed(secs)) => {
+                    if let Some((_, close)) = &mut m.scale[i] {
+                        *close = Some(secs);
+                    }
                 }
             }
         }
@@ -642,6 +708,12 @@ impl Progress {
                 "\r\x1b[Kbench: {phase} {} ({n}/{total})",
                 render::size(size)
             );
+        }
+    }
+
+    fn phase(&self, phase: &str) {
+        if self.tty {
+            eprint!("\r\x1b[Kbench: {phase}");
         }
     }
 
@@ -699,6 +771,43 @@ fn latency_rows(plugin: &[RoundTrips], tcp: &[RoundTrips]) -> Result<Vec<Latency
             tcp_checked_bytes: t.checked_bytes,
         })
         .collect())
+}
+
+/// The connection-scale figures from both ranks' reports (`None` when none was asked for).
+fn connection_scale(
+    n: u32,
+    scale: &[Option<(Scale, Option<f64>)>; 2],
+) -> Result<Option<ConnectionScale>, Fail> {
+    if n == 0 {
+        return Ok(None);
+    }
+    let side = |i: usize| match &scale[i] {
+        Some((s, Some(close))) if s.connections == n && s.role == ROLES[i].0 => {
+            let per = |after: u64, before: u64| (after as f64 - before as f64) / f64::from(n);
+            Ok(ScaleSide {
+                setup_secs: s.setup_secs,
+                close_secs: *close,
+                before: s.before,
+                after: s.after,
+                rss_kib_per_connection: per(s.after.rss_kib, s.before.rss_kib),
+                threads_per_connection: per(s.after.threads, s.before.threads),
+                fds_per_connection: per(s.after.fds, s.before.fds),
+            })
+        }
+        _ => Err(Fail::trouble(format!(
+            "the {} did not report its {n} connections",
+            ROLES[i].1
+        ))),
+    };
+    let (recv, send) = (side(0)?, side(1)?);
+    let per = |a: f64, b: f64| a.max(b) / f64::from(n) * 1e6;
+    Ok(Some(ConnectionScale {
+        connections: n,
+        setup_us_per_connection: per(send.setup_secs, recv.setup_secs),
+        close_us_per_connection: per(send.close_secs, recv.close_secs),
+        send,
+        recv,
+    }))
 }
 
 /// The plan the sender's connection ran and the bytes each QP carried.
@@ -887,10 +996,49 @@ pub fn render(r: &BenchReport) -> String {
             ]
         },
     );
-    out + &field(
+    out += &field(
         "ratio",
         "plugin median / raw TCP median: how many times the socket's latency the plugin takes",
-    )
+    );
+    if let Some(c) = &r.connections {
+        out.push('\n');
+        out += &scale_section(c);
+    }
+    out
+}
+
+/// The connection-scale part: time per connection, and what each rank's process grew by.
+fn scale_section(c: &ConnectionScale) -> String {
+    let mut out = field(
+        "connections",
+        &format!(
+            "{} set up at once between the ranks (the receiver listens and accepts each, the sender connects each; all advanced in one loop): {:.0} µs per connection (the slower rank), closed in {:.0} µs per connection",
+            c.connections, c.setup_us_per_connection, c.close_us_per_connection
+        ),
+    );
+    out += &render::table(
+        2,
+        &[
+            "rank",
+            "setup ms",
+            "close ms",
+            "RSS KiB/conn",
+            "threads/conn",
+            "fds/conn",
+        ],
+        &[("sender", &c.send), ("receiver", &c.recv)],
+        |(name, s)| {
+            vec![
+                (*name).to_owned(),
+                format!("{:.1}", s.setup_secs * 1e3),
+                format!("{:.1}", s.close_secs * 1e3),
+                format!("{:.1}", s.rss_kib_per_connection),
+                format!("{:.2}", s.threads_per_connection),
+                format!("{:.2}", s.fds_per_connection),
+            ]
+        },
+    );
+    out
 }
 
 #[cfg(test)]

@@ -5,8 +5,9 @@
 //! 128-byte handles relayed by the parent (each rank has one send comm and one recv comm, as a
 //! ring neighbour in NCCL has), `regMr`, `isend`/`irecv`/`test` loops — first a stream from the
 //! sender to the receiver (bandwidth), then a ping-pong of one message each way (latency), each
-//! size followed at once by the same traffic over a plain TCP connection (the baseline) — and at
-//! the end the sender asks its connection what it ran (`ncclwasm_send_comm_stats`). It talks to
+//! size followed at once by the same traffic over a plain TCP connection (the baseline) — at
+//! the end the sender asks its connection what it ran (`ncclwasm_send_comm_stats`), and last
+//! both ranks set up `--connections` more ([`crate::bench_scale`]). It talks to
 //! the parent in JSON lines on stdout ([`Msg`]) and reads the peer's handle, the TCP port and
 //! the end of the run from stdin. Every wait is bounded by [`STALL`], so a rank whose peer died
 //! stops by itself with one `error:` line.
@@ -24,6 +25,7 @@ use ncclwasm_abi::load::{
 };
 use serde::{Deserialize, Serialize};
 
+use crate::bench_scale::{self, Scale};
 use crate::fail::{Fail, Outcome};
 use crate::setup;
 
@@ -37,7 +39,8 @@ const WINDOW: usize = 8;
 /// The tag the sender uses (NCCL: its rank).
 const TAG: i32 = 1;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Role {
     Recv,
     Send,
@@ -68,6 +71,9 @@ pub struct Args {
     pub latency_iters: u32,
     #[arg(long)]
     pub latency_warmup: u32,
+    /// Connections for the connection-scale part (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub connections: u32,
 }
 
 /// One line from a rank to the parent.
@@ -96,6 +102,13 @@ pub enum Msg {
     Tcp(Timing),
     /// The sender's ping-pong of one size over TCP.
     TcpPingPong(RoundTrips),
+    /// The receiver's listen handles for the connection-scale part, hex: relayed to the sender
+    /// as one comma-separated line.
+    Handles(Vec<String>),
+    /// This rank's connection-scale part, all established.
+    Scale(Scale),
+    /// Seconds this rank took to close its connection-scale comms.
+    ScaleClosed(f64),
     Done,
 }
 
@@ -260,7 +273,7 @@ fn largest(sizes: &[u64]) -> Result<usize, Fail> {
         .map_err(|_| Fail::trouble("a size does not fit in memory"))
 }
 
-fn send(msg: &Msg) -> Result<(), Fail> {
+pub(crate) fn send(msg: &Msg) -> Result<(), Fail> {
     let line = serde_json::to_string(msg).map_err(|e| Fail::trouble(format!("encode: {e}")))?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{line}")
@@ -269,7 +282,7 @@ fn send(msg: &Msg) -> Result<(), Fail> {
 }
 
 /// One line from the parent; EOF means it is gone.
-fn read_line(stdin: &mut impl BufRead, what: &str) -> Result<String, Fail> {
+pub(crate) fn read_line(stdin: &mut impl BufRead, what: &str) -> Result<String, Fail> {
     let mut line = String::new();
     match stdin.read_line(&mut line) {
         Ok(0) | Err(_) => Err(Fail::trouble(format!(
@@ -279,7 +292,7 @@ fn read_line(stdin: &mut impl BufRead, what: &str) -> Result<String, Fail> {
     }
 }
 
-fn plugin_fail(e: LoadError) -> Fail {
+pub(crate) fn plugin_fail(e: LoadError) -> Fail {
     Fail::trouble(format!("plugin: {e}"))
 }
 
@@ -506,7 +519,8 @@ fn measure(args: &Args, stdin: &mut impl BufRead) -> Result<(), Fail> {
         let stats = tx.stats().map_err(plugin_fail)?;
         send(&Msg::Observed(Observed::new(stats, sent as u64)))?;
     }
-    plugin_done(stdin)
+    plugin_done(stdin)?;
+    bench_scale::run(&plugin, args, stdin)
 }
 
 /// Waits, registrations and comms still open, until the parent says both ranks are done, as
@@ -515,10 +529,15 @@ fn measure(args: &Args, stdin: &mut impl BufRead) -> Result<(), Fail> {
 /// semantics).
 fn plugin_done(stdin: &mut impl BufRead) -> Result<(), Fail> {
     send(&Msg::PluginDone)?;
-    let line = read_line(stdin, "end of the run")?;
-    if line != PLUGIN_DONE {
+    expect_line(stdin, PLUGIN_DONE)
+}
+
+/// The parent's next line must be `expected`.
+pub(crate) fn expect_line(stdin: &mut impl BufRead, expected: &str) -> Result<(), Fail> {
+    let line = read_line(stdin, expected)?;
+    if line != expected {
         return Err(Fail::trouble(format!(
-            "expected {PLUGIN_DONE:?} from the parent, got {line:?}"
+            "expected {expected:?} from the parent, got {line:?}"
         )));
     }
     Ok(())
@@ -772,11 +791,11 @@ fn tcp_pong(args: &Args, k: usize, stream: &mut TcpStream, msg: &mut [u8]) -> Re
     Ok(())
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn unhex(text: &str) -> Option<[u8; HANDLE_BYTES]> {
+pub(crate) fn unhex(text: &str) -> Option<[u8; HANDLE_BYTES]> {
     let mut out = [0u8; HANDLE_BYTES];
     if text.len() != 2 * HANDLE_BYTES || !text.is_ascii() {
         return None;

@@ -11,6 +11,7 @@
 
 mod bench;
 mod bench_rank;
+mod bench_scale;
 mod capture;
 mod check;
 mod devices;

@@ -84,6 +84,8 @@ fn both_tables_through_the_plugin_and_tcp_as_json() {
         "3",
         "--latency-warmup",
         "1",
+        "--connections",
+        "16",
         "--json",
         "--policy",
         "builtin",
@@ -128,6 +130,24 @@ fn both_tables_through_the_plugin_and_tcp_as_json() {
         ],
         2,
     );
+
+    // The connection-scale part: every one of the 16 was set up (a rank fails the run
+    // otherwise), and both ranks weighed their processes before and after.
+    let c = &v["connections"];
+    assert_eq!(c["connections"], 16, "{c}");
+    for key in ["setup_us_per_connection", "close_us_per_connection"] {
+        assert!(c[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {c}");
+    }
+    for side in ["send", "recv"] {
+        for key in ["rss_kib", "threads", "fds"] {
+            assert!(
+                c[side]["before"][key].as_u64().is_some_and(|x| x > 0),
+                "{c}"
+            );
+            assert!(c[side]["after"][key].as_u64().is_some_and(|x| x > 0), "{c}");
+        }
+        assert!(c[side]["setup_secs"].as_f64().is_some_and(|x| x > 0.0));
+    }
 
     // What the connection ran: every byte the sender sent went out on one of its QPs, once
     // (each bandwidth size: the checked transfer, 2 warmup, 2 timed; each ping-pong size: the
@@ -216,6 +236,8 @@ fn the_bytes_per_qp_follow_the_plan_weights() {
         "1",
         "--latency-warmup",
         "0",
+        "--connections",
+        "0",
         "--json",
         "--plugin",
         lib.to_str().unwrap(),
@@ -284,6 +306,8 @@ fn the_shipped_policy_plans_a_fused_device_and_the_ranks_use_it() {
         "1",
         "--latency-warmup",
         "0",
+        "--connections",
+        "4",
         "--plugin",
         lib.to_str().unwrap(),
         "--policy",
@@ -310,6 +334,10 @@ fn the_shipped_policy_plans_a_fused_device_and_the_ranks_use_it() {
         "latency     a ping-pong, one message each way",
         "  size  iters  median µs",
         "ratio       plugin median / raw TCP median",
+        "connections 4 set up at once between the ranks",
+        "  rank      setup ms  close ms  RSS KiB/conn  threads/conn  fds/conn",
+        "  sender  ",
+        "  receiver  ",
     ] {
         assert!(stdout.contains(needle), "{needle:?} not in:\n{stdout}");
     }

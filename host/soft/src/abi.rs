@@ -16,6 +16,7 @@ use rdma_sys::{
     ibv_sge, ibv_wc, ibv_wc_flags, ibv_wr_opcode,
 };
 
+use super::activity;
 use super::ctx::{CqState, Ctx};
 use super::event::{Cq, Element};
 use super::fabric::{self, SoftDevice};
@@ -693,6 +694,7 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
             // SAFETY: a live soft CQ.
             let sc = unsafe { &*cq.cast::<SoftCq>() };
             let max = usize::try_from(num_entries).unwrap_or(0);
+            let seen = activity::before_poll();
             let n = sc.cq.cq.poll(max, |i, w| {
                 // SAFETY: plain C data; all-zero is valid.
                 let mut out: ibv_wc = unsafe { std::mem::zeroed() };
@@ -711,7 +713,7 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
             });
             match n {
                 Some(n) => {
-                    idle_backoff(n == 0);
+                    activity::polled(seen, n > 0);
                     n as c_int
                 }
                 None => {
@@ -721,33 +723,6 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
             }
         },
     )
-}
-
-/// Empty polls in a row after which a polling thread naps once.
-const SPIN_POLLS: u32 = 64;
-/// The nap: short next to a soft completion's latency (~15 µs) and to a large message.
-const IDLE_NAP: std::time::Duration = std::time::Duration::from_micros(20);
-
-thread_local! {
-    static EMPTY_POLLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
-
-/// On a NIC an empty `poll_cq` is a memory read; here the "NIC" is threads on the same few
-/// cores, and a caller spinning on empty CQs (NCCL's progress thread does) takes the CPU they
-/// need to produce the completions. So a thread whose polls keep coming back empty (across all
-/// CQs) naps briefly every [`SPIN_POLLS`] of them; any completion resets the count.
-fn idle_backoff(empty: bool) {
-    EMPTY_POLLS.with(|c| {
-        if !empty {
-            c.set(0);
-            return;
-        }
-        let n = c.get().wrapping_add(1);
-        c.set(n);
-        if n % SPIN_POLLS == 0 {
-            std::thread::sleep(IDLE_NAP);
-        }
-    });
 }
 
 /// `ops.req_notify_cq`: accepted; there are no completion channels to notify.

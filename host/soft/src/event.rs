@@ -56,6 +56,8 @@ impl Cq {
             };
         }
         ring.push_back(wc);
+        drop(ring);
+        super::activity::happened();
         Ok(())
     }
 

@@ -96,9 +96,12 @@
 //! for 4 MiB WRITEs, see the ignored `bandwidth_vs_raw_tcp` test) and 15–30 µs one way per
 //! small message (raw TCP: ~7 µs), against ~49 GB/s and ~1 µs for an NDR NIC. Use several QPs
 //! (NCCL's `NCCL_IB_QPS_PER_CONNECTION`) to use several cores. Because the "NIC" is threads
-//! sharing the host's cores, a thread whose `poll_cq` calls keep coming back empty naps 20 µs
-//! every 64 of them (any completion resets the count), so a spinning progress thread does not
-//! starve the data path.
+//! sharing the host's cores, a thread whose `poll_cq` calls keep coming back empty (64 in a row
+//! with nothing happening in the provider) sleeps on a futex until the next completion or
+//! placed write in this process, so a spinning progress thread does not starve the data path
+//! and still wakes the moment its work lands (the `activity` module). A small message through
+//! the plugin still costs several thread wake-ups (the responder on each side, the ack reader)
+//! where a TCP ping-pong costs one per direction; that, not copying, is most of its latency.
 //!
 //! # Port counters
 //! [`traffic`] reports, per local port and peer address, the payload bytes sent and received
@@ -126,6 +129,7 @@
 //! runs once the last context is closed.
 
 mod abi;
+mod activity;
 mod choice;
 mod ctx;
 mod event;

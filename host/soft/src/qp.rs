@@ -628,12 +628,26 @@ impl Qp {
                 st.tx_busy = true;
                 drop(st);
                 self.transmit(epoch, &conn, true);
-                self.lock().tx_busy = false;
+                let mut st = self.lock();
+                st.tx_busy = false;
+                // Sent whole: the sender thread has nothing to do, so it is not woken (a
+                // wake-up per message is a context switch per message on a busy host).
+                if self.sender_needed(&st) {
+                    self.cv.notify_all();
+                }
             }
-            None => drop(st),
+            None => {
+                drop(st);
+                self.cv.notify_all();
+            }
         }
-        self.cv.notify_all();
         Ok(())
+    }
+
+    /// Whether a thread waiting on `cv` may have something to do: WRs not sent yet (the sender
+    /// thread), or a teardown waiting for acknowledgements ([`Qp::say_bye`]).
+    fn sender_needed(&self, st: &St) -> bool {
+        st.send_cursor < st.next_seq || st.destroying.is_some()
     }
 
     /// `post_recv` of one WR: EINVAL in RESET, ENOMEM when full; flushed in ERR.
@@ -1025,8 +1039,11 @@ impl Qp {
         }
         if progressed {
             st.rnr_tries = 0;
-            // A READ leaving flight may unblock the sender (max_rd_atomic).
-            self.cv.notify_all();
+            // A READ leaving flight may unblock the sender (max_rd_atomic); a teardown waits
+            // for this. Otherwise nobody waits for an acknowledgement on `cv`.
+            if self.sender_needed(st) {
+                self.cv.notify_all();
+            }
         }
         if let Some(last) = last_signaled {
             let dest = st.attrs.dest_qpn;
@@ -1514,17 +1531,20 @@ impl Qp {
             }
             conn.traffic.received(req.len);
         }
-        if let Some(r) = recv {
-            self.recv_cq.complete(Wc {
-                wr_id: r.wr_id,
-                status: ibv_wc_status::IBV_WC_SUCCESS,
-                opcode: ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM,
-                byte_len: req.len,
-                imm: Some(req.imm),
-                qp_num: self.qpn,
-                src_qp: self.attrs().dest_qpn,
-            });
-        }
+        let Some(r) = recv else {
+            // No completion tells a poller about this write (a clear-to-send entry it checks).
+            super::activity::happened();
+            return true;
+        };
+        self.recv_cq.complete(Wc {
+            wr_id: r.wr_id,
+            status: ibv_wc_status::IBV_WC_SUCCESS,
+            opcode: ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM,
+            byte_len: req.len,
+            imm: Some(req.imm),
+            qp_num: self.qpn,
+            src_qp: self.attrs().dest_qpn,
+        });
         true
     }
 

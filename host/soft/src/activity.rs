@@ -1,0 +1,112 @@
+//! Where a thread spinning on empty completion queues waits for the soft "NIC" to do something.
+//!
+//! On a NIC an empty `poll_cq` is a memory read and a caller may spin on it forever (NCCL's
+//! progress thread does, as does its `isend` on the clear-to-send FIFO). Here the "NIC" is
+//! threads of this process on the same few cores: a spinner takes the CPU the responder and ack
+//! threads need to produce what it waits for. Napping a fixed time (the first design: 20 µs every
+//! 64 empty polls, which the kernel's timer slack stretches to ~70 µs) put that nap on every
+//! small message's latency.
+//!
+//! Instead, everything the soft provider makes visible to a poller — a completion pushed to a
+//! CQ, a remote write placed into registered memory (a clear-to-send entry arrives that way,
+//! with no completion) — advances one process-wide counter, and a poller whose last
+//! [`SPIN_POLLS`] polls found nothing and saw the counter unchanged sleeps on it (a futex) until
+//! it moves, at most [`MAX_WAIT`]. Producers pay one atomic add per event, and a `FUTEX_WAKE`
+//! only while somebody sleeps. The poller wakes the moment its completion (or its
+//! clear-to-send) lands, not after a nap.
+//!
+//! The counter is watched per thread: a poll that finds the counter moved since this thread's
+//! previous poll never waits, so an event that landed between two polls (which this thread may
+//! not have looked at yet: the CTS it checks after polling) is not slept through.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+/// Empty polls in a row (with the counter unchanged) after which a polling thread waits.
+const SPIN_POLLS: u32 = 64;
+
+/// The longest wait: a backstop for progress that does not pass through the counter (a timer
+/// expiring in the caller, a peer's clear-to-send the caller checks by itself), short next to
+/// NCCL's own timeouts.
+const MAX_WAIT: Duration = Duration::from_micros(500);
+
+/// Moves on every completion and every placed remote write in this process.
+static EVENTS: AtomicU32 = AtomicU32::new(0);
+/// Threads sleeping on [`EVENTS`]: a producer issues `FUTEX_WAKE` only when there are any.
+static SLEEPERS: AtomicU32 = AtomicU32::new(0);
+
+thread_local! {
+    /// This thread's empty polls in a row, and the counter as its previous poll saw it.
+    static IDLE: Cell<(u32, u32)> = const { Cell::new((0, 0)) };
+}
+
+/// Something a poller may be waiting for happened: called after the completion is queued or
+/// the bytes are in place.
+pub(crate) fn happened() {
+    // SeqCst pairs with the sleeper's: either it sees the new count (and does not sleep) or we
+    // see it counted as a sleeper (and wake it).
+    EVENTS.fetch_add(1, Ordering::SeqCst);
+    if SLEEPERS.load(Ordering::SeqCst) > 0 {
+        wake_all();
+    }
+}
+
+/// The counter before a poll; pass it to [`polled`] afterwards.
+pub(crate) fn before_poll() -> u32 {
+    EVENTS.load(Ordering::SeqCst)
+}
+
+/// After a poll that found `found` completions, with the counter `seen` read before it: resets
+/// the idle count, or counts one more empty poll and, past [`SPIN_POLLS`] of them with nothing
+/// happening, waits for the counter to move.
+pub(crate) fn polled(seen: u32, found: bool) {
+    IDLE.with(|idle| {
+        let (empty, last) = idle.get();
+        if found || seen != last {
+            idle.set((0, seen));
+            return;
+        }
+        let empty = empty + 1;
+        if empty < SPIN_POLLS {
+            idle.set((empty, seen));
+            return;
+        }
+        idle.set((0, seen));
+        SLEEPERS.fetch_add(1, Ordering::SeqCst);
+        wait_while(seen);
+        SLEEPERS.fetch_sub(1, Ordering::SeqCst);
+    });
+}
+
+/// Sleeps while [`EVENTS`] still reads `seen`, at most [`MAX_WAIT`] (spurious returns are fine:
+/// the caller polls again).
+fn wait_while(seen: u32) {
+    let timeout = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: MAX_WAIT.as_nanos() as libc::c_long,
+    };
+    // SAFETY: FUTEX_WAIT reads the 4-byte atomic (a static, so always valid) and compares it
+    // with `seen`; the timeout is a local timespec; no other memory is touched.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            EVENTS.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            seen,
+            &raw const timeout,
+        )
+    };
+}
+
+fn wake_all() {
+    // SAFETY: FUTEX_WAKE only uses the address of the static atomic as a key.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            EVENTS.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+        )
+    };
+}
