@@ -123,8 +123,8 @@
 //! the other. Port and device faults affect every context of that device within one copy.
 //!
 //! # Threads
-//! Per QP: a sender (from the first RTS), an ack reader per outgoing connection and a responder
-//! per admitted connection, all joined by `destroy_qp`. Per context: one accept thread per bind
+//! Per QP: a sender (from its first posted WR), an ack reader per outgoing connection and a
+//! responder per admitted connection, all joined by `destroy_qp`. Per context: one accept thread per bind
 //! address and 256 QPs, joined by `close_device` (which also destroys QPs left behind). Nothing
 //! runs once the last context is closed.
 

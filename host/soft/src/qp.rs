@@ -1,8 +1,8 @@
 //! The RC queue pair engine: state machine, send and receive queues, and the three threads
 //! that play the NIC for one QP.
 //!
-//! - **sender** (one per QP, from the first RTS): takes WRs in order, checks their local keys,
-//!   and sends header + payload in one `sendmsg` straight from the source buffers (a small
+//! - **sender** (one per QP, from its first posted WR): takes WRs in order, checks their local
+//!   keys, and sends header + payload in one `sendmsg` straight from the source buffers (a small
 //!   WR posted to an idle queue is sent the same way by the posting thread itself).
 //! - **ack reader** (one per outgoing connection): reads ACK / NAK / RNR NAK / READ responses,
 //!   scatters READ data straight into the local buffers, retires WRs, runs the retry timer.
@@ -493,12 +493,6 @@ impl Qp {
             IBV_QPS_ERR => self.fail(&mut st, None, None),
             IBV_QPS_RTS => {
                 st.state = to;
-                if !st.sender_started {
-                    st.sender_started = true;
-                    drop(st);
-                    self.spawn("send", |qp| qp.sender_loop());
-                    return Ok(());
-                }
                 self.cv.notify_all();
             }
             _ => st.state = to,
@@ -577,7 +571,7 @@ impl Qp {
 
     /// `post_send` of one WR: EINVAL outside RTS (ERR flushes it instead, as hardware does),
     /// ENOMEM when the send queue is full.
-    pub(crate) fn post_send(&self, mut w: SendWqe) -> Result<(), i32> {
+    pub(crate) fn post_send(self: &Arc<Self>, mut w: SendWqe) -> Result<(), i32> {
         if w.sges.len() > self.caps.max_send_sge as usize {
             return Err(libc::EINVAL);
         }
@@ -635,6 +629,14 @@ impl Qp {
                 if self.sender_needed(&st) {
                     self.cv.notify_all();
                 }
+            }
+            // The sender thread starts with the first WR (which it sends after connecting), not
+            // at RTS: a QP that never sends (NCCL opens many connections, and a flush QP or a
+            // connection's reverse direction may stay idle) costs no thread.
+            None if !st.sender_started => {
+                st.sender_started = true;
+                drop(st);
+                self.spawn("send", |qp| qp.sender_loop());
             }
             None => {
                 drop(st);
