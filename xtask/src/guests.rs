@@ -19,6 +19,17 @@ const TARGET: &str = "wasm32-wasip2";
 const PROFILE: &str = "guest";
 /// Where guests live, relative to the workspace root.
 const GUEST_DIRS: [&str; 2] = ["policies", "guest-examples"];
+/// Of [`GUEST_DIRS`], the one whose guests are shipped (`cargo xtask dist`); the others are
+/// examples and the tests' hostile guests.
+const SHIPPED_DIR: &str = "policies";
+
+/// A built component in `<target-dir>/guests/`.
+#[derive(Debug)]
+pub struct Component {
+    pub path: PathBuf,
+    /// Built from [`SHIPPED_DIR`]: a policy the release tarball carries.
+    pub shipped: bool,
+}
 
 /// A workspace member that builds to a component.
 #[derive(Debug)]
@@ -26,6 +37,8 @@ struct RustGuest {
     package: String,
     /// The cdylib target's name, which names the artefact (`-` becomes `_`).
     lib: String,
+    /// Under [`SHIPPED_DIR`].
+    shipped: bool,
 }
 
 /// The workspace layout `cargo metadata` reports.
@@ -37,19 +50,26 @@ struct Workspace {
     guests: Vec<RustGuest>,
 }
 
-/// Builds every guest and returns the paths of the components in `<target-dir>/guests/`.
-pub fn build() -> Result<Vec<PathBuf>> {
+/// Builds every guest and returns the components in `<target-dir>/guests/`.
+pub fn build() -> Result<Vec<Component>> {
     let ws = workspace()?;
     let out_dir = ws.target_dir.join("guests");
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
 
     let mut built = build_rust(&ws, &out_dir)?;
     for dir in GUEST_DIRS {
-        built.extend(npm::build_all(&ws.root.join(dir), &out_dir)?);
+        built.extend(
+            npm::build_all(&ws.root.join(dir), &out_dir)?
+                .into_iter()
+                .map(|path| Component {
+                    path,
+                    shipped: dir == SHIPPED_DIR,
+                }),
+        );
     }
-    for path in &built {
-        let size = std::fs::metadata(path)?.len();
-        println!("{:>10} bytes  {}", size, path.display());
+    for c in &built {
+        let size = std::fs::metadata(&c.path)?.len();
+        println!("{:>10} bytes  {}", size, c.path.display());
     }
     Ok(built)
 }
@@ -87,6 +107,7 @@ fn parse_metadata(meta: &Value) -> Result<Workspace> {
     let root = path(&meta["workspace_root"], "workspace_root")?;
     let target_dir = path(&meta["target_directory"], "target_directory")?;
     let guest_roots: Vec<PathBuf> = GUEST_DIRS.iter().map(|d| root.join(d)).collect();
+    let shipped_root = root.join(SHIPPED_DIR);
 
     let mut guests = Vec::new();
     for pkg in meta["packages"]
@@ -112,6 +133,7 @@ fn parse_metadata(meta: &Value) -> Result<Workspace> {
         guests.push(RustGuest {
             package: name(&pkg["name"])?,
             lib: name(&cdylib["name"])?.replace('-', "_"),
+            shipped: manifest.starts_with(&shipped_root),
         });
     }
     guests.sort_by(|a, b| a.package.cmp(&b.package));
@@ -122,7 +144,7 @@ fn parse_metadata(meta: &Value) -> Result<Workspace> {
     })
 }
 
-fn build_rust(ws: &Workspace, out_dir: &Path) -> Result<Vec<PathBuf>> {
+fn build_rust(ws: &Workspace, out_dir: &Path) -> Result<Vec<Component>> {
     if ws.guests.is_empty() {
         return Ok(Vec::new());
     }
@@ -143,7 +165,10 @@ fn build_rust(ws: &Workspace, out_dir: &Path) -> Result<Vec<PathBuf>> {
             let to = out_dir.join(format!("{}.wasm", g.package));
             std::fs::copy(&from, &to)
                 .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
-            Ok(to)
+            Ok(Component {
+                path: to,
+                shipped: g.shipped,
+            })
         })
         .collect()
 }
@@ -197,8 +222,14 @@ mod tests {
         let got: Vec<_> = ws
             .guests
             .iter()
-            .map(|g| (g.package.as_str(), g.lib.as_str()))
+            .map(|g| (g.package.as_str(), g.lib.as_str(), g.shipped))
             .collect();
-        assert_eq!(got, [("rail-aligned", "rail_aligned"), ("trap", "trap")]);
+        assert_eq!(
+            got,
+            [
+                ("rail-aligned", "rail_aligned", true),
+                ("trap", "trap", false)
+            ]
+        );
     }
 }

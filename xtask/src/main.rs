@@ -5,6 +5,7 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result};
 
+mod dist;
 mod guests;
 mod setup;
 
@@ -12,8 +13,10 @@ const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
   demo      the main job: `ncclwasm bench`, the plugin between two processes next to raw TCP
-  test      every test: guests first, then the whole workspace, then the CI guards
-  guests    build every policy and guest example for wasm32-wasip2 into target/guests/";
+  test      every test: guests first, then the whole workspace, the CI guards, the debug tarball
+  guests    build every policy and guest example for wasm32-wasip2 into target/guests/
+  dist      the release tarball in target/dist/ [--profile release|debug] [--check: unpack it
+            in an empty directory and run its bench]";
 
 fn main() -> ExitCode {
     // Paths below (topologies/, tests/guards/) are the workspace's, wherever cargo was run from.
@@ -26,6 +29,7 @@ fn main() -> ExitCode {
         Some("guests") if args.len() == 1 => guests::build().map(|_| ()),
         Some("test") if args.len() == 1 => test(),
         Some("demo") if args.len() == 1 => demo(),
+        Some("dist") => dist::Args::parse(&args[1..]).and_then(|a| dist::run(&a)),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             Ok(())
@@ -44,11 +48,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// `cargo xtask test`: what README calls "the tests" and CI runs. Ends with the tests that
-/// skipped their checks on this host, counted, so a skip never reads as a pass.
+/// `cargo xtask test`: what README calls "the tests" and CI runs. After the workspace's tests
+/// and the guards, the debug build they made is packaged as `cargo xtask dist` packages a
+/// release and checked unpacked (seconds: nothing is rebuilt). Ends with the tests that skipped
+/// their checks on this host, counted, so a skip never reads as a pass.
 fn test() -> Result<()> {
     setup::ensure_system_packages()?;
-    guests::build()?;
+    let built = guests::build()?;
     let skips = guests::target_dir()?.join("test-skips.log");
     // Fresh for this run; every skipping test appends a line (`ncclwasm_testkit::skip`).
     std::fs::write(&skips, "").with_context(|| format!("creating {}", skips.display()))?;
@@ -62,7 +68,8 @@ fn test() -> Result<()> {
             println!("== guard {}", guard.display());
             setup::run(Command::new("bash").arg(&guard))?;
         }
-        Ok(())
+        println!("== dist --profile debug --check");
+        dist::check(&dist::package(dist::Profile::Debug, &built)?)
     });
     // Also after a failure: what did not run matters as much then.
     report_skips(&skips)?;
@@ -89,6 +96,7 @@ fn demo() -> Result<()> {
     let built = guests::build()?;
     let policy = built
         .iter()
+        .map(|c| &c.path)
         .find(|p| p.file_name().is_some_and(|n| n == "nccl-default.wasm"))
         .context("the nccl-default policy was not built")?;
     // `<target>/guests/nccl-default.wasm`: the target directory cargo metadata reported.

@@ -95,9 +95,11 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = CONNECTIONS)]
     pub connections: u32,
 
-    /// The plugin library [default: libnccl_net_wasm.so or libnccl-net-wasm.so next to this
-    /// binary]
-    #[arg(long, value_name = "SO")]
+    /// The plugin library: a path, or a name the dynamic loader looks up as NCCL does for
+    /// NCCL_NET_PLUGIN (`wasm` is libnccl-net-wasm.so, found through LD_LIBRARY_PATH)
+    /// [default: NCCL_NET_PLUGIN when set, else libnccl_net_wasm.so or libnccl-net-wasm.so next
+    /// to this binary]
+    #[arg(long, value_name = "SO|NAME")]
     pub plugin: Option<PathBuf>,
 
     #[command(flatten)]
@@ -226,14 +228,33 @@ const BUILD_PLUGIN: &str = if cfg!(debug_assertions) {
     "cargo build --release -p ncclwasm-plugin"
 };
 
-/// `--plugin`, else the library next to this binary (nothing builds it as a side effect of
-/// building the CLI: it is its own package).
+/// `--plugin`, else `NCCL_NET_PLUGIN`, else the library next to this binary (nothing builds it
+/// as a side effect of building the CLI: it is its own package).
+///
+/// A value without `/` is a name, handed to `dlopen` as NCCL hands it (`X` becomes
+/// `libnccl-net-X.so` unless it is a `lib*.so` name already), so the dynamic loader searches
+/// `LD_LIBRARY_PATH` and its cache exactly as it does when NCCL loads the plugin: that is how an
+/// installed copy is tried in the job's environment. NCCL also tries a bare `X` verbatim first,
+/// which only a library file named like a plugin alias would answer; the bench does not.
 fn plugin_path(args: &Args) -> Result<PathBuf, Fail> {
-    let path = match &args.plugin {
-        Some(p) if p.is_file() => p.clone(),
-        Some(p) => {
+    let given = args.plugin.clone().map(|p| ("--plugin", p)).or_else(|| {
+        std::env::var_os("NCCL_NET_PLUGIN")
+            .filter(|v| !v.is_empty())
+            .map(|v| ("NCCL_NET_PLUGIN", PathBuf::from(v)))
+    });
+    let path = match given {
+        Some((_, p)) if !p.as_os_str().as_encoded_bytes().contains(&b'/') => {
+            let name = p.to_string_lossy();
+            return Ok(if name.starts_with("lib") && name.ends_with(".so") {
+                p
+            } else {
+                PathBuf::from(format!("libnccl-net-{name}.so"))
+            });
+        }
+        Some((_, p)) if p.is_file() => p,
+        Some((from, p)) => {
             return Err(Fail::trouble(format!(
-                "--plugin {} not found (to build the plugin: `{BUILD_PLUGIN}`)",
+                "{from} {} not found (to build the plugin: `{BUILD_PLUGIN}`)",
                 p.display()
             )));
         }
@@ -255,18 +276,20 @@ fn policy_arg(args: &Args) -> Result<PolicyArg, Fail> {
         Some(PolicyArg::File(p)) => Ok(PolicyArg::File(absolute(p)?)),
         Some(PolicyArg::Builtin) => Ok(PolicyArg::Builtin),
         None => {
+            // cargo's `target/<profile>/ncclwasm` next to `target/guests/`, or the release
+            // tarball's `bin/ncclwasm` next to `policies/` (`cargo xtask dist`).
             let dir = exe_dir()?;
-            let path = dir
-                .parent()
-                .map_or(dir.clone(), Path::to_path_buf)
-                .join("guests/nccl-default.wasm");
-            if !path.is_file() {
-                return Err(Fail::trouble(format!(
+            let up = dir.parent().map_or(dir.clone(), Path::to_path_buf);
+            let built = up.join("guests/nccl-default.wasm");
+            let shipped = up.join("policies/nccl-default.wasm");
+            let path = [&built, &shipped].into_iter().find(|p| p.is_file());
+            let path = path.ok_or_else(|| {
+                Fail::trouble(format!(
                     "{} not found: build the shipped policies with `cargo xtask guests`, or pass --policy FILE|builtin",
-                    path.display()
-                )));
-            }
-            Ok(PolicyArg::File(path))
+                    built.display()
+                ))
+            })?;
+            Ok(PolicyArg::File(path.clone()))
         }
     }
 }

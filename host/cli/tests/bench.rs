@@ -29,6 +29,7 @@ fn bench(args: &[&str]) -> Output {
         .env("NCCL_WASM_FABRIC", "soft")
         .env_remove("NCCL_WASM_TOPOLOGY")
         .env_remove("NCCL_WASM_POLICY")
+        .env_remove("NCCL_NET_PLUGIN")
         .output()
         .expect("ncclwasm runs")
 }
@@ -368,6 +369,7 @@ fn a_missing_library_is_one_line_naming_the_build_command() {
     std::fs::hard_link(env!("CARGO_BIN_EXE_ncclwasm"), &lone).unwrap();
     let out = Command::new(&lone)
         .args(["bench", "--policy", "builtin"])
+        .env_remove("NCCL_NET_PLUGIN")
         .output()
         .expect("ncclwasm runs");
     let _ = std::fs::remove_dir_all(&dir);
@@ -399,4 +401,27 @@ fn a_rank_that_fails_fails_the_run_with_its_reason() {
         stderr.contains("bench rank") && stderr.contains("dlopen"),
         "{stderr}"
     );
+}
+
+/// A name (no `/`), from `--plugin` or `NCCL_NET_PLUGIN`, goes to `dlopen` as NCCL builds it, so
+/// the loader's search path decides; here nothing answers, and the rank says which name it tried.
+/// (`cargo xtask test` loads the packaged library this way through `LD_LIBRARY_PATH`.)
+#[test]
+fn a_plugin_name_is_dlopened_as_nccl_builds_it() {
+    let by_env = Command::new(env!("CARGO_BIN_EXE_ncclwasm"))
+        .args(["bench", "--policy", "builtin"])
+        .env("NCCL_WASM_FABRIC", "soft")
+        .env("NCCL_NET_PLUGIN", "nosuch")
+        .env_remove("NCCL_WASM_TOPOLOGY")
+        .output()
+        .expect("ncclwasm runs");
+    let by_arg = bench(&["--plugin", "libnosuch.so", "--policy", "builtin"]);
+    for (out, tried) in [
+        (by_env, "dlopen libnccl-net-nosuch.so"),
+        (by_arg, "dlopen libnosuch.so"),
+    ] {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(tried), "{tried:?} not in {stderr}");
+    }
 }

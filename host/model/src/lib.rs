@@ -1,7 +1,8 @@
 //! Plain data shared by every layer of nccl-net-wasm.
 //!
 //! Nothing here calls a policy, and the only I/O is [`file`], the bounded reader every layer
-//! uses for the files it is pointed at. The rest are the snapshots a policy decides over
+//! uses for the files it is pointed at, and `private_dir`, the per-user directory for what one
+//! process leaves for the next. The rest are the snapshots a policy decides over
 //! ([`Port`], [`Gid`], [`Connection`], [`PortEvent`]), the decisions it returns
 //! ([`DeviceSelection`], [`GidChoice`], [`DeviceGroup`], [`VnicAnswer`], [`ConnPlan`],
 //! [`PortAnswer`]) and the topology file format that describes a machine as data. The types
@@ -15,6 +16,8 @@ pub mod file;
 pub mod name_list;
 mod plan;
 mod port;
+#[cfg(unix)]
+pub mod private_dir;
 pub mod topology;
 pub mod validate;
 

@@ -46,6 +46,7 @@
 mod fabric;
 mod handles;
 mod log;
+mod pin;
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::os::fd::BorrowedFd;
@@ -54,7 +55,7 @@ use std::sync::{Arc, Mutex};
 
 use handles::{Handles, Held, RequestKey, Requests};
 
-use ncclwasm_policy::PolicyHost;
+use ncclwasm_policy::{PolicyCache, PolicyHost};
 use ncclwasm_transport::{
     CommConfig, DeviceProps, Done, ErrorClass, HANDLE_SIZE, Listener, MAX_ENDPOINTS, MAX_QPS,
     MAX_RECVS, MemHandle, Net, NetError, PTR_CUDA, PTR_DMABUF, PTR_HOST, RecvBuf, RecvComm,
@@ -105,6 +106,16 @@ fn init_net(logger: Logger, max_devs_per_nic: usize, context: bool) -> Result<()
     if st.is_none() {
         let choice = fabric::choice()?;
         let decisions = Arc::new(PolicyHost::from_env(max_devs_per_nic)?);
+        if decisions.settings().cache != PolicyCache::Off
+            && let Err(why) = pin::pin_image()
+        {
+            log::emit(
+                LOG_WARN,
+                &format!(
+                    "NET/WASM: {why}; NCCL's dlclose may unmap this library under the policy cache's worker thread"
+                ),
+            );
+        }
         let net = Net::new(fabric::config(choice, max_devs_per_nic, decisions)?)
             .map_err(|e| fabric::hint(choice, e))?;
         *st = Some(Global { net, contexts: 0 });

@@ -1,5 +1,7 @@
 //! What a decision costs through the wasm `nccl-default` versus the built-in default on the
-//! 8-NIC RoCE topology, and what loading a policy costs with and without the compiled cache.
+//! 8-NIC RoCE topology, and what loading a policy costs with and without the compiled cache:
+//! in one process (the engine's memory), and across processes (the first rank of a node
+//! compiles, the next loads the artefact from the disk cache).
 //!
 //! Both sides go through `PolicyHost` (conversion, validation, logging included), so the ratio is
 //! what the plugin pays for running its policy in a sandbox. The ratios are printed at the end,
@@ -11,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use ncclwasm_model::{Connection, Port, Topology};
-use ncclwasm_policy::{PolicyHost, Settings};
+use ncclwasm_policy::{PolicyCache, PolicyHost, Settings};
 
 fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -112,10 +114,45 @@ fn with_custom_section(bytes: &[u8], n: u64) -> Vec<u8> {
     out
 }
 
+/// One rank's host, with compiled components kept in `cache`.
+fn host(cache: PolicyCache) -> PolicyHost {
+    let mut s = Settings::default();
+    s.cache = cache;
+    PolicyHost::new(s).expect("host starts")
+}
+
+/// Median time, over `rounds` fresh copies of `bytes`, for a first rank to load the copy
+/// (compile and store it in an empty disk cache) and for a second rank (another engine, as
+/// another process has) to load it from that cache.
+fn across_ranks(bytes: &[u8], rounds: u64) -> (Duration, Duration) {
+    let dir = std::env::temp_dir().join(format!("ncclwasm-bench-cache-{}", std::process::id()));
+    let salt = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos() as u64;
+    let load = |copy: &[u8]| {
+        let h = host(PolicyCache::Dir(dir.clone()));
+        let start = Instant::now();
+        h.swap_from_bytes(copy, "rank").unwrap();
+        start.elapsed()
+    };
+    let (mut first, mut second): (Vec<Duration>, Vec<Duration>) = (0..rounds)
+        .map(|n| {
+            let copy = with_custom_section(bytes, salt.wrapping_add(n));
+            (load(&copy), load(&copy))
+        })
+        .unzip();
+    let _ = std::fs::remove_dir_all(&dir);
+    first.sort();
+    second.sort();
+    (first[first.len() / 2], second[second.len() / 2])
+}
+
 fn main() {
     let wasm_bytes = nccl_default();
-    let builtin = PolicyHost::new(Settings::default()).expect("built-in host");
-    let wasm = PolicyHost::new(Settings::default()).expect("wasm host");
+    let builtin = host(PolicyCache::Off);
+    // In memory only: "compile" below must compile, whatever an earlier run left on disk.
+    let wasm = host(PolicyCache::Off);
     wasm.swap_from_bytes(&wasm_bytes, "nccl-default.wasm")
         .expect("nccl-default loads");
     let inputs = inputs(&builtin);
@@ -174,4 +211,10 @@ fn main() {
     let cached = median_per_call(|| drop(wasm.swap_from_bytes(&wasm_bytes, "cached")), 7, 20);
     let ratio = compile.as_secs_f64() / cached.as_secs_f64();
     println!("load: compile {compile:.2?}, cached {cached:.2?} ({ratio:.0}x faster cached)");
+    let (first, second) = across_ranks(&wasm_bytes, 7);
+    let ratio = first.as_secs_f64() / second.as_secs_f64();
+    println!(
+        "load across ranks (median of 7): first rank compiles {first:.2?}, the next loads \
+         from the disk cache {second:.2?} ({ratio:.0}x faster)"
+    );
 }

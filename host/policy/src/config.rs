@@ -21,8 +21,8 @@ pub const ENV_TIMEOUT_MS: &str = "NCCL_WASM_POLICY_TIMEOUT_MS";
 pub const ENV_MEMORY_MB: &str = "NCCL_WASM_POLICY_MEMORY_MB";
 /// `open` (fall back to the built-in default) or `closed` (fail the NCCL call).
 pub const ENV_FAILURE: &str = "NCCL_WASM_POLICY_FAILURE";
-/// Optional directory for compiled components, so a restarted job skips compilation. Compilation
-/// takes tens of ms per policy, a cache hit well under one.
+/// Where compiled components are kept on disk ([`PolicyCache`]): unset = the per-user private
+/// directory, `off` = in memory only, anything else = that directory.
 pub const ENV_CACHE_DIR: &str = "NCCL_WASM_POLICY_CACHE_DIR";
 
 const TIMEOUT_RANGE_MS: (u64, u64) = (1, 60_000);
@@ -39,6 +39,36 @@ pub enum FailureMode {
     /// Return an error (the plugin maps it to `ncclInvalidUsage`): for operators who would
     /// rather stop than run with decisions they did not write.
     Closed,
+}
+
+/// Where the engine keeps compiled components between processes.
+///
+/// Compiling a policy takes tens of ms or more and every rank of a node loads the same file, so by default the first rank compiles and the others load its
+/// artefact from wasmtime's on-disk cache. wasmtime keys each entry by its own version, the
+/// engine's configuration and the component's bytes, so an artefact is never loaded into an
+/// engine it was not made for. It maps the artefact as native code, hence [`PolicyCache::PerUser`]
+/// lives where only this user can write.
+///
+/// Shipping precompiled `.cwasm` files beside the policies was the other way: it saves the first
+/// rank's compile too, but a `.cwasm` loads only into the exact wasmtime version and engine
+/// configuration that made it, and only through `Component::deserialize`, which is `unsafe`
+/// (the bytes are trusted to be native code wasmtime produced) — an `unsafe` this
+/// `#![forbid(unsafe_code)]` crate would have to take on for a file anyone who can write the
+/// install directory controls. The cache gets the same load time from the second rank on, with
+/// wasmtime's own checks, so nothing precompiled is shipped.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum PolicyCache {
+    /// `policy-cache` in the per-user private directory (`ncclwasm_model::private_dir`):
+    /// `$XDG_RUNTIME_DIR/ncclwasm`, else `$TMPDIR/ncclwasm-<euid>`, created 0700. When that
+    /// directory is refused (a symlink, not ours, a wrong mode), the engine WARNs once and runs
+    /// without the disk cache: loading a policy never fails because of the cache.
+    #[default]
+    PerUser,
+    /// `NCCL_WASM_POLICY_CACHE_DIR=off`: compiled components stay in this process's memory.
+    Off,
+    /// `NCCL_WASM_POLICY_CACHE_DIR=DIR`: the operator's directory, used as given (its
+    /// permissions are the operator's to choose); an unusable one is an error.
+    Dir(PathBuf),
 }
 
 /// Everything the engine needs to know; build with [`Settings::from_env`] or start from
@@ -60,8 +90,8 @@ pub struct Settings {
     /// The `NCCL_IB_*` variables in effect, sorted by name: the built-in default honours them
     /// and `init` receives them.
     pub ib: Vec<(String, String)>,
-    /// Where compiled components are kept across runs; `None` = in memory only.
-    pub cache_dir: Option<PathBuf>,
+    /// Where compiled components are kept across processes.
+    pub cache: PolicyCache,
     /// How many devices one vNIC or group may fuse (NCCL's `maxDevsPerNic`: 4 before 2.30, 8
     /// after); the plugin sets it from the NCCL version it was loaded by.
     pub max_devs_per_nic: usize,
@@ -77,7 +107,7 @@ impl Default for Settings {
             memory_mb: 64,
             failure: FailureMode::Open,
             ib: Vec::new(),
-            cache_dir: None,
+            cache: PolicyCache::PerUser,
             max_devs_per_nic: 4,
         }
     }
@@ -132,7 +162,7 @@ impl Settings {
                         }
                     }
                 }
-                ENV_CACHE_DIR => s.cache_dir = non_empty(&value).map(PathBuf::from),
+                ENV_CACHE_DIR => s.cache = cache(&value),
                 _ if name.starts_with("NCCL_IB_") => s.ib.push((name, value)),
                 _ => {}
             }
@@ -150,7 +180,7 @@ impl Settings {
             timeout_ms = self.timeout.as_millis(),
             memory_mb = self.memory_mb,
             failure = ?self.failure,
-            cache_dir = ?self.cache_dir,
+            cache = ?self.cache,
             config = ?self.config,
             "policy engine settings (from NCCL_WASM_POLICY* or explicit)"
         );
@@ -169,6 +199,18 @@ impl Settings {
 fn non_empty(value: &str) -> Option<&str> {
     let v = value.trim();
     (!v.is_empty()).then_some(v)
+}
+
+/// `off` in words disables the disk cache; an empty value reads as unset (the per-user
+/// default), as for every `NCCL_WASM_*` variable, because a templated environment
+/// (`NCCL_WASM_POLICY_CACHE_DIR=${X}`) yields empty values that mean "not given". A directory
+/// literally named `off` is `./off`.
+fn cache(value: &str) -> PolicyCache {
+    match non_empty(value) {
+        None => PolicyCache::PerUser,
+        Some(v) if v.eq_ignore_ascii_case("off") => PolicyCache::Off,
+        Some(v) => PolicyCache::Dir(PathBuf::from(v)),
+    }
 }
 
 fn number(
@@ -237,6 +279,19 @@ mod tests {
     fn zero_reload_and_empty_policy_mean_off() {
         let s = vars(&[(ENV_RELOAD_MS, "0"), (ENV_POLICY, " ")]).unwrap();
         assert_eq!((s.reload, s.policy), (None, None));
+    }
+
+    #[test]
+    fn the_cache_is_per_user_unless_off_or_a_directory_is_given() {
+        let cache = |pairs: &[(&str, &str)]| vars(pairs).unwrap().cache;
+        assert_eq!(cache(&[]), PolicyCache::PerUser);
+        assert_eq!(cache(&[(ENV_CACHE_DIR, " ")]), PolicyCache::PerUser);
+        assert_eq!(cache(&[(ENV_CACHE_DIR, "OFF")]), PolicyCache::Off);
+        assert_eq!(
+            cache(&[(ENV_CACHE_DIR, "./off")]),
+            PolicyCache::Dir(PathBuf::from("./off"))
+        );
+        assert_eq!(Settings::default().cache, PolicyCache::PerUser);
     }
 
     #[test]

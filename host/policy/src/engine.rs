@@ -13,8 +13,9 @@
 //!   that imports them is refused at load time with the import's name, because a linked
 //!   monotonic clock would also let a guest block the host in `poll` where no epoch can reach it.
 
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Once};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -25,7 +26,9 @@ use wasmtime_wasi::cli::{WasiCli, WasiCliView};
 use wasmtime_wasi::random::WasiRandom;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use crate::{FailureCause, PolicyError, Settings};
+use ncclwasm_model::private_dir;
+
+use crate::{ENV_CACHE_DIR, FailureCause, PolicyCache, PolicyError, Settings};
 
 /// The generated bindings of world `ncclwasm:policy/policy`.
 pub(crate) mod wit {
@@ -248,6 +251,44 @@ impl Drop for Ticker {
     }
 }
 
+/// wasmtime's on-disk cache of compiled components, as [`PolicyCache`] says. The per-user
+/// default never fails: a refused directory is WARNed once per process and the engine compiles
+/// in memory, so a squatter on the directory's name costs compile time, not the job.
+fn disk_cache(choice: &PolicyCache) -> Result<Option<wasmtime::Cache>, PolicyError> {
+    let open = |dir: &Path| {
+        // wasmtime takes absolute paths only.
+        let dir = std::path::absolute(dir).map_err(|e| e.to_string())?;
+        let mut cache = wasmtime::CacheConfig::new();
+        cache.with_directory(dir);
+        wasmtime::Cache::new(cache).map_err(|e| one_line(&e))
+    };
+    match choice {
+        PolicyCache::Off => Ok(None),
+        PolicyCache::Dir(dir) => open(dir)
+            .map(Some)
+            .map_err(|e| PolicyError::Engine(format!("{ENV_CACHE_DIR}={}: {e}", dir.display()))),
+        PolicyCache::PerUser => {
+            let cache = private_dir::private_dir("the compiled-policy cache")
+                .map(|dir| dir.join("policy-cache"))
+                .and_then(|dir| open(&dir).map_err(|e| format!("{}: {e}", dir.display())));
+            match cache {
+                Ok(cache) => Ok(Some(cache)),
+                Err(why) => {
+                    static WARNED: Once = Once::new();
+                    WARNED.call_once(|| {
+                        tracing::warn!(
+                            target: LOG_TARGET,
+                            "{why}; compiling policies without the disk cache \
+                             ({ENV_CACHE_DIR}=DIR names another directory, =off silences this)"
+                        )
+                    });
+                    Ok(None)
+                }
+            }
+        }
+    }
+}
+
 /// The engine shared by every version a host loads. Dropped (and its ticker joined) when the
 /// host and the last loaded version are gone.
 pub(crate) struct PolicyEngine {
@@ -281,11 +322,7 @@ impl PolicyEngine {
             .concurrency_support(false)
             // Faults are reported in one line; a backtrace would cost ~10 µs per trap for nothing.
             .wasm_backtrace_max_frames(None);
-        if let Some(dir) = &settings.cache_dir {
-            let mut cache = wasmtime::CacheConfig::new();
-            cache.with_directory(dir);
-            config.cache(Some(wasmtime::Cache::new(cache).map_err(engine_err)?));
-        }
+        config.cache(disk_cache(&settings.cache)?);
         let engine = wasmtime::Engine::new(&config).map_err(engine_err)?;
         let mut linker = Linker::new(&engine);
         link(&mut linker).map_err(engine_err)?;

@@ -33,7 +33,7 @@ mod watch;
 
 pub use config::{
     ENV_CACHE_DIR, ENV_CONFIG, ENV_FAILURE, ENV_MEMORY_MB, ENV_POLICY, ENV_RELOAD_MS,
-    ENV_TIMEOUT_MS, FailureMode, Settings,
+    ENV_TIMEOUT_MS, FailureMode, PolicyCache, Settings,
 };
 pub use error::{FailureCause, Hook, PolicyError};
 pub use host::{Decision, PolicyHost, PolicyId, Source, Stats};

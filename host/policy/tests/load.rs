@@ -1,8 +1,10 @@
 //! `policy check`-style load errors: each says in one line what is wrong.
 
-use ncclwasm_policy::{FailureCause, FailureMode, Hook, PolicyError, PolicyHost, Source};
+use ncclwasm_policy::{
+    FailureCause, FailureMode, Hook, PolicyCache, PolicyError, PolicyHost, Source,
+};
 
-use crate::{capture_logs, guest, guest_bytes, ports, settings};
+use crate::{capture_logs, guest, guest_bytes, logged, ports, settings};
 
 fn builtin_host() -> PolicyHost {
     PolicyHost::new(settings(FailureMode::Open)).expect("host starts")
@@ -153,29 +155,84 @@ fn compiled_components_are_kept_in_the_cache_dir() {
     let dir = std::env::temp_dir().join(format!("ncclwasm-cache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let mut s = settings(FailureMode::Open);
-    s.cache_dir = Some(dir.clone());
+    s.cache = PolicyCache::Dir(dir.clone());
     s.policy = Some(guest("hostile-swap-probe"));
     let first = PolicyHost::new(s.clone())
         .unwrap()
         .policy()
         .expect("loaded");
-    let files = |d: &std::path::Path| -> usize {
-        let mut n = 0;
-        let mut stack = vec![d.to_owned()];
-        while let Some(d) = stack.pop() {
-            for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
-                if e.path().is_dir() {
-                    stack.push(e.path());
-                } else {
-                    n += 1;
-                }
-            }
-        }
-        n
-    };
-    assert!(files(&dir) > 0, "nothing cached in {}", dir.display());
+    assert!(files_under(&dir) > 0, "nothing cached in {}", dir.display());
     // A second process-like start loads from the cache and is the same policy.
     let again = PolicyHost::new(s).unwrap().policy().expect("loaded");
     assert_eq!(again.sha256, first.sha256);
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Files anywhere under `dir` (wasmtime spreads its cache over subdirectories).
+fn files_under(dir: &std::path::Path) -> usize {
+    let mut n = 0;
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                stack.push(e.path());
+            } else {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+/// With nothing configured, compiled policies go to the per-user private directory, where the
+/// next process finds them; a squatted directory costs the cache, never the policy, and says so
+/// once.
+#[test]
+fn the_default_cache_is_private_and_a_refused_one_only_costs_the_cache() {
+    const TEST: &str = "load::the_default_cache_is_private_and_a_refused_one_only_costs_the_cache";
+    if !ncclwasm_testkit::child::enter(TEST) {
+        // Its own process: the private directory follows TMPDIR, read when the engine starts.
+        let s = ncclwasm_testkit::scratch::Scratch::new("policy-default-cache");
+        let mut child = ncclwasm_testkit::child::command(TEST);
+        child
+            .env("TMPDIR", s.root())
+            .env_remove("XDG_RUNTIME_DIR")
+            .env_remove(ncclwasm_policy::ENV_CACHE_DIR);
+        ncclwasm_testkit::child::run(child, TEST);
+        return;
+    }
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    capture_logs();
+    let euid = ncclwasm_model::private_dir::euid();
+    let private = std::env::temp_dir().join(format!("ncclwasm-{euid}"));
+    let mut s = settings(FailureMode::Open);
+    assert_eq!(s.cache, PolicyCache::PerUser);
+    s.policy = Some(guest("hostile-swap-probe"));
+    let first = PolicyHost::new(s.clone())
+        .unwrap()
+        .policy()
+        .expect("loaded");
+    let meta = std::fs::symlink_metadata(&private).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (euid, 0o700));
+    assert!(
+        files_under(&private.join("policy-cache")) > 0,
+        "nothing cached"
+    );
+    assert!(!logged().contains("disk cache"), "{}", logged());
+
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o777)).unwrap();
+    for _ in 0..2 {
+        let again = PolicyHost::new(s.clone())
+            .unwrap()
+            .policy()
+            .expect("loaded");
+        assert_eq!(again.sha256, first.sha256);
+    }
+    let log = logged();
+    let line = format!(
+        "{} has mode 0777, not 0700; the compiled-policy cache needs a private directory",
+        private.display()
+    );
+    assert_eq!(log.matches(&line).count(), 1, "{log}");
+    assert!(log.contains("without the disk cache"), "{log}");
 }

@@ -3,16 +3,16 @@
 //!
 //! The tree lives in a directory only we can write: discovery believes what it reads there
 //! (GID types, PCI paths, NUMA nodes), so a tree another local user could plant or edit would
-//! let them steer the job. See [`private_dir`].
+//! let them steer the job: [`ncclwasm_model::private_dir`].
 
 use std::ffi::CStr;
 use std::fs;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use ncclwasm_model::private_dir;
 use ncclwasm_model::topology::Device;
 use ncclwasm_model::{GidType, LinkLayer, PortState};
 
@@ -22,14 +22,14 @@ static ROOT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
 
 /// Materialises (once per process and loaded copy) the tree for the current topology and
 /// returns its root. The tree is a pure function of the topology, so it lives at a path named by
-/// the topology's hash inside [`private_dir`] and is shared by every process of this user using
-/// that topology: it is built under a private name and renamed into place, and whoever loses
-/// that race uses the winner's. Test runs that start hundreds of processes thus leave one small
+/// the topology's hash inside the per-user [`private_dir`] and is shared by every process of
+/// this user using that topology: it is built under a private name and renamed into place, and
+/// whoever loses that race uses the winner's. Test runs that start hundreds of processes thus leave one small
 /// directory per topology, not one each.
 pub fn sysfs_root() -> io::Result<PathBuf> {
     ROOT.get_or_init(|| {
         let fabric = super::fabric::fabric().map_err(str::to_owned)?;
-        let base = private_dir()?;
+        let base = private_dir::private_dir("the sysfs tree").map_err(|e| format!("soft: {e}"))?;
         let dir = base.join(format!("sysfs-{:016x}", topology_hash(fabric)));
         if dir.is_dir() {
             return Ok(dir);
@@ -65,66 +65,6 @@ fn topology_hash(fabric: &Fabric) -> u64 {
     let mut hasher = std::hash::DefaultHasher::new();
     std::hash::Hash::hash(&format!("{:?}", fabric.topology.devices), &mut hasher);
     std::hash::Hasher::finish(&hasher)
-}
-
-/// `$XDG_RUNTIME_DIR/ncclwasm` (a per-user 0700 directory where the login manager provides
-/// one), else `$TMPDIR/ncclwasm-<euid>` (`/tmp` without `TMPDIR`), checked by
-/// [`ensure_private`].
-fn private_dir() -> Result<PathBuf, String> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let euid = unsafe { libc::geteuid() };
-    let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
-        Some(run) => PathBuf::from(run).join("ncclwasm"),
-        None => std::env::temp_dir().join(format!("ncclwasm-{euid}")),
-    };
-    ensure_private(&dir, euid)?;
-    Ok(dir)
-}
-
-/// Creates `dir` with mode 0700, or accepts an existing one only if it is a real directory
-/// (not a symlink) owned by `euid` with mode 0700. In a sticky `/tmp` nobody else can then
-/// rename or replace it, so what we build inside stays ours.
-///
-/// A directory that fails the checks is refused with one line rather than worked around with a
-/// fresh `mkdtemp` directory: the name is ours by convention, so a squatter or a wrong mode
-/// there means something on the machine is amiss and the operator should hear of it, and a
-/// silent fallback would also leave one tree per process behind.
-fn ensure_private(dir: &Path, euid: u32) -> Result<(), String> {
-    let refuse = |why: String| {
-        Err(format!(
-            "soft: {} {why}; the sysfs tree needs a private directory (remove it, or point \
-             XDG_RUNTIME_DIR or TMPDIR elsewhere)",
-            dir.display()
-        ))
-    };
-    match fs::DirBuilder::new().mode(0o700).create(dir) {
-        // The umask may have taken bits away; make it exactly 0700.
-        Ok(()) => fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
-            .or_else(|e| refuse(format!("cannot be made mode 0700: {e}")))?,
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return refuse(format!("cannot be created: {e}")),
-    }
-    let meta = match fs::symlink_metadata(dir) {
-        Ok(m) => m,
-        Err(e) => return refuse(format!("cannot be examined: {e}")),
-    };
-    let t = meta.file_type();
-    if t.is_symlink() {
-        return refuse("is a symbolic link, not a directory".to_owned());
-    }
-    if !t.is_dir() {
-        return refuse("is not a directory".to_owned());
-    }
-    if meta.uid() != euid {
-        return refuse(format!(
-            "is owned by uid {}, not by us (uid {euid})",
-            meta.uid()
-        ));
-    }
-    if meta.mode() & 0o777 != 0o700 {
-        return refuse(format!("has mode {:04o}, not 0700", meta.mode() & 0o777));
-    }
-    Ok(())
 }
 
 /// The PCI function directory of a device, relative to the root (without `/sys/`).
@@ -289,6 +229,8 @@ fn netdev_for(addr: IpAddr) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
     use super::*;
 
     #[test]
@@ -370,8 +312,7 @@ mod tests {
 
         let root = sysfs_root().expect("a tree of our own");
         assert_ne!(root, planted, "the planted tree is not used");
-        // SAFETY: geteuid has no preconditions.
-        let euid = unsafe { libc::geteuid() };
+        let euid = private_dir::euid();
         let private = tmp.join(format!("ncclwasm-{euid}"));
         assert_eq!(root.parent(), Some(private.as_path()));
         let meta = fs::symlink_metadata(&private).unwrap();
@@ -392,8 +333,7 @@ mod tests {
             in_child(TEST, s.root());
             return;
         }
-        // SAFETY: geteuid has no preconditions.
-        let euid = unsafe { libc::geteuid() };
+        let euid = private_dir::euid();
         let private = std::env::temp_dir().join(format!("ncclwasm-{euid}"));
         fs::create_dir(&private).unwrap();
         fs::set_permissions(&private, fs::Permissions::from_mode(0o777)).unwrap();
@@ -408,43 +348,5 @@ mod tests {
             )),
             "{e}"
         );
-    }
-
-    #[test]
-    fn only_a_real_0700_directory_of_ours_is_private() {
-        let s = ncclwasm_testkit::scratch::Scratch::new("soft-sysfs-private");
-        // SAFETY: geteuid has no preconditions.
-        let euid = unsafe { libc::geteuid() };
-        let fresh = s.path("fresh");
-        ensure_private(&fresh, euid).expect("created");
-        let meta = fs::symlink_metadata(&fresh).unwrap();
-        assert_eq!((meta.is_dir(), meta.mode() & 0o777), (true, 0o700));
-        ensure_private(&fresh, euid).expect("ours, again");
-
-        let link = s.symlink(&fresh, "link");
-        let file = s.write("file", b"");
-        let open = s.dir("open");
-        fs::set_permissions(&open, fs::Permissions::from_mode(0o755)).unwrap();
-        let cases = [
-            (link, "is a symbolic link, not a directory".to_owned()),
-            (file, "is not a directory".to_owned()),
-            (open, "has mode 0755, not 0700".to_owned()),
-            (
-                fresh,
-                format!("is owned by uid {euid}, not by us (uid {})", euid + 1),
-            ),
-        ];
-        for (i, (path, why)) in cases.into_iter().enumerate() {
-            let as_uid = if i == 3 { euid + 1 } else { euid };
-            let e = ensure_private(&path, as_uid).expect_err("refused");
-            assert_eq!(
-                e,
-                format!(
-                    "soft: {} {why}; the sysfs tree needs a private directory (remove it, or \
-                     point XDG_RUNTIME_DIR or TMPDIR elsewhere)",
-                    path.display()
-                )
-            );
-        }
     }
 }
