@@ -61,7 +61,7 @@ impl Profile {
     /// Builds what is packaged. The debug build is the tests' own (same packages, same
     /// features), so after them nothing is compiled; a `-p` build would resolve features for
     /// two packages alone and rebuild wasmtime.
-    fn build(self) -> Result<()> {
+    pub(crate) fn build(self) -> Result<()> {
         let mut cargo = guests::cargo();
         match self {
             Profile::Release => cargo.args([

@@ -104,14 +104,7 @@ fn demo() -> Result<()> {
         .parent()
         .and_then(Path::parent)
         .context("the guests' target directory")?;
-    setup::run(guests::cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "ncclwasm-plugin",
-        "-p",
-        "ncclwasm-cli",
-    ]))?;
+    dist::Profile::Release.build()?;
     setup::run(Command::new(target.join("release/ncclwasm")).arg("bench"))
 }
 
