@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
-use ncclwasm_verbs::{Access, Completion, Cq, DmaBuf, Mr, WcOpcode, WcStatus};
+use ncclwasm_verbs::{Access, Completion, Cq, DmaBuf, Mr, Posted, WcOpcode, WcStatus};
 
 use crate::device::{DevCtx, PortCtx};
 use crate::mr_cache::{Backing, RegMode};
@@ -167,10 +167,12 @@ impl Side {
         for d in devices {
             let Some(cq) = self.cqs.get(d) else { continue };
             loop {
-                let n = cq.poll(&mut wcs).map_err(NetError::verbs(format!(
-                    "polling the completion queue of {}",
-                    self.ports[d].dev.name()
-                )))?;
+                let n = cq.poll(&mut wcs).map_err(NetError::verbs(|| {
+                    format!(
+                        "polling the completion queue of {}",
+                        self.ports[d].dev.name()
+                    )
+                }))?;
                 for wc in &wcs[..n] {
                     each(d, wc)?;
                 }
@@ -188,6 +190,11 @@ impl Side {
         self.ports
             .first()
             .map_or(crate::PTR_HOST, |p| p.dev.gpu.ptr_support())
+    }
+
+    /// The work requests posted on each QP of the plan so far, in plan order.
+    pub(crate) fn posted(&self) -> Vec<Posted> {
+        self.qps().iter().map(|q| q.qp.posted()).collect()
     }
 
     /// Every endpoint, to poll them all.

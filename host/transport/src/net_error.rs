@@ -155,9 +155,14 @@ impl NetError {
         }
     }
 
-    pub(crate) fn verbs(what: impl Into<String>) -> impl FnOnce(VerbsError) -> NetError {
-        let what = what.into();
-        move |source| NetError::Verbs { what, source }
+    /// The error of a failed verb, for `map_err`. The description is built only when the verb
+    /// failed: a fixed text, or a closure for one that names objects (`|| format!(…)`), so the
+    /// data path's calls allocate nothing while they succeed.
+    pub(crate) fn verbs(what: impl Context) -> impl FnOnce(VerbsError) -> NetError {
+        move |source| NetError::Verbs {
+            what: what.describe(),
+            source,
+        }
     }
 
     pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NetError {
@@ -167,6 +172,30 @@ impl NetError {
 
     pub(crate) fn protocol(during: &'static str) -> impl FnOnce(ProtoError) -> NetError {
         move |source| NetError::Protocol { during, source }
+    }
+}
+
+/// What a failed operation was doing, turned into text only once it failed (see
+/// [`NetError::verbs`]).
+pub(crate) trait Context {
+    fn describe(self) -> String;
+}
+
+impl Context for &str {
+    fn describe(self) -> String {
+        self.to_owned()
+    }
+}
+
+impl Context for String {
+    fn describe(self) -> String {
+        self
+    }
+}
+
+impl<F: FnOnce() -> String> Context for F {
+    fn describe(self) -> String {
+        self()
     }
 }
 

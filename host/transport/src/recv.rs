@@ -17,7 +17,9 @@ use crate::send::describe;
 use crate::socket::Stream;
 use ncclwasm_proto::datapath::{CtsWrite, PostedRecv, Receiver};
 use ncclwasm_proto::failover::CTS_WR_ID;
-use ncclwasm_proto::fifo::{CTS_FIFO_BYTES, CtsEntry, SIZES_FIFO_BYTES, SIZES_SLOT_BYTES};
+use ncclwasm_proto::fifo::{
+    CTS_FIFO_BYTES, CTS_SLOT_BYTES, CtsEntry, SIZES_FIFO_BYTES, SIZES_SLOT_BYTES,
+};
 use ncclwasm_proto::handshake::{Acceptor, rejoin_bring_up};
 use ncclwasm_proto::handshake::{AcceptorAction, RecvSetup};
 use ncclwasm_proto::message::{Ece, RemoteWindow};
@@ -262,6 +264,13 @@ impl RecvComm {
         self.flushes.load(Ordering::Relaxed)
     }
 
+    /// The work requests posted on each QP of the plan so far (not the flush QPs'; a QP
+    /// re-created by fail-back counts from zero): what the data path asks of the NIC per
+    /// message.
+    pub fn work_requests(&self) -> Vec<ncclwasm_verbs::Posted> {
+        self.side.posted()
+    }
+
     /// Registers a buffer on every device of the connection (`regMr`).
     pub fn reg_mr(
         &self,
@@ -334,10 +343,9 @@ impl RecvComm {
         for (q, _) in post.receives() {
             let qp = &self.side.qps()[q].qp;
             qp.post_recv(&[RecvWr { wr_id, sges: &[] }])
-                .map_err(NetError::verbs(format!(
-                    "posting a receive on QP {}",
-                    qp.qpn()
-                )))?;
+                .map_err(NetError::verbs(|| {
+                    format!("posting a receive on QP {}", qp.qpn())
+                }))?;
         }
         if let Some((off, word)) = post.record {
             // Before the CTS: the sender may probe the record as soon as it can send.
@@ -397,10 +405,9 @@ impl RecvComm {
                         wr_id: 0,
                         sges: &[],
                     }])
-                    .map_err(NetError::verbs(format!(
-                        "posting a receive on QP {}",
-                        qp.qpn()
-                    )))
+                    .map_err(NetError::verbs(|| {
+                        format!("posting a receive on QP {}", qp.qpn())
+                    }))
                 }
                 _ if wc.wr_id == CTS_WR_ID => Ok(()),
                 _ => self.side.account(receiver.requests(), d, wc),
@@ -480,10 +487,14 @@ impl RecvComm {
     fn post_cts(&self, cts: &CtsWrite) -> Result<(), NetError> {
         let off = cts.slot.cts_offset();
         let entries = cts.entries();
-        let bytes: Vec<u8> = entries.iter().flat_map(|e| e.to_bytes()).collect();
+        let len = entries.len() * CtsEntry::SIZE;
+        let mut bytes = [0u8; CTS_SLOT_BYTES];
+        for (b, e) in bytes.chunks_exact_mut(CtsEntry::SIZE).zip(entries) {
+            b.copy_from_slice(&e.to_bytes());
+        }
         let stage = &self.regions.cts_stage;
-        stage.buf.write(off as usize, &bytes);
-        let len = (entries.len() * CtsEntry::SIZE) as u32;
+        stage.buf.write(off as usize, &bytes[..len]);
+        let len = len as u32;
         let sge = stage.mrs[cts.route.local]
             .sge(off, len)
             .map_err(NetError::verbs("staging a CTS slot"))?;
@@ -498,10 +509,9 @@ impl RecvComm {
             signaled: cts.signaled,
             inline: len <= qp.caps().max_inline_data,
         }])
-        .map_err(NetError::verbs(format!(
-            "posting a CTS write on QP {}",
-            qp.qpn()
-        )))
+        .map_err(NetError::verbs(|| {
+            format!("posting a CTS write on QP {}", qp.qpn())
+        }))
     }
 
     /// `iflush`: an RDMA READ of one byte of the last non-empty buffer over each endpoint's
@@ -509,10 +519,19 @@ impl RecvComm {
     /// `Ok(None)`: nothing to flush (every size is zero, or the connection does not flush).
     pub fn iflush(&self, bufs: &[RecvBuf<'_>]) -> Result<Option<ReqId>, NetError> {
         self.side.check_events(self.setup.failover)?;
-        let sizes: Vec<u64> = bufs.iter().map(|b| b.size).collect();
+        if bufs.len() > MAX_RECVS {
+            return Err(NetError::Argument(format!(
+                "iflush of {} buffers; at most {MAX_RECVS} are supported",
+                bufs.len()
+            )));
+        }
+        let mut sizes = [0u64; MAX_RECVS];
+        for (s, b) in sizes.iter_mut().zip(bufs) {
+            *s = b.size;
+        }
         let mut receiver = crate::comm::lock_state(&self.state)?;
         let Some(f) = receiver
-            .iflush(&sizes)
+            .iflush(&sizes[..bufs.len()])
             .map_err(NetError::protocol("iflush"))?
         else {
             return Ok(None);
@@ -536,10 +555,9 @@ impl RecvComm {
                 signaled: true,
                 inline: false,
             }])
-            .map_err(NetError::verbs(format!(
-                "posting a flush on QP {}",
-                qp.qpn()
-            )))?;
+            .map_err(NetError::verbs(|| {
+                format!("posting a flush on QP {}", qp.qpn())
+            }))?;
         }
         self.flushes.fetch_add(1, Ordering::Relaxed);
         Ok(Some(f.req))

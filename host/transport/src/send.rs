@@ -223,6 +223,10 @@ pub(crate) fn describe(
     format!("{} -> {}", names(local), names(peer))
 }
 
+/// The longest chain one QP gets for one slot: a write per grouped send and the
+/// WRITE_WITH_IMM that carries the sizes (`QpPost` holds as many).
+const MAX_CHAIN: usize = MAX_RECVS + 1;
+
 /// The buffer behind one send request, for the work requests of its slot.
 #[derive(Clone, Copy, Debug, Default)]
 struct SendBuf {
@@ -315,6 +319,12 @@ impl SendComm {
         }
     }
 
+    /// The work requests posted on each QP of the plan so far (a QP re-created by fail-back
+    /// counts from zero): what the data path asks of the NIC per message.
+    pub fn work_requests(&self) -> Vec<ncclwasm_verbs::Posted> {
+        self.side.posted()
+    }
+
     /// Registers a buffer on every device of the connection (`regMr`).
     pub fn reg_mr(
         &self,
@@ -394,13 +404,23 @@ impl SendComm {
         let Some(work) = m.work else {
             return Ok(Some(req));
         };
-        let reqs: Vec<ReqId> = work.requests().collect();
+        // Fixed arrays, not vectors: nothing on the per-message path allocates (see
+        // "One message" in docs/architecture.md).
+        let mut reqs = [req; MAX_RECVS];
+        let mut nreqs = 0;
+        for (slot, r) in reqs.iter_mut().zip(work.requests()) {
+            *slot = r;
+            nreqs += 1;
+        }
         if let Some((slot, row)) = work.sizes_row() {
-            let bytes: Vec<u8> = row.iter().flat_map(|s| s.to_le_bytes()).collect();
+            let mut bytes = [0u8; SIZES_SLOT_BYTES];
+            for (b, s) in bytes.chunks_exact_mut(size_of::<u32>()).zip(row) {
+                b.copy_from_slice(&s.to_le_bytes());
+            }
             self.sizes.buf.write(slot * SIZES_SLOT_BYTES, &bytes);
         }
         for post in work.posts() {
-            self.post(bufs, posted, &post, &reqs)?;
+            self.post(bufs, posted, &post, &reqs[..nreqs])?;
         }
         Ok(Some(req))
     }
@@ -507,10 +527,9 @@ impl SendComm {
                 signaled: true,
                 inline: false,
             }])
-            .map_err(NetError::verbs(format!(
-                "posting the failover probe on QP {}",
-                qp.qpn()
-            )))?;
+            .map_err(NetError::verbs(|| {
+                format!("posting the failover probe on QP {}", qp.qpn())
+            }))?;
         }
         Ok(())
     }
@@ -759,10 +778,17 @@ impl SendComm {
     ) -> Result<(), NetError> {
         let local = post.route.local;
         let chain = post.wrs();
-        let mut sges: Vec<Option<Sge>> = Vec::with_capacity(chain.len());
+        if chain.len() > MAX_CHAIN {
+            return Err(NetError::Internal(format!(
+                "a chain of {} work requests; at most {MAX_CHAIN} are laid out",
+                chain.len()
+            )));
+        }
+        // Fixed arrays of the longest chain, not vectors: this runs for every message.
+        let mut sges = [None; MAX_CHAIN];
         let mut payload = 0;
-        for wr in chain {
-            sges.push(match wr.local {
+        for (sge, wr) in sges.iter_mut().zip(chain) {
+            *sge = match wr.local {
                 LocalData::None => None,
                 LocalData::Send { r, offset, len } => {
                     payload += len;
@@ -774,33 +800,30 @@ impl SendComm {
                         .sge((slot * SIZES_SLOT_BYTES) as u64, len as u32)
                         .map_err(NetError::verbs("staging the sizes row"))?,
                 ),
-            });
+            };
         }
-        let wrs: Vec<SendWr<'_>> = chain
-            .iter()
-            .zip(&sges)
-            .map(|(wr, sge)| {
-                let remote = Remote {
-                    addr: wr.remote_addr,
-                    rkey: wr.rkey,
-                };
-                SendWr {
-                    wr_id: wr.wr_id,
-                    op: match wr.opcode {
-                        Opcode::Write => SendOp::Write(remote),
-                        Opcode::WriteWithImm { imm } => SendOp::WriteImm(remote, imm),
-                    },
-                    sges: sge.as_slice(),
-                    signaled: wr.signaled,
-                    inline: false,
-                }
-            })
-            .collect();
+        let wrs: [SendWr<'_>; MAX_CHAIN] = std::array::from_fn(|i| {
+            let wr = chain.get(i).copied().unwrap_or_default();
+            let remote = Remote {
+                addr: wr.remote_addr,
+                rkey: wr.rkey,
+            };
+            SendWr {
+                wr_id: wr.wr_id,
+                op: match wr.opcode {
+                    Opcode::Write => SendOp::Write(remote),
+                    Opcode::WriteWithImm { imm } => SendOp::WriteImm(remote, imm),
+                },
+                sges: sges[i].as_slice(),
+                signaled: wr.signaled,
+                inline: false,
+            }
+        });
         let q = &self.side.qps()[post.qp];
-        q.qp.post_send(&wrs).map_err(NetError::verbs(format!(
-            "posting a send on QP {}",
-            q.qp.qpn()
-        )))?;
+        q.qp.post_send(&wrs[..chain.len()])
+            .map_err(NetError::verbs(|| {
+                format!("posting a send on QP {}", q.qp.qpn())
+            }))?;
         posted[post.qp] += payload;
         Ok(())
     }

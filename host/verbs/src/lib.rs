@@ -78,7 +78,7 @@ pub use error::{Result, VerbsError, panic_message};
 pub use gpu::{PEER_MEMORY_MODULES, RelaxedOrderingMode};
 pub use memory::{Access, DmaBuf, ForeignMemory, Memory, Mr, Pd};
 pub use provider::{Capabilities, ENV_SYSFS_ROOT, Provider, ProviderCaps};
-pub use qp::{Ece, Grh, InitAttr, Mtu, Qp, QpCaps, QpState, RtrAttr, RtsAttr};
+pub use qp::{Ece, Grh, InitAttr, Mtu, Posted, Qp, QpCaps, QpState, RtrAttr, RtsAttr};
 #[cfg(feature = "fault-injection")]
 pub use table::FaultTable;
 pub use table::VerbsTable;

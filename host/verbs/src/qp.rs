@@ -136,6 +136,25 @@ struct Scratch {
     sges: Vec<ibv_sge>,
     sends: Vec<ibv_send_wr>,
     recvs: Vec<ibv_recv_wr>,
+    /// Counted under the lock every post takes anyway, so counting costs an add.
+    posted: Posted,
+}
+
+/// Work requests a QP's provider accepted so far: what the data path costs the NIC per
+/// message, which the transport's tests hold to the reference's count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Posted {
+    pub sends: u64,
+    pub recvs: u64,
+}
+
+/// How many WRs of a chain of `n` the provider took: all, or those before the failed one.
+fn accepted(result: &Result<()>, n: usize) -> u64 {
+    match result {
+        Ok(()) => n as u64,
+        Err(VerbsError::Post { index, .. }) => *index as u64,
+        Err(_) => 0,
+    }
 }
 
 /// An RC queue pair. Holds its PD and CQs, so they outlive it.
@@ -466,7 +485,9 @@ impl Qp {
                 )?;
                 post(self.qp.as_ptr(), base, &mut bad)
             };
-        self.post_result(rc, "send", base, bad)
+        let result = self.post_result(rc, "send", base, bad);
+        s.posted.sends += accepted(&result, wrs.len());
+        result
     }
 
     /// Posts a chain of receive WRs in order. On error, WRs before `index` were posted.
@@ -514,7 +535,17 @@ impl Qp {
                 )?;
                 post(self.qp.as_ptr(), base, &mut bad)
             };
-        self.post_result(rc, "recv", base, bad)
+        let result = self.post_result(rc, "recv", base, bad);
+        s.posted.recvs += accepted(&result, wrs.len());
+        result
+    }
+
+    /// The work requests posted on this QP so far.
+    pub fn posted(&self) -> Posted {
+        self.scratch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .posted
     }
 
     fn post_result<T>(
