@@ -21,7 +21,7 @@ use super::ctx::{CqState, Ctx};
 use super::event::{Cq, Element};
 use super::fabric::{self, SoftDevice};
 use super::mr::{FdMapping, MapError};
-use super::qp::{Attrs, Caps, MAX_MSG, Qp, RecvWqe, SendWqe, Sge};
+use super::qp::{Attrs, Caps, MAX_INLINE, MAX_MSG, Qp, RecvWqe, SendWqe, Sge, Sges};
 use super::wire::ReqOp;
 
 /// `ibv_ece.vendor_id` of soft QPs: the ECE value carries the QP's secret in `options`.
@@ -31,7 +31,6 @@ pub const SOFT_ECE_VENDOR: u32 = 0x0050_F7F7;
 const MAX_QP_WR: u32 = 32_768;
 const MAX_SGE: u32 = 32;
 const MAX_CQE: c_int = 4_194_303;
-const MAX_INLINE: u32 = 1024;
 const MAX_RD_ATOM: c_int = 16;
 const LINK_LAYER_INFINIBAND: u8 = 1;
 const LINK_LAYER_ETHERNET: u8 = 2;
@@ -960,9 +959,9 @@ pub unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
 ///
 /// # Safety
 /// `list` must point at `n` readable `ibv_sge`s (or `n <= 0`).
-unsafe fn sges(list: *const ibv_sge, n: c_int) -> Vec<Sge> {
+unsafe fn sges(list: *const ibv_sge, n: c_int) -> Sges {
     if n <= 0 || list.is_null() {
-        return Vec::new();
+        return Sges::new();
     }
     // SAFETY: per the caller's contract.
     let raw = unsafe { std::slice::from_raw_parts(list, n as usize) };
@@ -1003,7 +1002,7 @@ unsafe fn send_wqe(q: &Qp, wr: &ibv_send_wr) -> Result<SendWqe, c_int> {
         if total > q.caps.max_inline as usize {
             return Err(libc::EINVAL);
         }
-        let mut data = Vec::with_capacity(total);
+        let mut data = q.inline_buffer();
         for s in &w.sges {
             // SAFETY: inline SGEs need no key; the caller guarantees the bytes are readable now.
             data.extend_from_slice(unsafe {

@@ -153,6 +153,33 @@ impl Ctx {
     }
 }
 
+/// The live QP numbered `qpn` whose pool listens on `addr`, in any open context of this copy
+/// of the provider: how a QP finds a peer in the same process (see
+/// [`crate::Delivery::InProcess`]). Called once per QP, not per WR.
+pub(crate) fn local_qp(fabric: &Fabric, addr: IpAddr, qpn: u32) -> Option<Arc<Qp>> {
+    let port = u16::try_from(qpn >> 8).ok()?;
+    let addr = addr.to_canonical();
+    fabric.devices.iter().find_map(|dev| {
+        let contexts = dev
+            .contexts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        contexts.iter().filter_map(Weak::upgrade).find_map(|ctx| {
+            let pools = ctx.pools.lock().unwrap_or_else(|e| e.into_inner());
+            pools
+                .iter()
+                .filter(|p| p.port == port)
+                .filter(|p| {
+                    p.listeners
+                        .iter()
+                        .any(|l| l.local_addr().is_ok_and(|a| a.ip().to_canonical() == addr))
+                })
+                .find_map(|p| p.qp(qpn))
+        })
+    })
+}
+
 /// A CQ with the context it reports overruns to.
 #[derive(Debug)]
 pub(crate) struct CqState {
@@ -263,6 +290,12 @@ impl Pool {
     pub(crate) fn install(&self, qpn: u32, qp: &Arc<Qp>) {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         slots[(qpn & 0xff) as usize] = Some(Arc::downgrade(qp));
+    }
+
+    /// The live QP in `qpn`'s slot.
+    fn qp(&self, qpn: u32) -> Option<Arc<Qp>> {
+        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots[(qpn & 0xff) as usize].as_ref()?.upgrade()
     }
 
     pub(crate) fn release(&self, qpn: u32) {

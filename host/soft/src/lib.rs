@@ -102,6 +102,13 @@
 //! and still wakes the moment its work lands (the `activity` module). A small message through
 //! the plugin still costs several thread wake-ups (the responder on each side, the ack reader)
 //! where a TCP ping-pong costs one per direction; that, not copying, is most of its latency.
+//! Posting allocates nothing once the queues have grown to their working size: a WR's SGE is
+//! kept inline and inline payloads reuse the buffers of retired WRs.
+//!
+//! With [`set_delivery`]`(`[`Delivery::InProcess`]`)`, chosen explicitly (benches), a WR whose
+//! peer QP lives in this process is carried out by the posting thread instead — the same
+//! responder checks and placement, memory to memory, both completions before `post_send`
+//! returns — so what a bench times is the code above the fabric, not the fabric's threads.
 //!
 //! # Port counters
 //! [`traffic`] reports, per local port and peer address, the payload bytes sent and received
@@ -130,6 +137,8 @@
 
 mod abi;
 mod activity;
+#[cfg(feature = "alloc-count")]
+pub mod alloc_count;
 mod choice;
 mod ctx;
 mod event;
@@ -218,6 +227,42 @@ pub fn topology() -> Result<&'static ncclwasm_model::Topology, VerbsError> {
             path: "soft".to_owned(),
             reason: e.to_owned(),
         })
+}
+
+/// How work requests between two QPs of this process travel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Delivery {
+    /// Over TCP, as between processes: the fabric's own threads carry every WR (the default).
+    #[default]
+    Tcp,
+    /// The posting thread carries a WR out itself when the peer QP lives in this process:
+    /// the responder's checks (rkey, PD, bounds, access, a posted receive) and its placement,
+    /// straight from memory to memory, and both completions, before `post_send` returns. For
+    /// benches that measure the code above the fabric rather than the fabric (a message then
+    /// costs no thread hand-off and no socket). Not a model of a NIC: a WR finding no receive
+    /// fails at once (`IBV_WC_RNR_RETRY_EXC_ERR`) instead of being retried, a peer not yet at
+    /// RTR when the first WR is posted means TCP for good, and the port counters
+    /// ([`traffic`]) do not see these bytes.
+    InProcess,
+}
+
+static IN_PROCESS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Chooses how QPs created from now on deliver to peers in this process (QPs already made keep
+/// theirs). Only explicitly: nothing in the plugin calls it.
+pub fn set_delivery(d: Delivery) {
+    IN_PROCESS.store(
+        d == Delivery::InProcess,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
+/// The delivery QPs are created with now.
+pub(crate) fn delivery() -> Delivery {
+    match IN_PROCESS.load(std::sync::atomic::Ordering::Relaxed) {
+        true => Delivery::InProcess,
+        false => Delivery::Tcp,
+    }
 }
 
 /// A random 32-bit value from the kernel (keys and secrets must not be guessable).

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use rdma_sys::ibv_access_flags;
@@ -29,6 +29,9 @@ pub(crate) struct MrEntry {
     pub len: usize,
     pub access: u32,
     inflight: AtomicUsize,
+    /// Set by `deregister` before it waits for `inflight` to drain: only then does the last
+    /// access out wake it (a wake-up per access would be a syscall per WR).
+    removed: AtomicBool,
 }
 
 /// The soft NIC's own mapping of a dma-buf (`ibv_reg_dmabuf_mr`): the fd's pages, mapped shared,
@@ -130,7 +133,11 @@ unsafe impl Send for MrGuard {}
 
 impl Drop for MrGuard {
     fn drop(&mut self) {
-        if self.entry.inflight.fetch_sub(1, Ordering::AcqRel) == 1 {
+        // SeqCst with `deregister`'s store and load: either it sees the count at zero, or
+        // this sees the flag and wakes it.
+        if self.entry.inflight.fetch_sub(1, Ordering::SeqCst) == 1
+            && self.entry.removed.load(Ordering::SeqCst)
+        {
             // Take the lock so a deregistration between its check and its wait cannot miss us.
             let _map = self.table.map.lock().unwrap_or_else(|e| e.into_inner());
             self.table.idle.notify_all();
@@ -182,6 +189,7 @@ impl MrTable {
                 len,
                 access,
                 inflight: AtomicUsize::new(0),
+                removed: AtomicBool::new(false),
             }),
         );
         key
@@ -193,7 +201,8 @@ impl MrTable {
         let Some(entry) = map.remove(&key) else {
             return false;
         };
-        while entry.inflight.load(Ordering::Acquire) != 0 {
+        entry.removed.store(true, Ordering::SeqCst);
+        while entry.inflight.load(Ordering::SeqCst) != 0 {
             map = self.inner.idle.wait(map).unwrap_or_else(|e| e.into_inner());
         }
         true

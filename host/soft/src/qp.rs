@@ -14,17 +14,19 @@
 //! placement (a READ when its data is scattered); unsignaled WRs hold their send-queue slot
 //! until a later signaled WR completes; errors always complete; entering ERR flushes.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rdma_sys::{
     ibv_event_type, ibv_qp_attr_mask as mask, ibv_qp_state, ibv_wc_opcode, ibv_wc_status,
 };
+use smallvec::SmallVec;
 use socket2::{Domain, SockRef, Socket, Type};
 
 use super::ctx::{CqState, Ctx, Pool};
@@ -67,14 +69,23 @@ pub(crate) struct Sge {
     pub lkey: u32,
 }
 
+/// A WR's scatter/gather list. One entry is kept inline (NCCL's WRs carry at most one, and the
+/// vector it replaces was as large), so posting such a WR allocates nothing; longer lists spill
+/// to the heap.
+pub(crate) type Sges = SmallVec<[Sge; 1]>;
+
+/// Largest inline payload a QP may ask for (`max_inline_data`).
+pub(crate) const MAX_INLINE: u32 = 1024;
+
 /// A posted send WR.
 #[derive(Debug)]
 pub(crate) struct SendWqe {
     pub wr_id: u64,
     pub op: ReqOp,
     pub signaled: bool,
-    pub sges: Vec<Sge>,
-    /// Payload copied at post time (`IBV_SEND_INLINE`).
+    pub sges: Sges,
+    /// Payload copied at post time (`IBV_SEND_INLINE`), in a buffer of the QP's
+    /// ([`Qp::inline_buffer`]) that goes back to it when the WR retires.
     pub inline: Option<Vec<u8>>,
     pub raddr: u64,
     pub rkey: u32,
@@ -86,7 +97,7 @@ pub(crate) struct SendWqe {
 }
 
 impl SendWqe {
-    pub(crate) fn new(wr_id: u64, op: ReqOp, signaled: bool, sges: Vec<Sge>) -> SendWqe {
+    pub(crate) fn new(wr_id: u64, op: ReqOp, signaled: bool, sges: Sges) -> SendWqe {
         SendWqe {
             wr_id,
             op,
@@ -121,7 +132,16 @@ impl SendWqe {
 #[derive(Debug)]
 pub(crate) struct RecvWqe {
     pub wr_id: u64,
-    pub sges: Vec<Sge>,
+    pub sges: Sges,
+}
+
+/// The requester's completion status for a NAK's syndrome.
+fn nak_status(syndrome: u8) -> ibv_wc_status::Type {
+    match syndrome {
+        s if s == Nak::RemoteAccess as u8 => ibv_wc_status::IBV_WC_REM_ACCESS_ERR,
+        s if s == Nak::RemoteOperation as u8 => ibv_wc_status::IBV_WC_REM_OP_ERR,
+        _ => ibv_wc_status::IBV_WC_REM_INV_REQ_ERR,
+    }
 }
 
 /// Queue capacities granted at creation.
@@ -178,6 +198,115 @@ impl Conn {
     }
 }
 
+/// How a request reaches its responder.
+enum Link<'a> {
+    /// Over the requester's TCP connection: the payload follows the header on it, and NAKs and
+    /// READ data go back on it.
+    Tcp(&'a Conn),
+    /// Delivered in process ([`crate::Delivery::InProcess`]): the payload is read from, and
+    /// READ data written to, the requester's memory.
+    Memory(&'a MemLink<'a>),
+}
+
+/// The requester's side of an in-process delivery: its pinned payload (or READ destination)
+/// segments, consumed in order, and the NAK a refusal answers.
+struct MemLink<'a> {
+    epoch: u64,
+    segs: &'a [(*mut u8, usize)],
+    /// Segment and offset in it where the next byte comes from or goes to.
+    at: Cell<(usize, usize)>,
+    refused: Cell<Option<Nak>>,
+}
+
+impl MemLink<'_> {
+    /// Copies `len` bytes between the segments (in order, from the cursor) and `ptr`:
+    /// `into == true` copies from the segments to `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for `len` bytes in the direction of the copy, and the segments for
+    /// the other direction, without overlap.
+    unsafe fn copy(&self, ptr: *mut u8, len: usize, into: bool) -> usize {
+        let (mut seg, mut off) = self.at.get();
+        let mut done = 0;
+        while done < len && seg < self.segs.len() {
+            let (base, seg_len) = self.segs[seg];
+            let n = (seg_len - off).min(len - done);
+            // SAFETY: both ranges are in bounds (the caller's contract and the segment's length).
+            unsafe {
+                let (here, there) = (base.add(off), ptr.add(done));
+                if into {
+                    std::ptr::copy_nonoverlapping(here, there, n);
+                } else {
+                    std::ptr::copy_nonoverlapping(there, here, n);
+                }
+            }
+            done += n;
+            off += n;
+            if off == seg_len {
+                seg += 1;
+                off = 0;
+            }
+        }
+        self.at.set((seg, off));
+        done
+    }
+
+    /// A READ's data from the responder's memory into the requester's segments.
+    ///
+    /// # Safety
+    /// `src` must be readable for `len` bytes.
+    unsafe fn write_from(&self, src: *const u8, len: usize) {
+        // SAFETY: per the caller's contract; the segments are pinned and locally writable.
+        unsafe { self.copy(src.cast_mut(), len, false) };
+    }
+}
+
+impl Link<'_> {
+    /// The epoch of the responder QP the request was admitted in.
+    fn epoch(&self) -> u64 {
+        match self {
+            Link::Tcp(c) => c.epoch,
+            Link::Memory(m) => m.epoch,
+        }
+    }
+
+    /// Reads the next `len` payload bytes into `dst`.
+    ///
+    /// # Safety
+    /// `dst` must be writable for `len` bytes.
+    unsafe fn read_into(&self, dst: *mut u8, len: usize) -> Result<(), ReadEnd> {
+        match self {
+            // SAFETY: per the caller's contract.
+            Link::Tcp(c) => unsafe { wire::read_into(c.fd(), dst, len, false) },
+            // SAFETY: per the caller's contract; the segments are pinned and readable.
+            Link::Memory(m) => match unsafe { m.copy(dst, len, true) } == len {
+                true => Ok(()),
+                // Fewer bytes than the header said: as a connection cut mid-payload.
+                false => Err(ReadEnd::Closed),
+            },
+        }
+    }
+
+    /// Counts payload received on the port: only what crossed it (in-process delivery
+    /// crosses none).
+    fn received(&self, bytes: u32) {
+        if let Link::Tcp(c) = self {
+            c.traffic.received(bytes);
+        }
+    }
+}
+
+/// Where a QP's requests go, decided at its first post after RTS.
+#[derive(Debug, Default)]
+enum PeerPath {
+    #[default]
+    Unresolved,
+    /// Over TCP (the default, and a peer outside this process).
+    Tcp,
+    /// Delivered in process to this QP.
+    Local(Weak<Qp>),
+}
+
 #[derive(Debug)]
 struct St {
     state: ibv_qp_state::Type,
@@ -206,6 +335,7 @@ struct St {
     tx_busy: bool,
     /// Set when `destroy` starts: the threads drain and stop.
     destroying: Option<Instant>,
+    peer: PeerPath,
 }
 
 /// One RC queue pair.
@@ -218,6 +348,9 @@ pub(crate) struct Qp {
     pub sq_sig_all: bool,
     /// This QP's secret: a requester must present it to be admitted (see the module docs).
     pub secret: u32,
+    /// [`crate::Delivery::InProcess`] was on when the QP was made: WRs to a peer QP in this
+    /// process are carried out by the posting thread.
+    in_process: bool,
     pub send_cq: Arc<CqState>,
     pub recv_cq: Arc<CqState>,
     /// Address of the `ibv_qp`, for async events.
@@ -226,6 +359,10 @@ pub(crate) struct Qp {
     st: Mutex<St>,
     cv: Condvar,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Inline-data buffers of retired WRs, handed to the next inline posts: a CTS written
+    /// inline for every receive then costs no allocation. At most `max_send_wr` are kept, as
+    /// many as the send queue can hold.
+    inline_spare: Mutex<Vec<Vec<u8>>>,
 }
 
 /// Why a connection attempt ended without a connection.
@@ -259,6 +396,7 @@ impl Qp {
                     break s;
                 }
             },
+            in_process: super::delivery() == super::Delivery::InProcess,
             send_cq,
             recv_cq,
             ibv: AtomicUsize::new(0),
@@ -283,9 +421,11 @@ impl Qp {
                 sender_started: false,
                 tx_busy: false,
                 destroying: None,
+                peer: PeerPath::Unresolved,
             }),
             cv: Condvar::new(),
             threads: Mutex::new(Vec::new()),
+            inline_spare: Mutex::new(Vec::new()),
         });
         qp.pool.install(qpn, &qp);
         ctx.add_qp(&qp);
@@ -306,6 +446,27 @@ impl Qp {
 
     pub(crate) fn set_peer_secret(&self, secret: u32) {
         self.lock().peer_secret = Some(secret);
+    }
+
+    /// An empty buffer for a WR's inline payload: a retired WR's, or a new one with room for
+    /// this QP's largest inline payload.
+    pub(crate) fn inline_buffer(&self) -> Vec<u8> {
+        let spare = self
+            .inline_spare
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop();
+        spare.unwrap_or_else(|| Vec::with_capacity(self.caps.max_inline as usize))
+    }
+
+    /// Takes back the inline buffer of a retired WR (see [`Qp::inline_buffer`]).
+    fn recycle(&self, w: SendWqe) {
+        let Some(mut buf) = w.inline else { return };
+        let mut spare = self.inline_spare.lock().unwrap_or_else(|e| e.into_inner());
+        if spare.len() < self.caps.max_send_wr as usize {
+            buf.clear();
+            spare.push(buf);
+        }
     }
 
     fn spawn(self: &Arc<Self>, role: &str, f: impl FnOnce(Arc<Qp>) + Send + 'static) {
@@ -488,6 +649,7 @@ impl Qp {
                 st.rnr_tries = 0;
                 st.attrs = Attrs::default();
                 st.remote = None;
+                st.peer = PeerPath::Unresolved;
                 st.state = IBV_QPS_RESET;
             }
             IBV_QPS_ERR => self.fail(&mut st, None, None),
@@ -583,6 +745,9 @@ impl Qp {
         if len > MAX_MSG {
             return Err(libc::EINVAL);
         }
+        if self.in_process {
+            self.resolve_peer();
+        }
         let mut st = self.lock();
         match st.state {
             ibv_qp_state::IBV_QPS_RTS => {}
@@ -604,6 +769,13 @@ impl Qp {
         st.next_seq += 1;
         let seq = w.seq;
         st.sq.push_back(w);
+        if let PeerPath::Local(peer) = &st.peer {
+            // In process: carried out here and now (the sender thread never sees it).
+            let peer = Weak::clone(peer);
+            drop(st);
+            self.deliver_pending(&peer);
+            return Ok(());
+        }
         // Idle queue and a small message: send it from this thread, without blocking.
         let direct = match &st.req_conn {
             Some(c)
@@ -709,6 +881,7 @@ impl Qp {
                     if st.state == ibv_qp_state::IBV_QPS_RTS
                         && paused.is_none()
                         && st.send_cursor < st.next_seq
+                        && !matches!(st.peer, PeerPath::Local(_))
                     {
                         match &st.req_conn {
                             None => break Job::Connect(st.epoch),
@@ -836,60 +1009,18 @@ impl Qp {
     /// With `try_first` (a posting thread), a full socket buffer puts the WR back for the
     /// sender thread instead of waiting. The caller holds `tx_busy`.
     fn transmit(&self, epoch: u64, conn: &Conn, try_first: bool) {
-        let (req, sges, inline, local_access) = {
-            let mut st = self.lock();
-            if st.epoch != epoch {
-                return;
-            }
-            let seq = st.send_cursor;
-            st.send_cursor += 1;
-            let Some(w) = Self::wqe_mut(&mut st, seq) else {
-                return;
-            };
-            w.sent_at = Some(Instant::now());
-            let req = Request {
-                op: w.op,
-                flags: if w.ack_req() { FLAG_ACK_REQ } else { 0 },
-                len: w.len,
-                seq: w.seq,
-                raddr: w.raddr,
-                rkey: w.rkey,
-                imm: w.imm,
-            };
-            let need = if w.op == ReqOp::Read { LOCAL_WRITE } else { 0 };
-            (req, w.sges.clone(), w.inline.clone(), need)
+        let mut inline_copy = [0u8; MAX_INLINE as usize];
+        let Some((req, sges, inline)) = self.claim(epoch, &mut inline_copy) else {
+            return;
         };
-        // Local protection: every SGE inside an MR of our PD with the right access.
-        let mut guards: Vec<MrGuard> = Vec::with_capacity(sges.len());
-        if inline.is_none() {
-            for s in &sges {
-                if s.len == 0 {
-                    continue;
-                }
-                match self
-                    .ctx
-                    .mrs
-                    .acquire(s.lkey, self.pd, s.addr, s.len as usize, local_access)
-                {
-                    Ok(g) => guards.push(g),
-                    Err(_) => {
-                        let mut st = self.lock();
-                        if st.epoch == epoch {
-                            self.fail(
-                                &mut st,
-                                Some((req.seq, ibv_wc_status::IBV_WC_LOC_PROT_ERR)),
-                                None,
-                            );
-                        }
-                        return;
-                    }
-                }
-            }
-        }
+        let Some(guards) = self.pin_local(epoch, &req, &sges, inline.is_some()) else {
+            return;
+        };
         let hdr = req.encode();
-        let mut iov = vec![wire::iovec(hdr.as_ptr(), hdr.len())];
+        let mut iov: SmallVec<[libc::iovec; 2]> =
+            smallvec::smallvec![wire::iovec(hdr.as_ptr(), hdr.len())];
         if req.op != ReqOp::Read {
-            match &inline {
+            match inline {
                 Some(data) => iov.push(wire::iovec(data.as_ptr(), data.len())),
                 None => {
                     let mut gi = guards.iter();
@@ -929,6 +1060,245 @@ impl Qp {
                 );
             }
         }
+    }
+
+    /// Takes the WR at the send cursor: its request header, its SGEs, and its inline payload
+    /// copied into `inline_copy` (the WR keeps its own copy for a retransmission, and nothing
+    /// here allocates). `None` when the QP moved on meanwhile.
+    fn claim<'b>(
+        &self,
+        epoch: u64,
+        inline_copy: &'b mut [u8; MAX_INLINE as usize],
+    ) -> Option<(Request, Sges, Option<&'b [u8]>)> {
+        let mut st = self.lock();
+        if st.epoch != epoch {
+            return None;
+        }
+        let seq = st.send_cursor;
+        st.send_cursor += 1;
+        let w = Self::wqe_mut(&mut st, seq)?;
+        w.sent_at = Some(Instant::now());
+        let req = Request {
+            op: w.op,
+            flags: if w.ack_req() { FLAG_ACK_REQ } else { 0 },
+            len: w.len,
+            seq: w.seq,
+            raddr: w.raddr,
+            rkey: w.rkey,
+            imm: w.imm,
+        };
+        let inline = w.inline.as_ref().map(|data| {
+            let copy = &mut inline_copy[..data.len()];
+            copy.copy_from_slice(data);
+            &*copy
+        });
+        Some((req, w.sges.clone(), inline))
+    }
+
+    /// Local protection: every non-empty SGE of `req` inside an MR of our PD with the access
+    /// it needs (a READ writes them), pinned while the guards live. A violation fails the QP
+    /// (`IBV_WC_LOC_PROT_ERR`) and returns `None`. Inline payloads were copied at post time
+    /// and need no key.
+    fn pin_local(
+        &self,
+        epoch: u64,
+        req: &Request,
+        sges: &[Sge],
+        inline: bool,
+    ) -> Option<SmallVec<[MrGuard; 1]>> {
+        let mut guards = SmallVec::new();
+        if inline {
+            return Some(guards);
+        }
+        let need = if req.op == ReqOp::Read {
+            LOCAL_WRITE
+        } else {
+            0
+        };
+        for s in sges.iter().filter(|s| s.len > 0) {
+            match self
+                .ctx
+                .mrs
+                .acquire(s.lkey, self.pd, s.addr, s.len as usize, need)
+            {
+                Ok(g) => guards.push(g),
+                Err(_) => {
+                    let mut st = self.lock();
+                    if st.epoch == epoch {
+                        self.fail(
+                            &mut st,
+                            Some((req.seq, ibv_wc_status::IBV_WC_LOC_PROT_ERR)),
+                            None,
+                        );
+                    }
+                    return None;
+                }
+            }
+        }
+        Some(guards)
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // In-process delivery
+
+    /// With [`crate::Delivery::InProcess`], decides once (at the first post after RTS) whether
+    /// the peer QP lives in this process: a QP of this copy of the provider whose number and
+    /// address are the ones RTR named, that expects us (RTR/RTS, our number, our port's
+    /// address — what `admit` checks of a TCP caller) and whose secret we were given.
+    /// Resolved without holding our own lock, so two QPs resolving each other (or a loopback
+    /// QP itself) never deadlock.
+    fn resolve_peer(&self) {
+        let (remote, dest, secret, port) = {
+            let st = self.lock();
+            if !matches!(st.peer, PeerPath::Unresolved) || st.state != ibv_qp_state::IBV_QPS_RTS {
+                return;
+            }
+            (st.remote, st.attrs.dest_qpn, st.peer_secret, st.attrs.port)
+        };
+        let mine = self.ctx.dev.port(port).map(|p| p.address);
+        let found = remote.and_then(|r| super::ctx::local_qp(self.ctx.fabric, r, dest));
+        let path = match found {
+            Some(peer) if Some(peer.secret) == secret => {
+                let pst = peer.lock();
+                let expects_us = matches!(
+                    pst.state,
+                    ibv_qp_state::IBV_QPS_RTR | ibv_qp_state::IBV_QPS_RTS
+                ) && pst.attrs.dest_qpn == self.qpn
+                    && pst.remote.map(|r| r.to_canonical()) == mine.map(|m| m.to_canonical());
+                drop(pst);
+                if expects_us {
+                    PeerPath::Local(Arc::downgrade(&peer))
+                } else {
+                    PeerPath::Tcp
+                }
+            }
+            _ => PeerPath::Tcp,
+        };
+        let mut st = self.lock();
+        if matches!(st.peer, PeerPath::Unresolved) {
+            st.peer = path;
+        }
+    }
+
+    /// Carries out every WR posted and not yet started, on this thread, against the peer QP
+    /// in this process. Whoever holds `tx_busy` delivers, so concurrent posters keep the
+    /// queue's order: the holder looks again after each WR.
+    fn deliver_pending(&self, peer: &Weak<Qp>) {
+        loop {
+            let epoch = {
+                let mut st = self.lock();
+                if st.tx_busy
+                    || st.send_cursor >= st.next_seq
+                    || st.state != ibv_qp_state::IBV_QPS_RTS
+                {
+                    return;
+                }
+                st.tx_busy = true;
+                st.epoch
+            };
+            match peer.upgrade() {
+                Some(p) => self.deliver(epoch, &p),
+                None => {
+                    // The peer QP is gone: as a peer that never answers.
+                    let mut st = self.lock();
+                    let first = st.sq.iter().find(|w| !w.acked).map(|w| w.seq);
+                    self.fail(
+                        &mut st,
+                        first.map(|s| (s, ibv_wc_status::IBV_WC_RETRY_EXC_ERR)),
+                        None,
+                    );
+                }
+            }
+            self.lock().tx_busy = false;
+        }
+    }
+
+    /// One WR delivered in process: the same local checks as [`transmit`](Self::transmit),
+    /// then the peer's responder checks and places it straight from (or, for a READ, into)
+    /// our pinned memory, and the WR completes as if acknowledged.
+    fn deliver(&self, epoch: u64, peer: &Qp) {
+        let mut inline_copy = [0u8; MAX_INLINE as usize];
+        let Some((req, sges, inline)) = self.claim(epoch, &mut inline_copy) else {
+            return;
+        };
+        let Some(guards) = self.pin_local(epoch, &req, &sges, inline.is_some()) else {
+            return;
+        };
+        let mut segs: SmallVec<[(*mut u8, usize); 1]> = SmallVec::new();
+        match inline {
+            Some(data) => segs.push((data.as_ptr().cast_mut(), data.len())),
+            None => {
+                let nonempty = sges.iter().filter(|s| s.len > 0);
+                segs.extend(
+                    guards
+                        .iter()
+                        .zip(nonempty)
+                        .map(|(g, s)| (g.ptr, s.len as usize)),
+                );
+            }
+        }
+        let result = peer.accept_local(self.qpn, &req, &segs);
+        drop(guards);
+        let mut st = self.lock();
+        if st.epoch != epoch {
+            return;
+        }
+        match result {
+            Ok(()) => self.ack_upto(&mut st, req.seq),
+            Err(status) => self.fail(&mut st, Some((req.seq, status)), None),
+        }
+    }
+
+    /// The responder's side of an in-process delivery from QP `src_qpn`: the checks and the
+    /// placement of the TCP responder ([`place`](Self::place)), the payload read from `segs`.
+    /// `Err` is the requester's completion status. Unlike over TCP, a missing receive is not
+    /// retried: it fails the WR with `IBV_WC_RNR_RETRY_EXC_ERR` at once.
+    fn accept_local(
+        &self,
+        src_qpn: u32,
+        req: &Request,
+        segs: &[(*mut u8, usize)],
+    ) -> Result<(), ibv_wc_status::Type> {
+        let (access, recv, epoch) = {
+            let mut st = self.lock();
+            let ready = matches!(
+                st.state,
+                ibv_qp_state::IBV_QPS_RTR | ibv_qp_state::IBV_QPS_RTS
+            ) && st.destroying.is_none()
+                && st.attrs.dest_qpn == src_qpn;
+            if !ready {
+                return Err(ibv_wc_status::IBV_WC_RETRY_EXC_ERR);
+            }
+            if req.seq != st.expected_seq {
+                return Err(ibv_wc_status::IBV_WC_REM_INV_REQ_ERR);
+            }
+            let consumes = matches!(req.op, ReqOp::WriteImm | ReqOp::Send | ReqOp::SendImm);
+            let recv = match consumes {
+                true => match st.rq.pop_front() {
+                    Some(r) => Some(r),
+                    None => return Err(ibv_wc_status::IBV_WC_RNR_RETRY_EXC_ERR),
+                },
+                false => None,
+            };
+            (st.attrs.access, recv, st.epoch)
+        };
+        let mem = MemLink {
+            epoch,
+            segs,
+            at: Cell::new((0, 0)),
+            refused: Cell::new(None),
+        };
+        if !self.place(&Link::Memory(&mem), req, access, recv) {
+            return Err(mem
+                .refused
+                .get()
+                .map_or(ibv_wc_status::IBV_WC_REM_OP_ERR, |n| nak_status(n as u8)));
+        }
+        let mut st = self.lock();
+        if st.epoch == epoch {
+            st.expected_seq += 1;
+        }
+        Ok(())
     }
 
     /// Opens the connection to the peer's responder and proves we are the expected peer.
@@ -1042,7 +1412,8 @@ impl Qp {
         if progressed {
             st.rnr_tries = 0;
             // A READ leaving flight may unblock the sender (max_rd_atomic); a teardown waits
-            // for this. Otherwise nobody waits for an acknowledgement on `cv`.
+            // for this. Otherwise nobody waits for an acknowledgement on `cv` (delivered in
+            // process, nothing is ever left unsent).
             if self.sender_needed(st) {
                 self.cv.notify_all();
             }
@@ -1050,9 +1421,14 @@ impl Qp {
         if let Some(last) = last_signaled {
             let dest = st.attrs.dest_qpn;
             for w in st.sq.drain(..=last) {
-                if w.signaled {
-                    self.send_cq
-                        .complete(self.send_wc(&w, ibv_wc_status::IBV_WC_SUCCESS, dest));
+                let wc = w
+                    .signaled
+                    .then(|| self.send_wc(&w, ibv_wc_status::IBV_WC_SUCCESS, dest));
+                // Recycled before the completion is seen, so the poster's next inline WR finds
+                // the buffer back.
+                self.recycle(w);
+                if let Some(wc) = wc {
+                    self.send_cq.complete(wc);
                 }
             }
         }
@@ -1167,12 +1543,7 @@ impl Qp {
                     if let Some(prev) = resp.seq.checked_sub(1) {
                         self.ack_upto(&mut st, prev);
                     }
-                    let status = match resp.syndrome {
-                        s if s == Nak::RemoteAccess as u8 => ibv_wc_status::IBV_WC_REM_ACCESS_ERR,
-                        s if s == Nak::RemoteOperation as u8 => ibv_wc_status::IBV_WC_REM_OP_ERR,
-                        _ => ibv_wc_status::IBV_WC_REM_INV_REQ_ERR,
-                    };
-                    self.fail(&mut st, Some((resp.seq, status)), None);
+                    self.fail(&mut st, Some((resp.seq, nak_status(resp.syndrome))), None);
                     return;
                 }
                 RespOp::RnrNak => {
@@ -1227,7 +1598,7 @@ impl Qp {
                 }
             }
         };
-        let mut guards = Vec::with_capacity(sges.len());
+        let mut guards: SmallVec<[(MrGuard, usize); 1]> = SmallVec::new();
         for s in sges.iter().filter(|s| s.len > 0) {
             match self
                 .ctx
@@ -1327,23 +1698,29 @@ impl Qp {
         unsafe { wire::send_all(conn.fd(), &mut iov, &abort, false) }.is_ok()
     }
 
-    /// Refuses `req`: drains its payload, NAKs, and moves this QP to ERR with `event`.
-    fn refuse(&self, conn: &Conn, req: &Request, nak: Nak, event: Option<ibv_event_type>) {
-        if req.carries_payload() {
-            let _ = wire::drain(conn.fd(), req.len as usize);
+    /// Refuses `req`: NAKs it (over TCP, after draining its payload; in process, by telling the
+    /// requester), and moves this QP to ERR with `event`.
+    fn refuse(&self, link: &Link<'_>, req: &Request, nak: Nak, event: Option<ibv_event_type>) {
+        match link {
+            Link::Tcp(conn) => {
+                if req.carries_payload() {
+                    let _ = wire::drain(conn.fd(), req.len as usize);
+                }
+                self.respond(
+                    conn,
+                    Response {
+                        op: RespOp::Nak,
+                        syndrome: nak as u8,
+                        len: 0,
+                        seq: req.seq,
+                    },
+                    None,
+                );
+            }
+            Link::Memory(m) => m.refused.set(Some(nak)),
         }
-        self.respond(
-            conn,
-            Response {
-                op: RespOp::Nak,
-                syndrome: nak as u8,
-                len: 0,
-                seq: req.seq,
-            },
-            None,
-        );
         let mut st = self.lock();
-        if st.epoch == conn.epoch {
+        if st.epoch == link.epoch() {
             self.fail(&mut st, None, event);
         }
     }
@@ -1468,13 +1845,7 @@ impl Qp {
                 };
                 (st.attrs.access, recv)
             };
-            let ok = match req.op {
-                ReqOp::Write | ReqOp::WriteImm => self.place_write(&conn, &req, access, recv),
-                ReqOp::Send | ReqOp::SendImm => self.place_send(&conn, &req, recv),
-                ReqOp::Read => self.serve_read(&conn, &req, access),
-                ReqOp::Bye => unreachable!("handled above"),
-            };
-            if !ok {
+            if !self.place(&Link::Tcp(&conn), &req, access, recv) {
                 return;
             }
             let mut st = self.lock();
@@ -1494,6 +1865,18 @@ impl Qp {
         }
     }
 
+    /// Carries out an admitted request in sequence: places a write or send, serves a read.
+    /// `false`: refused, or the link broke (this QP has failed).
+    fn place(&self, link: &Link<'_>, req: &Request, access: u32, recv: Option<RecvWqe>) -> bool {
+        match req.op {
+            ReqOp::Write | ReqOp::WriteImm => self.place_write(link, req, access, recv),
+            ReqOp::Send | ReqOp::SendImm => self.place_send(link, req, recv),
+            ReqOp::Read => self.serve_read(link, req, access),
+            // Ends a connection; the responder loop handles it before anything is placed.
+            ReqOp::Bye => false,
+        }
+    }
+
     /// Gives a consumed receive back to the front of the queue (its request was refused).
     fn unconsume(&self, epoch: u64, recv: Option<RecvWqe>) {
         if let Some(r) = recv {
@@ -1504,8 +1887,13 @@ impl Qp {
         }
     }
 
-    fn place_write(&self, conn: &Conn, req: &Request, access: u32, recv: Option<RecvWqe>) -> bool {
-        let fd = conn.fd();
+    fn place_write(
+        &self,
+        link: &Link<'_>,
+        req: &Request,
+        access: u32,
+        recv: Option<RecvWqe>,
+    ) -> bool {
         let len = req.len as usize;
         if len > 0 {
             let guard = if access & REMOTE_WRITE == 0 {
@@ -1517,9 +1905,9 @@ impl Qp {
                     .ok()
             };
             let Some(guard) = guard else {
-                self.unconsume(conn.epoch, recv);
+                self.unconsume(link.epoch(), recv);
                 self.refuse(
-                    conn,
+                    link,
                     req,
                     Nak::RemoteAccess,
                     Some(ibv_event_type::IBV_EVENT_QP_ACCESS_ERR),
@@ -1527,11 +1915,11 @@ impl Qp {
                 return false;
             };
             // SAFETY: the guard pins `len` bytes of remotely writable registered memory.
-            if unsafe { wire::read_into(fd, guard.ptr, len, false) }.is_err() {
-                self.unconsume(conn.epoch, recv);
-                return self.closed(conn);
+            if unsafe { link.read_into(guard.ptr, len) }.is_err() {
+                self.unconsume(link.epoch(), recv);
+                return self.closed(link);
             }
-            conn.traffic.received(req.len);
+            link.received(req.len);
         }
         let Some(r) = recv else {
             // No completion tells a poller about this write (a clear-to-send entry it checks).
@@ -1550,8 +1938,7 @@ impl Qp {
         true
     }
 
-    fn place_send(&self, conn: &Conn, req: &Request, recv: Option<RecvWqe>) -> bool {
-        let fd = conn.fd();
+    fn place_send(&self, link: &Link<'_>, req: &Request, recv: Option<RecvWqe>) -> bool {
         let r = recv.expect("sends consume a receive");
         let capacity: u64 = r.sges.iter().map(|s| u64::from(s.len)).sum();
         let src_qp = self.attrs().dest_qpn;
@@ -1567,11 +1954,11 @@ impl Qp {
         if u64::from(req.len) > capacity {
             self.recv_cq
                 .complete(recv_error(ibv_wc_status::IBV_WC_LOC_LEN_ERR));
-            self.refuse(conn, req, Nak::InvalidRequest, None);
+            self.refuse(link, req, Nak::InvalidRequest, None);
             return false;
         }
         let mut left = req.len as usize;
-        let mut guards = Vec::new();
+        let mut guards: SmallVec<[(MrGuard, usize); 1]> = SmallVec::new();
         for s in &r.sges {
             if left == 0 {
                 break;
@@ -1586,7 +1973,7 @@ impl Qp {
                 Err(_) => {
                     self.recv_cq
                         .complete(recv_error(ibv_wc_status::IBV_WC_LOC_PROT_ERR));
-                    self.refuse(conn, req, Nak::RemoteOperation, None);
+                    self.refuse(link, req, Nak::RemoteOperation, None);
                     return false;
                 }
             }
@@ -1594,11 +1981,11 @@ impl Qp {
         }
         for (g, take) in &guards {
             // SAFETY: the guard pins `take` locally writable bytes of the receive buffer.
-            if unsafe { wire::read_into(fd, g.ptr, *take, false) }.is_err() {
-                return self.closed(conn);
+            if unsafe { link.read_into(g.ptr, *take) }.is_err() {
+                return self.closed(link);
             }
         }
-        conn.traffic.received(req.len);
+        link.received(req.len);
         self.recv_cq.complete(Wc {
             wr_id: r.wr_id,
             status: ibv_wc_status::IBV_WC_SUCCESS,
@@ -1611,13 +1998,13 @@ impl Qp {
         true
     }
 
-    fn serve_read(&self, conn: &Conn, req: &Request, access: u32) -> bool {
+    fn serve_read(&self, link: &Link<'_>, req: &Request, access: u32) -> bool {
         let len = req.len as usize;
         let guard = if len == 0 {
             None
         } else if access & REMOTE_READ == 0 {
             self.refuse(
-                conn,
+                link,
                 req,
                 Nak::RemoteAccess,
                 Some(ibv_event_type::IBV_EVENT_QP_ACCESS_ERR),
@@ -1632,7 +2019,7 @@ impl Qp {
                 Ok(g) => Some(g),
                 Err(_) => {
                     self.refuse(
-                        conn,
+                        link,
                         req,
                         Nak::RemoteAccess,
                         Some(ibv_event_type::IBV_EVENT_QP_ACCESS_ERR),
@@ -1641,26 +2028,36 @@ impl Qp {
                 }
             }
         };
-        let sent = self.respond(
-            conn,
-            Response {
-                op: RespOp::ReadResp,
-                syndrome: 0,
-                len: req.len,
-                seq: req.seq,
-            },
-            guard.as_ref(),
-        );
-        if sent {
-            conn.traffic.sent(req.len);
-        }
-        sent || self.closed(conn)
+        let resp = Response {
+            op: RespOp::ReadResp,
+            syndrome: 0,
+            len: req.len,
+            seq: req.seq,
+        };
+        let sent = match link {
+            Link::Tcp(conn) => {
+                let sent = self.respond(conn, resp, guard.as_ref());
+                if sent {
+                    conn.traffic.sent(req.len);
+                }
+                sent
+            }
+            Link::Memory(m) => {
+                if let Some(g) = &guard {
+                    // SAFETY: the guard pins `len` remotely readable bytes; the requester's
+                    // pinned segments are locally writable (checked before delivery).
+                    unsafe { m.write_from(g.ptr, len) };
+                }
+                true
+            }
+        };
+        sent || self.closed(link)
     }
 
     /// The connection broke mid-request: a fatal error unless we are going away anyway.
-    fn closed(&self, conn: &Conn) -> bool {
+    fn closed(&self, link: &Link<'_>) -> bool {
         let mut st = self.lock();
-        if st.epoch == conn.epoch && st.destroying.is_none() {
+        if st.epoch == link.epoch() && st.destroying.is_none() {
             self.fail(&mut st, None, Some(ibv_event_type::IBV_EVENT_QP_FATAL));
         }
         false
