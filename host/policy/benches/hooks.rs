@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use criterion::Criterion;
 use ncclwasm_model::{Connection, Port, Topology};
 use ncclwasm_policy::{PolicyCache, PolicyHost, Settings};
+use ncclwasm_testkit::median_per_call;
 
 fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -84,21 +85,6 @@ const HOOKS: [(&str, HookFn); 5] = [
         black_box(h.plan_connection(&i.conn).unwrap());
     }),
 ];
-
-/// Median time per call over `rounds` batches of `batch` calls.
-fn median_per_call(mut f: impl FnMut(), rounds: usize, batch: u32) -> Duration {
-    let mut times: Vec<Duration> = (0..rounds)
-        .map(|_| {
-            let start = Instant::now();
-            for _ in 0..batch {
-                f();
-            }
-            start.elapsed() / batch
-        })
-        .collect();
-    times.sort();
-    times[rounds / 2]
-}
 
 /// A copy of `bytes` with a custom section appended: same policy, new hash, so it misses the
 /// compiled-artifact cache.

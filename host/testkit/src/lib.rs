@@ -13,6 +13,8 @@
 //!   the workspace, built the way the tests' own build built it.
 //! - [`netns`]: network namespaces joined by veth pairs, as hosts of a multi-node test,
 //!   removed when the test ends.
+//! - [`median_per_call`]: the figures benches print beside criterion's, measured in the same
+//!   run.
 //! - [`scratch`]: throw-away directories with hostile files in them (FIFOs, sparse giants,
 //!   symlinks), and [`scratch::within`], which turns a hang into a failure.
 //!
@@ -26,10 +28,12 @@ mod guest;
 pub mod netns;
 pub mod scratch;
 mod skip;
+mod timing;
 mod wait;
 
 pub use built::cdylib;
 pub use corpus::{topologies, topology};
 pub use guest::guest;
 pub use skip::{SKIP_LOG_ENV, skip};
+pub use timing::median_per_call;
 pub use wait::wait_until;
