@@ -21,6 +21,8 @@
 //! Dev-only (`publish = false`) and free of workspace dependencies, so any crate's tests can use
 //! it.
 
+#![forbid(unsafe_code)]
+
 mod built;
 pub mod child;
 mod corpus;
