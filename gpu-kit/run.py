@@ -45,6 +45,8 @@ NRANKS = 2
 # NCCL's plugin tables the library must export (NCCL >= 2.30 takes v12, 2.28/2.29 take v11).
 PLUGIN_SYMBOLS = ["ncclNetPlugin_v%d" % v for v in range(8, 13)]
 MIN_NCCL = (2, 28, 0)
+# NCCL_MULTI_RANK_GPU_ENABLE (two ranks on one GPU) is NCCL 2.30's; before, one GPU per rank.
+SHARED_GPU_NCCL = (2, 30, 0)
 
 FULL_SIZES = [8 << i for i in range(26)]  # 8 B .. 256 MiB
 QUICK_SIZES = [8, 64 << 10, 1 << 20, 16 << 20]
@@ -302,7 +304,22 @@ def configs():
     ]
 
 
-def environment(config, rank, port, log_file, policy_file=None, base=None):
+def gpu_plan(nccl_version, gpus):
+    """(the GPU of each rank, why), or (None, why not): both ranks on GPU 0 where NCCL lets
+    them share it (2.30+), else one GPU each."""
+    if gpus < 1:
+        return None, "no GPU"
+    if nccl_version is None or tuple(nccl_version) >= SHARED_GPU_NCCL:
+        return [0] * NRANKS, "both ranks on GPU 0 (NCCL_MULTI_RANK_GPU_ENABLE=1)"
+    if gpus >= NRANKS:
+        return list(range(NRANKS)), "one GPU per rank (NCCL %s cannot share one)" % ".".join(map(str, nccl_version))
+    return None, "NCCL %s cannot put two ranks on one GPU (2.30 can) and only %d GPU is visible" % (
+        ".".join(map(str, nccl_version)),
+        gpus,
+    )
+
+
+def environment(config, rank, port, log_file, policy_file=None, base=None, gpu=0):
     """The environment of one worker: NCCL's variables for the run, torch.distributed's
     rendezvous on 127.0.0.1."""
     env = dict(os.environ if base is None else base)
@@ -312,11 +329,10 @@ def environment(config, rank, port, log_file, policy_file=None, base=None):
     env.update(
         {
             "RANK": str(rank),
-            "LOCAL_RANK": "0",  # both ranks on the same GPU
+            "LOCAL_RANK": str(gpu),  # the GPU it uses (gpu_plan)
             "WORLD_SIZE": str(NRANKS),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
-            "CUDA_VISIBLE_DEVICES": env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0],
             "NCCL_MULTI_RANK_GPU_ENABLE": "1",
             "NCCL_P2P_DISABLE": "1",
             "NCCL_SHM_DISABLE": "1",
@@ -422,14 +438,15 @@ def check_kit():
 
 
 def probe_torch():
-    """(nccl version or None, warnings, notes) from torch, without touching a GPU beyond asking
-    how many there are."""
+    """(nccl version or None, GPU count, warnings, notes) from torch, without touching a GPU
+    beyond asking how many there are and their names."""
     warns, notes = [], []
+    gpus = 0
     try:
         import torch  # noqa: F401
     except Exception as e:  # ImportError, or a broken install
         warns.append("torch does not import (%s): nothing can run here" % e)
-        return None, warns, notes
+        return None, gpus, warns, notes
     notes.append("torch %s" % getattr(torch, "__version__", "?"))
     version = None
     try:
@@ -437,14 +454,15 @@ def probe_torch():
         version = tuple(v) if isinstance(v, (tuple, list)) else (v // 10000, v // 100 % 100, v % 100)
         notes.append("NCCL %s (torch's; expect plugin table v%d)" % (".".join(map(str, version)), expected_table(version)))
         if version < MIN_NCCL:
-            warns.append("NCCL %s is older than 2.28 (no NCCL_MULTI_RANK_GPU_ENABLE)" % ".".join(map(str, version)))
+            warns.append("NCCL %s is older than 2.28, the oldest this kit runs" % ".".join(map(str, version)))
     except Exception as e:
         warns.append("torch has no NCCL (%s)" % e)
     try:
         if not torch.cuda.is_available():
             warns.append("torch sees no GPU")
         else:
-            notes.append("GPU 0: %s (%d visible)" % (torch.cuda.get_device_name(0), torch.cuda.device_count()))
+            gpus = torch.cuda.device_count()
+            notes.append("GPU 0: %s (%d visible)" % (torch.cuda.get_device_name(0), gpus))
     except Exception as e:
         warns.append("torch.cuda fails (%s)" % e)
     try:
@@ -454,12 +472,15 @@ def probe_torch():
             warns.append("torch.distributed has no nccl backend")
     except Exception as e:
         warns.append("torch.distributed does not import (%s)" % e)
-    return version, warns, notes
+    if gpus:
+        plan, why = gpu_plan(version, gpus)
+        (notes if plan else warns).append(why)
+    return version, gpus, warns, notes
 
 
 def shell_line(env, argv):
     """The command as one could paste it: the variables this kit sets, then the command."""
-    keys = sorted(k for k in env if k.startswith("NCCL_") or k in ("LD_LIBRARY_PATH", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES"))
+    keys = sorted(k for k in env if k.startswith("NCCL_") or k in ("LD_LIBRARY_PATH", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"))
     return " ".join("%s=%s" % (k, env[k]) for k in keys) + " " + " ".join(argv)
 
 
@@ -472,7 +493,8 @@ def dry_run(args):
         problems.append("python %d.%d is older than 3.8" % (py[0], py[1]))
     for n in notes:
         print("OK   " + n)
-    version, warns, tnotes = probe_torch()
+    version, gpus, warns, tnotes = probe_torch()
+    plan = gpu_plan(version, gpus)[0] or [0] * NRANKS
     for n in tnotes:
         print("OK   " + n)
     for w in warns:
@@ -490,7 +512,7 @@ def dry_run(args):
             policy = out / "hot-swap-policy.wasm"
         print("  %s: %s" % (c["name"], c["title"]))
         for rank in range(NRANKS):
-            env = environment(c, rank, "<port>", out / ("%s.rank%d.nccl.log" % (c["name"], rank)), policy)
+            env = environment(c, rank, "<port>", out / ("%s.rank%d.nccl.log" % (c["name"], rank)), policy, gpu=plan[rank])
             spec = out / ("%s.rank%d.spec.json" % (c["name"], rank))
             print("    " + shell_line(env, [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec)]))
         if c.get("swap_to"):
@@ -512,7 +534,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(config, args, out, nccl_version):
+def launch(config, args, out, nccl_version, plan):
     """Runs one configuration's two workers; returns (rows, problems)."""
     policy_file = None
     if config.get("policy"):
@@ -526,6 +548,7 @@ def launch(config, args, out, nccl_version):
         spec = {
             "config": config,
             "rank": rank,
+            "gpu": plan[rank],
             "sizes": args.size_list,
             "quick": args.quick,
             "log": str(out / ("%s.rank%d.nccl.log" % (config["name"], rank))),
@@ -535,7 +558,7 @@ def launch(config, args, out, nccl_version):
         }
         spec_file = out / ("%s.rank%d.spec.json" % (config["name"], rank))
         spec_file.write_text(json.dumps(spec))
-        env = environment(config, rank, port, spec["log"], policy_file)
+        env = environment(config, rank, port, spec["log"], policy_file, gpu=plan[rank])
         console = open(out / ("%s.rank%d.out" % (config["name"], rank)), "w")
         procs.append((subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_file)], env=env, stdout=console, stderr=subprocess.STDOUT, cwd=str(out)), console))
     problems = []
@@ -619,7 +642,7 @@ def proof_lines(info):
 
 
 def run(args):
-    version, warns, notes = probe_torch()
+    version, gpus, warns, notes = probe_torch()
     for w in warns:
         print("WARN " + w)
     if warns:
@@ -644,7 +667,7 @@ def run(args):
     summary = {}
     for c in args.config_list:
         started = time.time()
-        rows, problems, results = launch(c, args, out, version)
+        rows, problems, results = launch(c, args, out, version, gpu_plan(version, gpus)[0])
         tables[c["name"]] = rows
         say()
         say("== %s (%.0f s)" % (c["title"], time.time() - started))
@@ -697,8 +720,8 @@ def work(spec, rows, errors, notes):
     import torch.distributed as dist
 
     rank = spec["rank"]
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(spec["gpu"])
+    dev = torch.device("cuda", spec["gpu"])
     try:  # device_id (torch >= 2.3) makes the communicator now, not at the first collective
         dist.init_process_group("nccl", rank=rank, world_size=NRANKS, device_id=dev)
     except TypeError:

@@ -168,6 +168,21 @@ class Environment(unittest.TestCase):
                 self.assertIn(p, ("nccl-default", "rail-aligned"))
 
 
+class Gpus(unittest.TestCase):
+    def test_shared_from_2_30_else_one_each(self):
+        self.assertEqual(run.gpu_plan((2, 30, 3), 1)[0], [0, 0])
+        self.assertEqual(run.gpu_plan((2, 31, 0), 8)[0], [0, 0])
+        self.assertEqual(run.gpu_plan((2, 29, 7), 2)[0], [0, 1])
+        plan, why = run.gpu_plan((2, 28, 9), 1)
+        self.assertIsNone(plan)
+        self.assertIn("only 1 GPU", why)
+        self.assertEqual(run.gpu_plan((2, 30, 3), 0), (None, "no GPU"))
+
+    def test_the_gpu_is_the_local_rank(self):
+        env = run.environment(CONFIGS["wasm"], 1, 1, "/l", base={}, gpu=1)
+        self.assertEqual(env["LOCAL_RANK"], "1")
+
+
 class Arguments(unittest.TestCase):
     def test_defaults_and_quick(self):
         a = run.parse_args([])
