@@ -40,8 +40,17 @@ pub enum Profile {
 }
 
 impl Profile {
+    /// `--profile`'s value: `release`, or `debug` (cargo's `dev` too).
+    pub(crate) fn parse(value: Option<&str>) -> Result<Profile> {
+        match value {
+            Some("release") => Ok(Profile::Release),
+            Some("debug" | "dev") => Ok(Profile::Debug),
+            other => bail!("--profile: expected release or debug, got {other:?}"),
+        }
+    }
+
     /// cargo's directory of the profile under the target directory.
-    fn dir(self) -> &'static str {
+    pub(crate) fn dir(self) -> &'static str {
         match self {
             Profile::Release => "release",
             Profile::Debug => "debug",
@@ -95,13 +104,7 @@ impl Args {
         let mut args = args.iter();
         while let Some(arg) = args.next() {
             match arg.as_str() {
-                "--profile" => {
-                    out.profile = match args.next().map(String::as_str) {
-                        Some("release") => Profile::Release,
-                        Some("debug" | "dev") => Profile::Debug,
-                        other => bail!("--profile: expected release or debug, got {other:?}"),
-                    }
-                }
+                "--profile" => out.profile = Profile::parse(args.next().map(String::as_str))?,
                 "--check" => out.check = true,
                 other => bail!("dist: unknown argument {other:?}"),
             }
@@ -173,18 +176,7 @@ pub fn package(profile: Profile, built: &[guests::Component]) -> Result<PathBuf>
     copy(&from.join("ncclwasm"), &cli)?;
     objcopy(&["--strip-all"], &cli, None)?;
 
-    let shipped: Vec<&Path> = built
-        .iter()
-        .filter(|c| c.shipped)
-        .map(|c| c.path.as_path())
-        .collect();
-    ensure!(
-        shipped
-            .iter()
-            .any(|p| p.file_name().is_some_and(|n| n == "nccl-default.wasm")),
-        "the nccl-default policy was not built"
-    );
-    for policy in shipped {
+    for policy in shipped_policies(built, &["nccl-default"])? {
         copy(policy, &stage.join("policies").join(file_name(policy)?))?;
     }
     for entry in std::fs::read_dir("topologies").context("reading topologies/")? {
@@ -207,15 +199,6 @@ pub fn package(profile: Profile, built: &[guests::Component]) -> Result<PathBuf>
             .arg(&dist)
             .arg(&name),
     )?;
-    let size = |p: &Path| -> Result<String> {
-        let bytes = std::fs::metadata(p)
-            .with_context(|| format!("{}", p.display()))?
-            .len();
-        Ok(format!(
-            "{:.1} MiB ({bytes} bytes)",
-            bytes as f64 / 1048576.0
-        ))
-    };
     println!("dist: {}: {}", tarball.display(), size(&tarball)?);
     println!(
         "dist: lib/libnccl-net-wasm.so {} stripped (built: {}), lib/libnccl-net-wasm.so.debug {}, bin/ncclwasm {}",
@@ -230,13 +213,49 @@ pub fn package(profile: Profile, built: &[guests::Component]) -> Result<PathBuf>
     Ok(tarball)
 }
 
-fn file_name(path: &Path) -> Result<&std::ffi::OsStr> {
+/// A file's size as `dist` and `gpu-kit` print it.
+pub(crate) fn size(path: &Path) -> Result<String> {
+    let bytes = std::fs::metadata(path)
+        .with_context(|| format!("{}", path.display()))?
+        .len();
+    Ok(mib(bytes))
+}
+
+/// `12.3 MiB (12897484 bytes)`.
+pub(crate) fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB ({bytes} bytes)", bytes as f64 / 1048576.0)
+}
+
+/// The shipped policies among `built` (from [`guests::build`]); an error names any of `needed`
+/// (package names) that is not among them.
+pub(crate) fn shipped_policies<'a>(
+    built: &'a [guests::Component],
+    needed: &[&str],
+) -> Result<Vec<&'a Path>> {
+    let shipped: Vec<&Path> = built
+        .iter()
+        .filter(|c| c.shipped)
+        .map(|c| c.path.as_path())
+        .collect();
+    for name in needed {
+        let file = format!("{name}.wasm");
+        ensure!(
+            shipped
+                .iter()
+                .any(|p| p.file_name().is_some_and(|n| *n == *file)),
+            "the {name} policy was not built"
+        );
+    }
+    Ok(shipped)
+}
+
+pub(crate) fn file_name(path: &Path) -> Result<&std::ffi::OsStr> {
     path.file_name()
         .with_context(|| format!("{} has no file name", path.display()))
 }
 
 /// `objcopy FLAGS IN [OUT]`.
-fn objcopy(flags: &[&str], input: &Path, output: Option<&Path>) -> Result<()> {
+pub(crate) fn objcopy(flags: &[&str], input: &Path, output: Option<&Path>) -> Result<()> {
     let mut cmd = Command::new("objcopy");
     cmd.args(flags).arg(input);
     if let Some(out) = output {

@@ -6,6 +6,7 @@ use std::process::{Command, ExitCode};
 use anyhow::{Context, Result};
 
 mod dist;
+mod gpu_kit;
 mod guests;
 mod setup;
 
@@ -13,10 +14,14 @@ const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
   demo      the main job: `ncclwasm bench`, the plugin between two processes next to raw TCP
-  test      every test: guests first, then the whole workspace, the CI guards, the debug tarball
+  test      every test: guests first, then the whole workspace, the CI guards, the debug tarball,
+            the debug GPU kit
   guests    build every policy and guest example for wasm32-wasip2 into target/guests/
   dist      the release tarball in target/dist/ [--profile release|debug] [--check: unpack it
-            in an empty directory and run its bench]";
+            in an empty directory and run its bench]
+  gpu-kit   the folder (at most 64 MiB) that runs NCCL collectives through the plugin on a GPU
+            machine with PyTorch: target/gpu-kit/nccl-net-wasm-gpu-kit/ [--profile release|debug]
+            [--out DIR]; checked here with its unit tests and `run.py --dry-run`";
 
 fn main() -> ExitCode {
     // Paths below (topologies/, tests/guards/) are the workspace's, wherever cargo was run from.
@@ -30,6 +35,7 @@ fn main() -> ExitCode {
         Some("test") if args.len() == 1 => test(),
         Some("demo") if args.len() == 1 => demo(),
         Some("dist") => dist::Args::parse(&args[1..]).and_then(|a| dist::run(&a)),
+        Some("gpu-kit") => gpu_kit::Args::parse(&args[1..]).and_then(|a| gpu_kit::run(&a)),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             Ok(())
@@ -50,7 +56,8 @@ fn main() -> ExitCode {
 
 /// `cargo xtask test`: what README calls "the tests" and CI runs. After the workspace's tests
 /// and the guards, the debug build they made is packaged as `cargo xtask dist` packages a
-/// release and checked unpacked (seconds: nothing is rebuilt). Ends with the tests that skipped
+/// release and checked unpacked, then packed as the GPU kit and checked there with plain
+/// python3 (seconds: nothing is rebuilt). Ends with the tests that skipped
 /// their checks on this host, counted, so a skip never reads as a pass.
 fn test() -> Result<()> {
     setup::ensure_system_packages()?;
@@ -69,7 +76,9 @@ fn test() -> Result<()> {
             setup::run(Command::new("bash").arg(&guard))?;
         }
         println!("== dist --profile debug --check");
-        dist::check(&dist::package(dist::Profile::Debug, &built)?)
+        dist::check(&dist::package(dist::Profile::Debug, &built)?)?;
+        println!("== gpu-kit --profile debug");
+        gpu_kit::check(&gpu_kit::pack(dist::Profile::Debug, &built, None)?)
     });
     // Also after a failure: what did not run matters as much then.
     report_skips(&skips)?;

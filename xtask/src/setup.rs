@@ -3,7 +3,8 @@
 //! The `wasm32-wasip2` target is ensured by [`crate::guests`]. This module covers the Debian
 //! packages: `rdma-sys` runs bindgen against rdma-core's headers at build time, so building needs
 //! `libibverbs-dev` and `librdmacm-dev` (headers only — the plugin never links libibverbs, it opens
-//! it at run time) and libclang with its builtin headers. As root the packages are installed with
+//! it at run time) and libclang with its builtin headers; `cargo xtask test` runs the GPU kit's
+//! script with `python3`. As root the packages are installed with
 //! apt-get (that is what a fresh machine of this kind is); otherwise the exact command is printed
 //! and the task stops, rather than failing later inside a build script with a cryptic message.
 
@@ -12,7 +13,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail, ensure};
 
 /// The Debian packages the workspace needs to build, and why.
-const PACKAGES: [(&str, &str); 4] = [
+const PACKAGES: [(&str, &str); 5] = [
     ("libibverbs-dev", "rdma-core headers for rdma-sys"),
     ("librdmacm-dev", "rdma-sys's build script probes it"),
     ("libclang1-14", "bindgen inside rdma-sys"),
@@ -20,6 +21,7 @@ const PACKAGES: [(&str, &str); 4] = [
         "libclang-common-14-dev",
         "clang's builtin headers for bindgen",
     ),
+    ("python3", "the GPU kit's unit tests and dry run"),
 ];
 
 /// Installs whichever of [`PACKAGES`] is missing (as root), or explains how.
