@@ -10,20 +10,22 @@
 //! (`docs/architecture.md`, "The handshake" and "One message").
 //!
 //! * [`handle`]: the 128-byte listen handle.
-//! * [`admission`]: which unauthenticated connections a listener keeps, for how long, and the
-//!   rate limit of its WARNs about the ones it drops.
 //! * [`message`]: the handshake wire format (framing, messages, bounds).
-//! * [`handshake`]: the connect and accept state machines.
+//! * [`handshake`]: the connect and accept state machines — one file per side
+//!   (`connector.rs`, `acceptor.rs`) over what both share (the framed link, the checks, QP
+//!   routes and bring-up).
 //! * [`fifo`]: the clear-to-send FIFO entry and ring arithmetic, the sizes FIFO.
 //! * [`request`]: the request pool, `wr_id` encoding and completion accounting.
-//! * [`datapath`]: per-message decisions — matching sends to posted receives, the work requests
-//!   of one slot, receive and flush posting.
+//! * [`datapath`]: per-message decisions — the sender matching sends to posted receives, the
+//!   work requests of one slot, the receiver's receive and flush posting.
 //! * [`failover`]: rail failover on the data path — the design, tagged immediates, duplicate
 //!   slices, what to re-post where.
 //! * [`ProtoError`]: the one error type, each message saying what to do.
+//!
+//! Which unproven connections a listener keeps, and for how long, is not protocol: that is the
+//! `ncclwasm-admission` crate, which the transport's listener and the soft fabric use.
 #![forbid(unsafe_code)]
 
-pub mod admission;
 pub mod datapath;
 pub mod failover;
 pub mod fifo;

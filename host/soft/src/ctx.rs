@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ncclwasm_proto::admission::{MAX_PENDING, Throttle, WARN_INTERVAL};
+use ncclwasm_admission::{MAX_PENDING, Throttle, WARN_INTERVAL};
 
 use rdma_sys::ibv_event_type;
 

@@ -5,7 +5,7 @@
 //! comes only after the connection is up. Were hellos read one at a time, a hundred idle sockets
 //! (no secret needed to open one) would hold up a legitimate QP for a hundred hello timeouts and
 //! its retry budget would run out. So the listener keeps every caller that has not sent its
-//! hello in a bounded [`Pending`] set (the rules are `ncclwasm_proto::admission`'s: at most
+//! hello in a bounded [`Pending`] set (the rules are `ncclwasm_admission`'s: at most
 //! `MAX_PENDING`, the oldest evicted, each for at most [`HELLO_TIMEOUT`]) and reads whichever
 //! has bytes, without blocking.
 
@@ -14,7 +14,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
-pub(crate) use ncclwasm_proto::admission::Pending;
+pub(crate) use ncclwasm_admission::Pending;
 
 use super::wire::HELLO_LEN;
 

@@ -7,7 +7,7 @@
 //! would abort the communicator) or stall it: each call accepts what is waiting, advances every
 //! unproven connection without blocking (at most [`MAX_PENDING`], each for at most
 //! [`HELLO_DEADLINE`], the oldest evicted when full — rules in
-//! [`ncclwasm_proto::admission`]), and drops the ones that fail with a rate-limited WARN. A
+//! [`ncclwasm_admission`]), and drops the ones that fail with a rate-limited WARN. A
 //! connection that presented the nonce is the real peer: its handshake runs to the end, and its
 //! failure is `accept`'s.
 
@@ -18,7 +18,7 @@ use crate::device::PortCtx;
 use crate::net_error::NetError;
 use crate::recv::{Accepting, RecvComm};
 use crate::socket::Stream;
-use ncclwasm_proto::admission::{HELLO_DEADLINE, MAX_PENDING, Pending, Throttle, WARN_INTERVAL};
+use ncclwasm_admission::{HELLO_DEADLINE, MAX_PENDING, Pending, Throttle, WARN_INTERVAL};
 use ncclwasm_proto::handshake::{Acceptor, AcceptorConfig};
 
 /// Connections taken from the kernel's queue per `accept` call, so a flood cannot keep one call

@@ -23,7 +23,8 @@ use socket2::SockRef;
 const STRAYS: usize = 30_000;
 /// Half-open strays that stay connected until the real peer is in.
 const KEPT_OPEN: usize = 50;
-/// What the listener may still hold when the real peer is accepted (`admission::MAX_PENDING`).
+/// What the listener may still hold when the real peer is accepted
+/// (`ncclwasm_admission::MAX_PENDING`).
 const MAX_PENDING: u64 = 64;
 
 /// One test at a time: each measures how fast a real peer gets in, on a small machine.

@@ -8,6 +8,11 @@
 //! proved itself in a [`Pending`] set and count the ones they drop through a [`Throttle`].
 //!
 //! Time is an input: every call takes `now`, so the rules are tested with an explicit clock.
+//!
+//! This is listener policy, not protocol: it decides nothing that goes on the wire, so it lives
+//! beside the protocol crate (`ncclwasm-proto`) rather than in it, and depends on nothing of
+//! ours.
+#![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

@@ -1,0 +1,279 @@
+//! The send side of a connection: `isend` matched against the CTS FIFO the receiver writes,
+//! and on a connection prepared for failover, acknowledgements, probes and replays.
+
+use super::slot::{Matched, QpPost, SlotWork};
+use super::{Rotation, unprepared};
+use crate::error::ProtoError;
+use crate::failover::{InFlight, MAX_FAILOVER_SLICES, Repost, SendFailover};
+use crate::fifo::{CtsEntry, FifoCursor};
+use crate::handshake::{QpRoute, SendSetup};
+use crate::message::RemoteWindow;
+use crate::request::{ReqId, RequestKind, RequestPool};
+use crate::{MAX_MESSAGE_BYTES, MAX_RECVS, MAX_REQUESTS};
+
+/// Outcome of [`Sender::isend`] when the receiver has posted.
+#[derive(Debug)]
+pub struct SendMatch<'a> {
+    /// The request NCCL gets for this send.
+    pub req: ReqId,
+    /// When this send completed its slot: the work to post now.
+    pub work: Option<SlotWork<'a>>,
+}
+
+/// The send side of a connection (`ncclIbSendComm`): reads the CTS FIFO the receiver writes,
+/// matches sends to posted receives and lays out the writes.
+#[derive(Debug)]
+pub struct Sender {
+    rotation: Rotation,
+    sizes_fifo: RemoteWindow,
+    head: FifoCursor,
+    /// Sends matched so far for the head slot.
+    sends: [Matched; MAX_RECVS],
+    /// The stripe start reserved for the head slot (taken when the slot's first send matches).
+    start: Option<u32>,
+    pool: RequestPool,
+    /// A connection prepared for failover keeps its in-flight messages here.
+    failover: Option<Box<SendFailover>>,
+}
+
+impl Sender {
+    /// The send side of an established connection, with every request free.
+    pub fn new(setup: &SendSetup) -> Self {
+        Sender {
+            rotation: Rotation::new(&setup.plan, &setup.routes),
+            sizes_fifo: setup.sizes_fifo.clone(),
+            head: FifoCursor::default(),
+            sends: [Matched::default(); MAX_RECVS],
+            start: None,
+            pool: RequestPool::new(),
+            failover: setup
+                .failover
+                .then(|| Box::new(SendFailover::new(&setup.plan))),
+        }
+    }
+
+    /// The FIFO position whose slot the shell must read for the next `isend`.
+    pub fn head(&self) -> FifoCursor {
+        self.head
+    }
+
+    /// The requests, for completions and `test`.
+    pub fn requests(&mut self) -> &mut RequestPool {
+        &mut self.pool
+    }
+
+    /// `isend(tag, size)` against a snapshot of the head slot (`entries`, read marker first).
+    ///
+    /// Mirrors `ncclIbIsend`: `Ok(None)` — "not yet", NCCL gets a NULL request and retries — when
+    /// the receiver has not posted this slot (entry 0's marker is not the head's), when some
+    /// entries of a multi-receive have not landed yet (where net_ib spins, we return), or when no
+    /// unmatched receive of the slot carries `tag`. Otherwise the send is matched to the first
+    /// unmatched receive with its tag, truncated to the posted size, and gets a request; when
+    /// every receive of the slot is matched, [`SendMatch::work`] lays out the writes and the head
+    /// moves to the next slot.
+    pub fn isend(
+        &mut self,
+        entries: &[CtsEntry; MAX_RECVS],
+        tag: u32,
+        size: u64,
+    ) -> Result<Option<SendMatch<'_>>, ProtoError> {
+        let marker = self.head.marker();
+        if entries[0].idx != marker || self.failover.as_ref().is_some_and(|f| f.blocked()) {
+            return Ok(None);
+        }
+        let slot = self.head.slot();
+        let bad = |detail: String| Err(ProtoError::BadCts { slot, detail });
+        let nreqs = entries[0].nreqs as usize;
+        if !(1..=MAX_RECVS).contains(&nreqs) {
+            return bad(format!("nreqs is {nreqs}, not 1..={MAX_RECVS}"));
+        }
+        if entries[1..nreqs].iter().any(|e| e.idx != marker) {
+            return Ok(None);
+        }
+        if let Some(r) = entries[..nreqs]
+            .iter()
+            .position(|e| e.nreqs as usize != nreqs)
+        {
+            return bad(format!(
+                "entry {r} says nreqs {}, entry 0 says {nreqs}",
+                entries[r].nreqs
+            ));
+        }
+        if let Some(r) = entries[..nreqs].iter().position(|e| {
+            e.addr == 0 || e.size > MAX_MESSAGE_BYTES || e.addr.checked_add(e.size).is_none()
+        }) {
+            return bad(format!(
+                "entry {r} has address {:#x}, size {}",
+                entries[r].addr, entries[r].size
+            ));
+        }
+        let Some(r) = (0..nreqs).find(|&r| self.sends[r].req.is_none() && entries[r].tag == tag)
+        else {
+            return Ok(None);
+        };
+        let req = self.pool.alloc(RequestKind::Send, nreqs)?;
+        let start = match self.start {
+            Some(s) => s,
+            None => *self.start.insert(self.rotation.take()),
+        };
+        let size = size.min(entries[r].size);
+        self.pool.set_size(req, size);
+        if self.failover.is_some() {
+            // Settled by the failover record once every slice landed, on whichever QPs.
+            self.pool.expect(req, 0);
+        } else {
+            for (_, route) in self.rotation.qps(start) {
+                self.pool.expect(req, route.local);
+            }
+        }
+        self.sends[r] = Matched {
+            req: Some(req),
+            size,
+        };
+        if self.sends[..nreqs].iter().any(|m| m.req.is_none()) {
+            return Ok(Some(SendMatch { req, work: None }));
+        }
+        if let Some(f) = &mut self.failover {
+            let mut slice_qp = [0u8; MAX_FAILOVER_SLICES];
+            for (q, (qp, _)) in slice_qp.iter_mut().zip(self.rotation.qps(start)) {
+                *q = qp as u8;
+            }
+            f.posted(InFlight {
+                live: true,
+                cursor: self.head,
+                entries: *entries,
+                sends: self.sends.map(|m| (m.req, m.size)),
+                nreqs,
+                start,
+                generation: f.current().0,
+                slices: self.rotation.plan.stripe_count(),
+                slice_qp,
+                acked: 0,
+                replayed: 0,
+            });
+        }
+        let work = SlotWork {
+            plan: &self.rotation.plan,
+            map: &self.rotation.map,
+            routes: &self.rotation.routes,
+            sizes_fifo: &self.sizes_fifo,
+            entries: *entries,
+            sends: self.sends,
+            nreqs,
+            slot: self.head,
+            start,
+            tagged: self.failover.is_some(),
+        };
+        self.sends = [Matched::default(); MAX_RECVS];
+        self.start = None;
+        self.head.advance();
+        Ok(Some(SendMatch {
+            req,
+            work: Some(work),
+        }))
+    }
+}
+
+impl Sender {
+    /// The failover state, on a connection prepared for failover.
+    pub fn failover(&self) -> Option<&SendFailover> {
+        self.failover.as_deref()
+    }
+
+    fn failover_mut(&mut self) -> Result<&mut SendFailover, ProtoError> {
+        self.failover
+            .as_deref_mut()
+            .ok_or_else(|| unprepared("a failover step"))
+    }
+
+    /// A tagged slice's success completion, from a QP that has not failed.
+    pub fn slice_acked(&mut self, wr_id: u64) -> Result<(), ProtoError> {
+        let f = self
+            .failover
+            .as_deref_mut()
+            .ok_or_else(|| unprepared("a tagged completion"))?;
+        f.acked(wr_id, &mut self.pool)
+    }
+
+    /// Carries out `move-to to` after local port `port` failed: new messages are striped over
+    /// the QPs of `to` that still work; a probe is due when slices are unaccounted for.
+    pub fn fail_over(&mut self, port: u32, to: &[u32]) -> Result<(), ProtoError> {
+        let f = self.failover_mut()?;
+        let full = f.plan(0).clone();
+        f.fail_over(&full, port, to)?;
+        let (_, plan, map) = f.current();
+        let (plan, map) = (plan.clone(), map.to_vec());
+        self.rotation.switch(&plan, &map);
+        Ok(())
+    }
+
+    /// Local port `port`'s QPs were re-created and connected: stripe over them again.
+    pub fn fail_back(&mut self, port: u32) -> Result<(), ProtoError> {
+        let f = self.failover_mut()?;
+        let full = f.plan(0).clone();
+        f.fail_back(&full, port)?;
+        let (_, plan, map) = f.current();
+        let (plan, map) = (plan.clone(), map.to_vec());
+        self.rotation.switch(&plan, &map);
+        Ok(())
+    }
+
+    /// The QP (index and route) to post the due probe READ on, if one is due.
+    pub fn take_probe(&mut self) -> Option<(usize, QpRoute)> {
+        let q = self.failover.as_deref_mut()?.take_probe()?;
+        Some((q, self.rotation.routes[q]))
+    }
+
+    /// The probe READ failed with its QP: probe again.
+    pub fn probe_lost(&mut self) {
+        if let Some(f) = self.failover.as_deref_mut() {
+            f.probe_lost();
+        }
+    }
+
+    /// The probe returned the receiver's records: the slices to write again.
+    pub fn probed(&mut self, words: &[u64; MAX_REQUESTS]) -> Result<Vec<Repost>, ProtoError> {
+        let f = self
+            .failover
+            .as_deref_mut()
+            .ok_or_else(|| unprepared("a probe"))?;
+        f.probed(words, &mut self.pool)
+    }
+
+    /// The chain that writes `r`'s slice again, and the requests of its slot (in receive order,
+    /// for [`LocalData::Send`]).
+    pub fn replay(&mut self, r: &Repost) -> Result<(QpPost, Vec<ReqId>), ProtoError> {
+        let f = self
+            .failover
+            .as_deref_mut()
+            .ok_or_else(|| unprepared("a replay"))?;
+        let rec = *f.slot(r.slot);
+        let plan = f.plan(rec.generation);
+        let mut parts = [(0, 0); MAX_RECVS];
+        for (part, &(_, size)) in parts.iter_mut().zip(&rec.sends[..rec.nreqs]) {
+            let s = plan.stripes(size, rec.start).nth(r.slice).ok_or_else(|| {
+                ProtoError::Bookkeeping {
+                    detail: format!("slot {} has no slice {}", r.slot, r.slice),
+                }
+            })?;
+            *part = (s.offset, s.len);
+        }
+        let bytes = parts.iter().map(|p| p.1).sum();
+        let work = SlotWork {
+            plan,
+            map: &[],
+            routes: &self.rotation.routes,
+            sizes_fifo: &self.sizes_fifo,
+            entries: rec.entries,
+            sends: rec.sends.map(|(req, size)| Matched { req, size }),
+            nreqs: rec.nreqs,
+            slot: rec.cursor,
+            start: rec.start,
+            tagged: true,
+        };
+        let post = work.chain(r.qp, r.slice, &parts, 0);
+        let reqs = work.requests().collect();
+        f.count_replayed_bytes(bytes);
+        Ok((post, reqs))
+    }
+}
