@@ -14,7 +14,8 @@ use ncclwasm_model::PortState;
 use ncclwasm_verbs::FaultTable;
 use rdma_sys::{ibv_context, ibv_event_type, ibv_qp};
 
-use super::abi::{ctx_of, qp_of};
+use super::abi::device::ctx_of;
+use super::abi::qp::qp_of;
 use super::ctx::Ctx;
 use super::event::Element;
 use super::fabric::SoftDevice;

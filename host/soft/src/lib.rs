@@ -87,7 +87,7 @@
 //!
 //! # Data path and performance
 //! One TCP connection per QP direction, served by dedicated threads (sender, ack reader,
-//! responder; see the `qp` module). Zero copy: the requester sends header + payload in one
+//! responder; see the `qp` module, one file per role). Zero copy: the requester sends header + payload in one
 //! `sendmsg` straight from the source buffers (a small WR posted to an idle queue is sent by
 //! the posting thread itself, without blocking: one thread hand-off less), the responder
 //! `read`s the payload straight into the registered memory once the checks passed, READ
@@ -134,6 +134,21 @@
 //! responder per admitted connection, all joined by `destroy_qp`. Per context: one accept thread per bind
 //! address and 256 QPs, joined by `close_device` (which also destroys QPs left behind). Nothing
 //! runs once the last context is closed.
+//!
+//! # Where things live
+//! - `abi/`: the C entry points of the table, one file per verb family (`device`, `mr` for PDs
+//!   and MRs, `cq`, `qp` with ECE, `post`, `event` for async events), each with the `#[repr(C)]`
+//!   struct behind its objects; `mod.rs` has the errno conventions and the panic shield.
+//! - `qp/`: the RC engine of one QP, one file per role over its shared state: `state` (the
+//!   state machine), `wqe`, `requester` (posting, the sender thread), `admission` (the hello
+//!   that decides who may connect, both ends), `conn`, `ack_reader`, `responder` (checks and
+//!   placement), `in_process` ([`Delivery::InProcess`]) and `fault`.
+//! - `ctx` (a context: its QP ports and their accept threads), `hello` (callers that have not
+//!   said who they are yet), `mr` (the key table every access is checked against), `event`
+//!   (CQs and async events), `wire` (frames and zero-copy socket I/O).
+//! - `fabric` (devices and address resolution from the topology), `sysfs`, `traffic` (port
+//!   counters), `activity` (the futex an idle poller sleeps on), `choice`
+//!   (`NCCL_WASM_FABRIC`), `fault` and `alloc_count` (test features).
 
 mod abi;
 mod activity;

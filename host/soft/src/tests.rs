@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use rdma_sys::*;
 
-use super::abi::{self, ctx_of, new_context};
+use super::abi::device::{ctx_of, new_context};
+use super::abi::{self, cq::poll_cq};
 use super::ctx::Ctx;
 use super::fabric::Fabric;
 use super::fault;
@@ -1113,7 +1114,7 @@ fn cq_overrun_raises_cq_err() {
     // SAFETY: live CQ, wc on the stack.
     let rc = unsafe {
         let mut wc: [ibv_wc; 4] = std::mem::zeroed();
-        abi::poll_cq(a.cq, 4, wc.as_mut_ptr())
+        poll_cq(a.cq, 4, wc.as_mut_ptr())
     };
     assert_eq!(rc, -1, "an overrun CQ reports an error");
 }

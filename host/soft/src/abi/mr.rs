@@ -1,0 +1,227 @@
+//! Protection domains and memory regions: `alloc_pd` / `dealloc_pd`, `reg_mr` (and its iova
+//! and dma-buf forms) and `dereg_mr`. The keys and the checks behind them are the `mr` module's.
+
+use std::os::raw::{c_int, c_uint, c_void};
+use std::sync::Arc;
+
+use rdma_sys::{ibv_context, ibv_mr, ibv_pd};
+
+use super::device::ctx_of;
+use super::{fail, null, shield};
+use crate::ctx::Ctx;
+use crate::fabric;
+use crate::mr::{FdMapping, MapError};
+
+#[repr(C)]
+pub(super) struct SoftPd {
+    pub(super) ibv: ibv_pd,
+    pub(super) ctx: Arc<Ctx>,
+}
+
+#[repr(C)]
+struct SoftMr {
+    ibv: ibv_mr,
+    ctx: Arc<Ctx>,
+    /// The soft NIC's own mapping of a dma-buf registration; unmapped after the key is gone.
+    dmabuf: Option<FdMapping>,
+}
+
+/// `ibv_alloc_pd`.
+pub unsafe extern "C" fn alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
+    shield(
+        "alloc_pd",
+        || null(libc::EIO),
+        || {
+            if context.is_null() {
+                return null(libc::EINVAL);
+            }
+            // SAFETY: a live soft context.
+            let ctx = unsafe { ctx_of(context) };
+            if !fabric::alive(ctx.dev) {
+                return null(libc::EIO);
+            }
+            let ibv = ibv_pd {
+                context,
+                handle: ctx.alloc_pd_id(),
+            };
+            Box::into_raw(Box::new(SoftPd {
+                ibv,
+                ctx: Arc::clone(ctx),
+            }))
+            .cast()
+        },
+    )
+}
+
+/// `ibv_dealloc_pd`: EBUSY while MRs still use it.
+pub unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    shield(
+        "dealloc_pd",
+        || fail(libc::EIO),
+        || {
+            if pd.is_null() {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: a live soft PD (first field of a boxed SoftPd).
+            let sp = unsafe { &*pd.cast::<SoftPd>() };
+            if sp.ctx.mrs.count_for_pd(sp.ibv.handle) > 0 {
+                return fail(libc::EBUSY);
+            }
+            // SAFETY: allocated by alloc_pd, freed once.
+            drop(unsafe { Box::from_raw(pd.cast::<SoftPd>()) });
+            0
+        },
+    )
+}
+
+/// `ibv_reg_mr`.
+pub unsafe extern "C" fn reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> *mut ibv_mr {
+    shield(
+        "reg_mr",
+        || null(libc::EIO),
+        || {
+            // SAFETY: same contract as reg_mr_iova2 with iova = addr.
+            unsafe { reg_mr_iova2(pd, addr, length, addr as u64, access as c_uint) }
+        },
+    )
+}
+
+/// `ibv_reg_mr_iova2`: remote peers address the region by `iova`.
+pub unsafe extern "C" fn reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_uint,
+) -> *mut ibv_mr {
+    shield(
+        "reg_mr_iova2",
+        || null(libc::EIO),
+        || {
+            if pd.is_null() || (addr.is_null() && length > 0) {
+                return null(libc::EINVAL);
+            }
+            // SAFETY: a live soft PD.
+            let sp = unsafe { &*pd.cast::<SoftPd>() };
+            register(sp, pd, addr as usize, addr, length, iova, access, None)
+        },
+    )
+}
+
+/// Registers `[host, host + length)` of this process under a fresh key, addressed by `iova`;
+/// `ibv_addr` is what `ibv_mr.addr` reports (the caller's address, or the dma-buf offset).
+#[allow(clippy::too_many_arguments)]
+fn register(
+    sp: &SoftPd,
+    pd: *mut ibv_pd,
+    host: usize,
+    ibv_addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_uint,
+    dmabuf: Option<FdMapping>,
+) -> *mut ibv_mr {
+    if !fabric::alive(sp.ctx.dev) {
+        return null(libc::EIO);
+    }
+    // Remote write/atomic without local write is invalid, as in libibverbs.
+    let remote_write = crate::mr::REMOTE_WRITE;
+    if access & remote_write != 0 && access & crate::mr::LOCAL_WRITE == 0 {
+        return null(libc::EINVAL);
+    }
+    let key = sp
+        .ctx
+        .mrs
+        .register(sp.ibv.handle, host, length, iova, access);
+    let ibv = ibv_mr {
+        context: sp.ibv.context,
+        pd,
+        addr: ibv_addr,
+        length,
+        handle: key,
+        lkey: key,
+        rkey: key,
+    };
+    Box::into_raw(Box::new(SoftMr {
+        ibv,
+        ctx: Arc::clone(&sp.ctx),
+        dmabuf,
+    }))
+    .cast()
+}
+
+/// `ibv_reg_dmabuf_mr`: any fd the soft NIC can map stands for a dma-buf (a `memfd` for a GPU
+/// buffer). The region is the fd's pages from `offset`, mapped by the provider itself and
+/// addressed by `iova`, so bytes moved through it appear in every mapping of the fd. fd -1 is
+/// `EBADF`, which is how NCCL's probe (`ncclIbDmaBufSupport`) learns the verb is supported; an
+/// fd that cannot be mapped is `EOPNOTSUPP`, as a kernel without dma-buf support answers; a
+/// range past the end of the fd is `EINVAL`.
+pub unsafe extern "C" fn reg_dmabuf_mr(
+    pd: *mut ibv_pd,
+    offset: u64,
+    length: usize,
+    iova: u64,
+    fd: c_int,
+    access: c_int,
+) -> *mut ibv_mr {
+    shield(
+        "reg_dmabuf_mr",
+        || null(libc::EIO),
+        || {
+            if pd.is_null() {
+                return null(libc::EINVAL);
+            }
+            if fd < 0 {
+                return null(libc::EBADF);
+            }
+            if length == 0 {
+                return null(libc::EINVAL);
+            }
+            // SAFETY: a live soft PD.
+            let sp = unsafe { &*pd.cast::<SoftPd>() };
+            let mapping = match FdMapping::map(fd, offset, length) {
+                Ok(m) => m,
+                Err(MapError::Range) => return null(libc::EINVAL),
+                Err(MapError::Unmappable(e)) => {
+                    tracing::debug!("soft: reg_dmabuf_mr of fd {fd}: mmap errno {e}");
+                    return null(libc::EOPNOTSUPP);
+                }
+            };
+            let host = mapping.addr();
+            register(
+                sp,
+                pd,
+                host,
+                offset as usize as *mut c_void,
+                length,
+                iova,
+                access as c_uint,
+                Some(mapping),
+            )
+        },
+    )
+}
+
+/// `ibv_dereg_mr`: the key stops working at once; returns when no access uses it any more.
+pub unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
+    shield(
+        "dereg_mr",
+        || fail(libc::EIO),
+        || {
+            if mr.is_null() {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: allocated by reg_mr_iova2, deregistered once.
+            let sm = unsafe { Box::from_raw(mr.cast::<SoftMr>()) };
+            sm.ctx.mrs.deregister(sm.ibv.lkey);
+            // The key is gone and no access holds it: now the dma-buf mapping (if any) may go.
+            drop(sm);
+            0
+        },
+    )
+}

@@ -1,0 +1,244 @@
+//! Delivery to a peer QP in this process ([`crate::Delivery::InProcess`], chosen only
+//! explicitly, for benches): the posting thread carries each WR out itself, running the
+//! requester's local checks, then the peer responder's checks and placement over memory
+//! instead of a socket, and both completions, before `post_send` returns.
+//!
+//! Separate because it bypasses the threads and the connection: it is the one path where a
+//! requester calls into another QP's responder directly.
+
+use std::cell::Cell;
+use std::sync::{Arc, Weak};
+
+use rdma_sys::{ibv_qp_state, ibv_wc_status};
+use smallvec::SmallVec;
+
+use super::ack_reader::nak_status;
+use super::responder::Link;
+use super::{MAX_INLINE, Qp};
+use crate::wire::{Nak, ReqOp, Request};
+
+/// Where a QP's requests go, decided at its first post after RTS.
+#[derive(Debug, Default)]
+pub(super) enum PeerPath {
+    #[default]
+    Unresolved,
+    /// Over TCP (the default, and a peer outside this process).
+    Tcp,
+    /// Delivered in process to this QP.
+    Local(Weak<Qp>),
+}
+
+/// The requester's side of an in-process delivery: its pinned payload (or READ destination)
+/// segments, consumed in order, and the NAK a refusal answers.
+pub(super) struct MemLink<'a> {
+    pub(super) epoch: u64,
+    segs: &'a [(*mut u8, usize)],
+    /// Segment and offset in it where the next byte comes from or goes to.
+    at: Cell<(usize, usize)>,
+    pub(super) refused: Cell<Option<Nak>>,
+}
+
+impl MemLink<'_> {
+    /// Copies `len` bytes between the segments (in order, from the cursor) and `ptr`:
+    /// `into == true` copies from the segments to `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for `len` bytes in the direction of the copy, and the segments for
+    /// the other direction, without overlap.
+    pub(super) unsafe fn copy(&self, ptr: *mut u8, len: usize, into: bool) -> usize {
+        let (mut seg, mut off) = self.at.get();
+        let mut done = 0;
+        while done < len && seg < self.segs.len() {
+            let (base, seg_len) = self.segs[seg];
+            let n = (seg_len - off).min(len - done);
+            // SAFETY: both ranges are in bounds (the caller's contract and the segment's length).
+            unsafe {
+                let (here, there) = (base.add(off), ptr.add(done));
+                if into {
+                    std::ptr::copy_nonoverlapping(here, there, n);
+                } else {
+                    std::ptr::copy_nonoverlapping(there, here, n);
+                }
+            }
+            done += n;
+            off += n;
+            if off == seg_len {
+                seg += 1;
+                off = 0;
+            }
+        }
+        self.at.set((seg, off));
+        done
+    }
+
+    /// A READ's data from the responder's memory into the requester's segments.
+    ///
+    /// # Safety
+    /// `src` must be readable for `len` bytes.
+    pub(super) unsafe fn write_from(&self, src: *const u8, len: usize) {
+        // SAFETY: per the caller's contract; the segments are pinned and locally writable.
+        unsafe { self.copy(src.cast_mut(), len, false) };
+    }
+}
+
+impl Qp {
+    /// With [`crate::Delivery::InProcess`], decides once (at the first post after RTS) whether
+    /// the peer QP lives in this process: a QP of this copy of the provider whose number and
+    /// address are the ones RTR named, that expects us (RTR/RTS, our number, our port's
+    /// address — what `admit` checks of a TCP caller) and whose secret we were given.
+    /// Resolved without holding our own lock, so two QPs resolving each other (or a loopback
+    /// QP itself) never deadlock.
+    pub(super) fn resolve_peer(&self) {
+        let (remote, dest, secret, port) = {
+            let st = self.lock();
+            if !matches!(st.peer, PeerPath::Unresolved) || st.state != ibv_qp_state::IBV_QPS_RTS {
+                return;
+            }
+            (st.remote, st.attrs.dest_qpn, st.peer_secret, st.attrs.port)
+        };
+        let mine = self.ctx.dev.port(port).map(|p| p.address);
+        let found = remote.and_then(|r| crate::ctx::local_qp(self.ctx.fabric, r, dest));
+        let path = match found {
+            Some(peer) if Some(peer.secret) == secret => {
+                let pst = peer.lock();
+                let expects_us = matches!(
+                    pst.state,
+                    ibv_qp_state::IBV_QPS_RTR | ibv_qp_state::IBV_QPS_RTS
+                ) && pst.attrs.dest_qpn == self.qpn
+                    && pst.remote.map(|r| r.to_canonical()) == mine.map(|m| m.to_canonical());
+                drop(pst);
+                if expects_us {
+                    PeerPath::Local(Arc::downgrade(&peer))
+                } else {
+                    PeerPath::Tcp
+                }
+            }
+            _ => PeerPath::Tcp,
+        };
+        let mut st = self.lock();
+        if matches!(st.peer, PeerPath::Unresolved) {
+            st.peer = path;
+        }
+    }
+
+    /// Carries out every WR posted and not yet started, on this thread, against the peer QP
+    /// in this process. Whoever holds `tx_busy` delivers, so concurrent posters keep the
+    /// queue's order: the holder looks again after each WR.
+    pub(super) fn deliver_pending(&self, peer: &Weak<Qp>) {
+        loop {
+            let epoch = {
+                let mut st = self.lock();
+                if st.tx_busy
+                    || st.send_cursor >= st.next_seq
+                    || st.state != ibv_qp_state::IBV_QPS_RTS
+                {
+                    return;
+                }
+                st.tx_busy = true;
+                st.epoch
+            };
+            match peer.upgrade() {
+                Some(p) => self.deliver(epoch, &p),
+                None => {
+                    // The peer QP is gone: as a peer that never answers.
+                    let mut st = self.lock();
+                    let first = st.sq.iter().find(|w| !w.acked).map(|w| w.seq);
+                    self.fail(
+                        &mut st,
+                        first.map(|s| (s, ibv_wc_status::IBV_WC_RETRY_EXC_ERR)),
+                        None,
+                    );
+                }
+            }
+            self.lock().tx_busy = false;
+        }
+    }
+
+    /// One WR delivered in process: the same local checks as [`transmit`](Self::transmit),
+    /// then the peer's responder checks and places it straight from (or, for a READ, into)
+    /// our pinned memory, and the WR completes as if acknowledged.
+    fn deliver(&self, epoch: u64, peer: &Qp) {
+        let mut inline_copy = [0u8; MAX_INLINE as usize];
+        let Some((req, sges, inline)) = self.claim(epoch, &mut inline_copy) else {
+            return;
+        };
+        let Some(guards) = self.pin_local(epoch, &req, &sges, inline.is_some()) else {
+            return;
+        };
+        let mut segs: SmallVec<[(*mut u8, usize); 1]> = SmallVec::new();
+        match inline {
+            Some(data) => segs.push((data.as_ptr().cast_mut(), data.len())),
+            None => {
+                let nonempty = sges.iter().filter(|s| s.len > 0);
+                segs.extend(
+                    guards
+                        .iter()
+                        .zip(nonempty)
+                        .map(|(g, s)| (g.ptr, s.len as usize)),
+                );
+            }
+        }
+        let result = peer.accept_local(self.qpn, &req, &segs);
+        drop(guards);
+        let mut st = self.lock();
+        if st.epoch != epoch {
+            return;
+        }
+        match result {
+            Ok(()) => self.ack_upto(&mut st, req.seq),
+            Err(status) => self.fail(&mut st, Some((req.seq, status)), None),
+        }
+    }
+
+    /// The responder's side of an in-process delivery from QP `src_qpn`: the checks and the
+    /// placement of the TCP responder ([`place`](Self::place)), the payload read from `segs`.
+    /// `Err` is the requester's completion status. Unlike over TCP, a missing receive is not
+    /// retried: it fails the WR with `IBV_WC_RNR_RETRY_EXC_ERR` at once.
+    fn accept_local(
+        &self,
+        src_qpn: u32,
+        req: &Request,
+        segs: &[(*mut u8, usize)],
+    ) -> Result<(), ibv_wc_status::Type> {
+        let (access, recv, epoch) = {
+            let mut st = self.lock();
+            let ready = matches!(
+                st.state,
+                ibv_qp_state::IBV_QPS_RTR | ibv_qp_state::IBV_QPS_RTS
+            ) && st.destroying.is_none()
+                && st.attrs.dest_qpn == src_qpn;
+            if !ready {
+                return Err(ibv_wc_status::IBV_WC_RETRY_EXC_ERR);
+            }
+            if req.seq != st.expected_seq {
+                return Err(ibv_wc_status::IBV_WC_REM_INV_REQ_ERR);
+            }
+            let consumes = matches!(req.op, ReqOp::WriteImm | ReqOp::Send | ReqOp::SendImm);
+            let recv = match consumes {
+                true => match st.rq.pop_front() {
+                    Some(r) => Some(r),
+                    None => return Err(ibv_wc_status::IBV_WC_RNR_RETRY_EXC_ERR),
+                },
+                false => None,
+            };
+            (st.attrs.access, recv, st.epoch)
+        };
+        let mem = MemLink {
+            epoch,
+            segs,
+            at: Cell::new((0, 0)),
+            refused: Cell::new(None),
+        };
+        if !self.place(&Link::Memory(&mem), req, access, recv) {
+            return Err(mem
+                .refused
+                .get()
+                .map_or(ibv_wc_status::IBV_WC_REM_OP_ERR, |n| nak_status(n as u8)));
+        }
+        let mut st = self.lock();
+        if st.epoch == epoch {
+            st.expected_seq += 1;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,452 @@
+//! The requester: `post_send` and `post_recv`, and the sender thread that takes WRs in order,
+//! checks their local keys and sends header + payload in one `sendmsg` straight from the source
+//! buffers (a small WR posted to an idle queue is sent the same way by the posting thread
+//! itself), and says BYE when the QP is destroyed.
+//!
+//! Separate from the ack reader, which retires what this sends, and from the responder, which
+//! serves the other direction: each is its own thread with its own connection.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use rdma_sys::{ibv_qp_state, ibv_wc_opcode, ibv_wc_status};
+use smallvec::SmallVec;
+
+use super::admission::ConnectFail;
+use super::in_process::PeerPath;
+use super::{Attrs, Conn, DRAIN_ACKS, MAX_INLINE, MAX_MSG, Qp, RecvWqe, SendWqe, Sge, Sges, St};
+use crate::event::Wc;
+use crate::mr::{LOCAL_WRITE, MrGuard};
+use crate::wire::{self, FLAG_ACK_REQ, ReqOp, Request};
+
+/// Messages up to this size are sent by the posting thread itself when the send queue is idle
+/// (no hand-off to the sender thread: one thread wake-up less per small message). Larger ones
+/// always go through the sender thread, so `post_send` never waits on the network.
+const DIRECT_SEND_MAX: u32 = 16 * 1024;
+
+impl Qp {
+    /// An empty buffer for a WR's inline payload: a retired WR's, or a new one with room for
+    /// this QP's largest inline payload.
+    pub(crate) fn inline_buffer(&self) -> Vec<u8> {
+        let spare = self
+            .inline_spare
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop();
+        spare.unwrap_or_else(|| Vec::with_capacity(self.caps.max_inline as usize))
+    }
+
+    /// Takes back the inline buffer of a retired WR (see [`Qp::inline_buffer`]).
+    pub(super) fn recycle(&self, w: SendWqe) {
+        let Some(mut buf) = w.inline else { return };
+        let mut spare = self.inline_spare.lock().unwrap_or_else(|e| e.into_inner());
+        if spare.len() < self.caps.max_send_wr as usize {
+            buf.clear();
+            spare.push(buf);
+        }
+    }
+
+    /// `post_send` of one WR: EINVAL outside RTS (ERR flushes it instead, as hardware does),
+    /// ENOMEM when the send queue is full.
+    pub(crate) fn post_send(self: &Arc<Self>, mut w: SendWqe) -> Result<(), i32> {
+        if w.sges.len() > self.caps.max_send_sge as usize {
+            return Err(libc::EINVAL);
+        }
+        let len: u64 = match &w.inline {
+            Some(data) if data.len() > self.caps.max_inline as usize => return Err(libc::EINVAL),
+            Some(data) => data.len() as u64,
+            None => w.sges.iter().map(|s| u64::from(s.len)).sum(),
+        };
+        if len > MAX_MSG {
+            return Err(libc::EINVAL);
+        }
+        if self.in_process {
+            self.resolve_peer();
+        }
+        let mut st = self.lock();
+        match st.state {
+            ibv_qp_state::IBV_QPS_RTS => {}
+            ibv_qp_state::IBV_QPS_ERR => {
+                self.send_cq.complete(self.send_wc(
+                    &w,
+                    ibv_wc_status::IBV_WC_WR_FLUSH_ERR,
+                    st.attrs.dest_qpn,
+                ));
+                return Ok(());
+            }
+            _ => return Err(libc::EINVAL),
+        }
+        if st.sq.len() >= self.caps.max_send_wr as usize {
+            return Err(libc::ENOMEM);
+        }
+        w.len = len as u32;
+        w.seq = st.next_seq;
+        st.next_seq += 1;
+        let seq = w.seq;
+        st.sq.push_back(w);
+        if let PeerPath::Local(peer) = &st.peer {
+            // In process: carried out here and now (the sender thread never sees it).
+            let peer = Weak::clone(peer);
+            drop(st);
+            self.deliver_pending(&peer);
+            return Ok(());
+        }
+        // Idle queue and a small message: send it from this thread, without blocking.
+        let direct = match &st.req_conn {
+            Some(c)
+                if len <= u64::from(DIRECT_SEND_MAX)
+                    && !st.tx_busy
+                    && st.send_cursor == seq
+                    && st.rnr_resume.is_none_or(|t| t <= Instant::now())
+                    && self.may_send(&st) =>
+            {
+                Some((Arc::clone(c), st.epoch))
+            }
+            _ => None,
+        };
+        match direct {
+            Some((conn, epoch)) => {
+                st.tx_busy = true;
+                drop(st);
+                self.transmit(epoch, &conn, true);
+                let mut st = self.lock();
+                st.tx_busy = false;
+                // Sent whole: the sender thread has nothing to do, so it is not woken (a
+                // wake-up per message is a context switch per message on a busy host).
+                if self.sender_needed(&st) {
+                    self.cv.notify_all();
+                }
+            }
+            // The sender thread starts with the first WR (which it sends after connecting), not
+            // at RTS: a QP that never sends (NCCL opens many connections, and a flush QP or a
+            // connection's reverse direction may stay idle) costs no thread.
+            None if !st.sender_started => {
+                st.sender_started = true;
+                drop(st);
+                self.spawn("send", |qp| qp.sender_loop());
+            }
+            None => {
+                drop(st);
+                self.cv.notify_all();
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a thread waiting on `cv` may have something to do: WRs not sent yet (the sender
+    /// thread), or a teardown waiting for acknowledgements ([`Qp::say_bye`]).
+    pub(super) fn sender_needed(&self, st: &St) -> bool {
+        st.send_cursor < st.next_seq || st.destroying.is_some()
+    }
+
+    /// `post_recv` of one WR: EINVAL in RESET, ENOMEM when full; flushed in ERR.
+    pub(crate) fn post_recv(&self, r: RecvWqe) -> Result<(), i32> {
+        if r.sges.len() > self.caps.max_recv_sge as usize {
+            return Err(libc::EINVAL);
+        }
+        let mut st = self.lock();
+        match st.state {
+            ibv_qp_state::IBV_QPS_RESET => return Err(libc::EINVAL),
+            ibv_qp_state::IBV_QPS_ERR => {
+                self.recv_cq.complete(Wc {
+                    wr_id: r.wr_id,
+                    status: ibv_wc_status::IBV_WC_WR_FLUSH_ERR,
+                    opcode: ibv_wc_opcode::IBV_WC_RECV,
+                    byte_len: 0,
+                    imm: None,
+                    qp_num: self.qpn,
+                    src_qp: st.attrs.dest_qpn,
+                });
+                return Ok(());
+            }
+            _ => {}
+        }
+        if st.rq.len() >= self.caps.max_recv_wr as usize {
+            return Err(libc::ENOMEM);
+        }
+        st.rq.push_back(r);
+        Ok(())
+    }
+
+    /// The retry budget: `4.096 µs × 2^timeout × (retry_cnt + 1)`; `timeout = 0` is infinite.
+    pub(super) fn retry_budget(a: &Attrs) -> Option<Duration> {
+        (a.timeout != 0)
+            .then(|| Duration::from_nanos(4096u64 << a.timeout) * (u32::from(a.retry_cnt) + 1))
+    }
+
+    fn sender_loop(self: Arc<Self>) {
+        enum Job {
+            Connect(u64),
+            Send(u64, Arc<Conn>),
+        }
+        loop {
+            let job = {
+                let mut st = self.lock();
+                loop {
+                    if let Some(since) = st.destroying {
+                        drop(st);
+                        self.say_bye(since);
+                        return;
+                    }
+                    let now = Instant::now();
+                    let paused = st.rnr_resume.filter(|t| *t > now);
+                    if st.state == ibv_qp_state::IBV_QPS_RTS
+                        && paused.is_none()
+                        && st.send_cursor < st.next_seq
+                        && !matches!(st.peer, PeerPath::Local(_))
+                    {
+                        match &st.req_conn {
+                            None => break Job::Connect(st.epoch),
+                            Some(c) if !st.tx_busy && self.may_send(&st) => {
+                                let job = Job::Send(st.epoch, Arc::clone(c));
+                                st.tx_busy = true;
+                                break job;
+                            }
+                            Some(_) => {}
+                        }
+                    }
+                    st = match paused {
+                        Some(t) => {
+                            self.cv
+                                .wait_timeout(st, t - now)
+                                .unwrap_or_else(|e| e.into_inner())
+                                .0
+                        }
+                        None => self.cv.wait(st).unwrap_or_else(|e| e.into_inner()),
+                    };
+                }
+            };
+            match job {
+                Job::Connect(epoch) => match self.connect(epoch) {
+                    Ok(conn) => {
+                        let conn = Arc::new(conn);
+                        let mut st = self.lock();
+                        if st.epoch != epoch || st.destroying.is_some() {
+                            conn.kill();
+                            continue;
+                        }
+                        st.req_conn = Some(Arc::clone(&conn));
+                        drop(st);
+                        self.spawn("ack", move |qp| qp.ack_loop(conn));
+                    }
+                    Err(ConnectFail::Stale) => {}
+                    Err(ConnectFail::Exhausted) => {
+                        let mut st = self.lock();
+                        if st.epoch == epoch {
+                            let first = st.sq.iter().find(|w| !w.acked).map(|w| w.seq);
+                            self.fail(
+                                &mut st,
+                                first.map(|s| (s, ibv_wc_status::IBV_WC_RETRY_EXC_ERR)),
+                                None,
+                            );
+                        }
+                    }
+                },
+                Job::Send(epoch, conn) => {
+                    self.transmit(epoch, &conn, false);
+                    self.lock().tx_busy = false;
+                }
+            }
+        }
+    }
+
+    /// The orderly end of the outgoing connection, as a NIC's transport layer ends it: wait
+    /// (at most [`DRAIN_ACKS`]) until everything sent is acknowledged, then BYE and close the
+    /// writing side; the ack reader reads on until the peer closes its side. Work posted but
+    /// not sent yet is not started (destroying a QP discards it).
+    fn say_bye(&self, since: Instant) {
+        let mut st = self.lock();
+        loop {
+            let cursor = st.send_cursor;
+            let waiting = st.tx_busy || st.sq.iter().any(|w| !w.acked && w.seq < cursor);
+            let left = DRAIN_ACKS.saturating_sub(since.elapsed());
+            if !waiting || left.is_zero() || st.req_conn.is_none() {
+                break;
+            }
+            st = self
+                .cv
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        let Some(c) = st.req_conn.clone() else {
+            return;
+        };
+        let bye = Request {
+            op: ReqOp::Bye,
+            flags: 0,
+            len: 0,
+            seq: st.next_seq,
+            raddr: 0,
+            rkey: 0,
+            imm: 0,
+        }
+        .encode();
+        drop(st);
+        let mut iov = [wire::iovec(bye.as_ptr(), bye.len())];
+        // SAFETY: the iovec covers the local `bye` array.
+        if unsafe { wire::send_all(c.fd(), &mut iov, &|| true, false) }.is_ok() {
+            let _ = c.stream.shutdown(std::net::Shutdown::Write);
+        }
+    }
+
+    /// READs in flight stay within `max_rd_atomic` (at least one).
+    fn may_send(&self, st: &St) -> bool {
+        let Some(w) = Self::wqe(st, st.send_cursor) else {
+            return false;
+        };
+        if w.op != ReqOp::Read {
+            return true;
+        }
+        let reads = st
+            .sq
+            .iter()
+            .filter(|w| w.op == ReqOp::Read && !w.acked && w.seq < st.send_cursor)
+            .count();
+        reads < usize::from(st.attrs.max_rd_atomic.max(1))
+    }
+
+    pub(super) fn wqe(st: &St, seq: u64) -> Option<&SendWqe> {
+        let front = st.sq.front()?.seq;
+        st.sq.get(usize::try_from(seq.checked_sub(front)?).ok()?)
+    }
+
+    fn wqe_mut(st: &mut St, seq: u64) -> Option<&mut SendWqe> {
+        let front = st.sq.front()?.seq;
+        st.sq
+            .get_mut(usize::try_from(seq.checked_sub(front)?).ok()?)
+    }
+
+    /// Sends the WR at the cursor: local key checks, then header + payload in one `sendmsg`.
+    /// With `try_first` (a posting thread), a full socket buffer puts the WR back for the
+    /// sender thread instead of waiting. The caller holds `tx_busy`.
+    fn transmit(&self, epoch: u64, conn: &Conn, try_first: bool) {
+        let mut inline_copy = [0u8; MAX_INLINE as usize];
+        let Some((req, sges, inline)) = self.claim(epoch, &mut inline_copy) else {
+            return;
+        };
+        let Some(guards) = self.pin_local(epoch, &req, &sges, inline.is_some()) else {
+            return;
+        };
+        let hdr = req.encode();
+        let mut iov: SmallVec<[libc::iovec; 2]> =
+            smallvec::smallvec![wire::iovec(hdr.as_ptr(), hdr.len())];
+        if req.op != ReqOp::Read {
+            match inline {
+                Some(data) => iov.push(wire::iovec(data.as_ptr(), data.len())),
+                None => {
+                    let mut gi = guards.iter();
+                    for s in sges.iter().filter(|s| s.len > 0) {
+                        let g = gi.next().expect("one guard per non-empty SGE");
+                        iov.push(wire::iovec(g.ptr, s.len as usize));
+                    }
+                }
+            }
+        }
+        let abort = || {
+            let st = self.lock();
+            st.destroying.is_some() || st.epoch != epoch
+        };
+        // SAFETY: the iovecs cover `hdr`, the inline copy or MR memory pinned by `guards`, all
+        // alive until after the call.
+        let sent = unsafe { wire::send_all(conn.fd(), &mut iov, &abort, try_first) };
+        drop(guards);
+        if let Ok(true) = sent
+            && req.op != ReqOp::Read
+        {
+            conn.traffic.sent(req.len);
+        }
+        if let Ok(false) = sent {
+            let mut st = self.lock();
+            st.send_cursor = st.send_cursor.min(req.seq);
+            return;
+        }
+        if sent.is_err() {
+            let mut st = self.lock();
+            if st.epoch == epoch && st.destroying.is_none() {
+                let first = st.sq.iter().find(|w| !w.acked).map(|w| w.seq);
+                self.fail(
+                    &mut st,
+                    first.map(|s| (s, ibv_wc_status::IBV_WC_RETRY_EXC_ERR)),
+                    None,
+                );
+            }
+        }
+    }
+
+    /// Takes the WR at the send cursor: its request header, its SGEs, and its inline payload
+    /// copied into `inline_copy` (the WR keeps its own copy for a retransmission, and nothing
+    /// here allocates). `None` when the QP moved on meanwhile.
+    pub(super) fn claim<'b>(
+        &self,
+        epoch: u64,
+        inline_copy: &'b mut [u8; MAX_INLINE as usize],
+    ) -> Option<(Request, Sges, Option<&'b [u8]>)> {
+        let mut st = self.lock();
+        if st.epoch != epoch {
+            return None;
+        }
+        let seq = st.send_cursor;
+        st.send_cursor += 1;
+        let w = Self::wqe_mut(&mut st, seq)?;
+        w.sent_at = Some(Instant::now());
+        let req = Request {
+            op: w.op,
+            flags: if w.ack_req() { FLAG_ACK_REQ } else { 0 },
+            len: w.len,
+            seq: w.seq,
+            raddr: w.raddr,
+            rkey: w.rkey,
+            imm: w.imm,
+        };
+        let inline = w.inline.as_ref().map(|data| {
+            let copy = &mut inline_copy[..data.len()];
+            copy.copy_from_slice(data);
+            &*copy
+        });
+        Some((req, w.sges.clone(), inline))
+    }
+
+    /// Local protection: every non-empty SGE of `req` inside an MR of our PD with the access
+    /// it needs (a READ writes them), pinned while the guards live. A violation fails the QP
+    /// (`IBV_WC_LOC_PROT_ERR`) and returns `None`. Inline payloads were copied at post time
+    /// and need no key.
+    pub(super) fn pin_local(
+        &self,
+        epoch: u64,
+        req: &Request,
+        sges: &[Sge],
+        inline: bool,
+    ) -> Option<SmallVec<[MrGuard; 1]>> {
+        let mut guards = SmallVec::new();
+        if inline {
+            return Some(guards);
+        }
+        let need = if req.op == ReqOp::Read {
+            LOCAL_WRITE
+        } else {
+            0
+        };
+        for s in sges.iter().filter(|s| s.len > 0) {
+            match self
+                .ctx
+                .mrs
+                .acquire(s.lkey, self.pd, s.addr, s.len as usize, need)
+            {
+                Ok(g) => guards.push(g),
+                Err(_) => {
+                    let mut st = self.lock();
+                    if st.epoch == epoch {
+                        self.fail(
+                            &mut st,
+                            Some((req.seq, ibv_wc_status::IBV_WC_LOC_PROT_ERR)),
+                            None,
+                        );
+                    }
+                    return None;
+                }
+            }
+        }
+        Some(guards)
+    }
+}

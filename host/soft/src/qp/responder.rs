@@ -1,0 +1,453 @@
+//! The responder (one thread per admitted connection): applies requests strictly in sequence,
+//! checks each (rkey, PD, bounds, access flags, a posted receive for the ones that consume
+//! one), reads the payload straight into registered memory, serves READs, produces receive
+//! completions, and answers: coalesced ACKs, NAKs that move both QPs to ERR, RNR NAKs.
+//!
+//! Separate because it is the target side of a QP, with its own connection and thread; its
+//! checks and placement ([`Qp::place`]) are also what an in-process delivery runs.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use rdma_sys::{ibv_event_type, ibv_wc_opcode, ibv_wc_status};
+use smallvec::SmallVec;
+
+use super::in_process::MemLink;
+use super::{Conn, Qp, RecvWqe};
+use crate::event::Wc;
+use crate::mr::{LOCAL_WRITE, MrGuard, REMOTE_READ, REMOTE_WRITE};
+use crate::wire::{self, FLAG_ACK_REQ, Nak, REQ_LEN, ReadEnd, ReqOp, Request, RespOp, Response};
+
+/// How a request reaches its responder.
+pub(super) enum Link<'a> {
+    /// Over the requester's TCP connection: the payload follows the header on it, and NAKs and
+    /// READ data go back on it.
+    Tcp(&'a Conn),
+    /// Delivered in process ([`crate::Delivery::InProcess`]): the payload is read from, and
+    /// READ data written to, the requester's memory.
+    Memory(&'a MemLink<'a>),
+}
+
+impl Link<'_> {
+    /// The epoch of the responder QP the request was admitted in.
+    fn epoch(&self) -> u64 {
+        match self {
+            Link::Tcp(c) => c.epoch,
+            Link::Memory(m) => m.epoch,
+        }
+    }
+
+    /// Reads the next `len` payload bytes into `dst`.
+    ///
+    /// # Safety
+    /// `dst` must be writable for `len` bytes.
+    unsafe fn read_into(&self, dst: *mut u8, len: usize) -> Result<(), ReadEnd> {
+        match self {
+            // SAFETY: per the caller's contract.
+            Link::Tcp(c) => unsafe { wire::read_into(c.fd(), dst, len, false) },
+            // SAFETY: per the caller's contract; the segments are pinned and readable.
+            Link::Memory(m) => match unsafe { m.copy(dst, len, true) } == len {
+                true => Ok(()),
+                // Fewer bytes than the header said: as a connection cut mid-payload.
+                false => Err(ReadEnd::Closed),
+            },
+        }
+    }
+
+    /// Counts payload received on the port: only what crossed it (in-process delivery
+    /// crosses none).
+    fn received(&self, bytes: u32) {
+        if let Link::Tcp(c) = self {
+            c.traffic.received(bytes);
+        }
+    }
+}
+
+impl Qp {
+    /// Sends one answer, followed by the READ data `data` pins; `false`: the connection broke,
+    /// or a blocked write was given up because this QP is going away or moved on.
+    fn respond(&self, conn: &Conn, resp: Response, data: Option<&MrGuard>) -> bool {
+        let hdr = resp.encode();
+        let mut iov = vec![wire::iovec(hdr.as_ptr(), hdr.len())];
+        if let Some(g) = data {
+            iov.push(wire::iovec(g.ptr, resp.len as usize));
+        }
+        let abort = || {
+            let st = self.lock();
+            st.destroying.is_some() || st.epoch != conn.epoch
+        };
+        // SAFETY: the iovecs cover `hdr` and `resp.len` bytes pinned by the guard.
+        unsafe { wire::send_all(conn.fd(), &mut iov, &abort, false) }.is_ok()
+    }
+
+    /// Refuses `req`: NAKs it (over TCP, after draining its payload; in process, by telling the
+    /// requester), and moves this QP to ERR with `event`.
+    fn refuse(&self, link: &Link<'_>, req: &Request, nak: Nak, event: Option<ibv_event_type>) {
+        match link {
+            Link::Tcp(conn) => {
+                if req.carries_payload() {
+                    let _ = wire::drain(conn.fd(), req.len as usize);
+                }
+                self.respond(
+                    conn,
+                    Response {
+                        op: RespOp::Nak,
+                        syndrome: nak as u8,
+                        len: 0,
+                        seq: req.seq,
+                    },
+                    None,
+                );
+            }
+            Link::Memory(m) => m.refused.set(Some(nak)),
+        }
+        let mut st = self.lock();
+        if st.epoch == link.epoch() {
+            self.fail(&mut st, None, event);
+        }
+    }
+
+    /// ACKs everything up to `seq` (placed, not yet acknowledged); `false` = stop.
+    fn ack(&self, conn: &Conn, seq: u64) -> bool {
+        self.respond(
+            conn,
+            Response {
+                op: RespOp::Ack,
+                syndrome: 0,
+                len: 0,
+                seq,
+            },
+            None,
+        )
+    }
+
+    pub(super) fn responder_loop(self: Arc<Self>, conn: Arc<Conn>) {
+        let fd = conn.fd();
+        // The last placed request not acknowledged yet. Acknowledged before this thread waits
+        // for the next request, so nothing placed stays unacknowledged while the connection is
+        // quiet (and a stream of requests costs one ACK per burst, not one per request).
+        let mut unacked: Option<u64> = None;
+        loop {
+            if let Some(seq) = unacked.filter(|_| !wire::readable(fd)) {
+                if !self.ack(&conn, seq) {
+                    return;
+                }
+                unacked = None;
+            }
+            let req = match wire::read_exact::<REQ_LEN>(fd, false) {
+                Ok(b) => Request::decode(&b),
+                Err(_) => {
+                    // EOF without BYE: the requester vanished (cut, crash): a fatal QP error,
+                    // unless this QP is being destroyed (its destroy shut the reading side).
+                    let mut st = self.lock();
+                    if st.epoch == conn.epoch && st.destroying.is_none() {
+                        self.fail(&mut st, None, Some(ibv_event_type::IBV_EVENT_QP_FATAL));
+                    }
+                    return;
+                }
+            };
+            let stall = self.lock().stall_until;
+            if let Some(until) = stall {
+                std::thread::sleep(until.saturating_duration_since(Instant::now()));
+            }
+            let req = match req {
+                Ok(r) => r,
+                Err(seq) => {
+                    self.respond(
+                        &conn,
+                        Response {
+                            op: RespOp::Nak,
+                            syndrome: Nak::InvalidRequest as u8,
+                            len: 0,
+                            seq,
+                        },
+                        None,
+                    );
+                    let mut st = self.lock();
+                    if st.epoch == conn.epoch {
+                        self.fail(&mut st, None, Some(ibv_event_type::IBV_EVENT_QP_REQ_ERR));
+                    }
+                    return;
+                }
+            };
+            if req.op == ReqOp::Bye {
+                // An orderly close: the requester waited for its acknowledgements and sends
+                // nothing more. Close our side too, so its ack reader sees the end and stops.
+                if let Some(seq) = unacked {
+                    self.ack(&conn, seq);
+                }
+                let mut st = self.lock();
+                if st.resp_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
+                    st.resp_conn = None;
+                }
+                drop(st);
+                conn.kill();
+                return;
+            }
+            let (access, recv) = {
+                let mut st = self.lock();
+                if st.epoch != conn.epoch || st.destroying.is_some() {
+                    return;
+                }
+                if req.seq != st.expected_seq {
+                    // Go back N: after a NAK everything up to the retransmission is discarded.
+                    drop(st);
+                    if req.carries_payload() && wire::drain(fd, req.len as usize).is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                let consumes = matches!(req.op, ReqOp::WriteImm | ReqOp::Send | ReqOp::SendImm);
+                let recv = if consumes {
+                    match st.rq.pop_front() {
+                        Some(r) => Some(r),
+                        None => {
+                            let timer = st.attrs.min_rnr_timer;
+                            drop(st);
+                            if req.carries_payload() && wire::drain(fd, req.len as usize).is_err() {
+                                return;
+                            }
+                            if !self.respond(
+                                &conn,
+                                Response {
+                                    op: RespOp::RnrNak,
+                                    syndrome: timer,
+                                    len: 0,
+                                    seq: req.seq,
+                                },
+                                None,
+                            ) {
+                                return;
+                            }
+                            continue;
+                        }
+                    }
+                } else {
+                    None
+                };
+                (st.attrs.access, recv)
+            };
+            if !self.place(&Link::Tcp(&conn), &req, access, recv) {
+                return;
+            }
+            let mut st = self.lock();
+            if st.epoch != conn.epoch {
+                return;
+            }
+            st.expected_seq += 1;
+            drop(st);
+            // A READ response acknowledges everything before it, as an ACK would.
+            unacked = (req.op != ReqOp::Read).then_some(req.seq);
+            if req.flags & FLAG_ACK_REQ != 0 && req.op != ReqOp::Read {
+                if !self.ack(&conn, req.seq) {
+                    return;
+                }
+                unacked = None;
+            }
+        }
+    }
+
+    /// Carries out an admitted request in sequence: places a write or send, serves a read.
+    /// `false`: refused, or the link broke (this QP has failed).
+    pub(super) fn place(
+        &self,
+        link: &Link<'_>,
+        req: &Request,
+        access: u32,
+        recv: Option<RecvWqe>,
+    ) -> bool {
+        match req.op {
+            ReqOp::Write | ReqOp::WriteImm => self.place_write(link, req, access, recv),
+            ReqOp::Send | ReqOp::SendImm => self.place_send(link, req, recv),
+            ReqOp::Read => self.serve_read(link, req, access),
+            // Ends a connection; the responder loop handles it before anything is placed.
+            ReqOp::Bye => false,
+        }
+    }
+
+    /// Gives a consumed receive back to the front of the queue (its request was refused).
+    fn unconsume(&self, epoch: u64, recv: Option<RecvWqe>) {
+        if let Some(r) = recv {
+            let mut st = self.lock();
+            if st.epoch == epoch {
+                st.rq.push_front(r);
+            }
+        }
+    }
+
+    fn place_write(
+        &self,
+        link: &Link<'_>,
+        req: &Request,
+        access: u32,
+        recv: Option<RecvWqe>,
+    ) -> bool {
+        let len = req.len as usize;
+        if len > 0 {
+            let guard = if access & REMOTE_WRITE == 0 {
+                None
+            } else {
+                self.ctx
+                    .mrs
+                    .acquire(req.rkey, self.pd, req.raddr, len, REMOTE_WRITE)
+                    .ok()
+            };
+            let Some(guard) = guard else {
+                self.unconsume(link.epoch(), recv);
+                self.refuse(
+                    link,
+                    req,
+                    Nak::RemoteAccess,
+                    Some(ibv_event_type::IBV_EVENT_QP_ACCESS_ERR),
+                );
+                return false;
+            };
+            // SAFETY: the guard pins `len` bytes of remotely writable registered memory.
+            if unsafe { link.read_into(guard.ptr, len) }.is_err() {
+                self.unconsume(link.epoch(), recv);
+                return self.closed(link);
+            }
+            link.received(req.len);
+        }
+        let Some(r) = recv else {
+            // No completion tells a poller about this write (a clear-to-send entry it checks).
+            crate::activity::happened();
+            return true;
+        };
+        self.recv_cq.complete(Wc {
+            wr_id: r.wr_id,
+            status: ibv_wc_status::IBV_WC_SUCCESS,
+            opcode: ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM,
+            byte_len: req.len,
+            imm: Some(req.imm),
+            qp_num: self.qpn,
+            src_qp: self.attrs().dest_qpn,
+        });
+        true
+    }
+
+    fn place_send(&self, link: &Link<'_>, req: &Request, recv: Option<RecvWqe>) -> bool {
+        let r = recv.expect("sends consume a receive");
+        let capacity: u64 = r.sges.iter().map(|s| u64::from(s.len)).sum();
+        let src_qp = self.attrs().dest_qpn;
+        let recv_error = |status| Wc {
+            wr_id: r.wr_id,
+            status,
+            opcode: ibv_wc_opcode::IBV_WC_RECV,
+            byte_len: 0,
+            imm: None,
+            qp_num: self.qpn,
+            src_qp,
+        };
+        if u64::from(req.len) > capacity {
+            self.recv_cq
+                .complete(recv_error(ibv_wc_status::IBV_WC_LOC_LEN_ERR));
+            self.refuse(link, req, Nak::InvalidRequest, None);
+            return false;
+        }
+        let mut left = req.len as usize;
+        let mut guards: SmallVec<[(MrGuard, usize); 1]> = SmallVec::new();
+        for s in &r.sges {
+            if left == 0 {
+                break;
+            }
+            let take = left.min(s.len as usize);
+            match self
+                .ctx
+                .mrs
+                .acquire(s.lkey, self.pd, s.addr, take, LOCAL_WRITE)
+            {
+                Ok(g) => guards.push((g, take)),
+                Err(_) => {
+                    self.recv_cq
+                        .complete(recv_error(ibv_wc_status::IBV_WC_LOC_PROT_ERR));
+                    self.refuse(link, req, Nak::RemoteOperation, None);
+                    return false;
+                }
+            }
+            left -= take;
+        }
+        for (g, take) in &guards {
+            // SAFETY: the guard pins `take` locally writable bytes of the receive buffer.
+            if unsafe { link.read_into(g.ptr, *take) }.is_err() {
+                return self.closed(link);
+            }
+        }
+        link.received(req.len);
+        self.recv_cq.complete(Wc {
+            wr_id: r.wr_id,
+            status: ibv_wc_status::IBV_WC_SUCCESS,
+            opcode: ibv_wc_opcode::IBV_WC_RECV,
+            byte_len: req.len,
+            imm: (req.op == ReqOp::SendImm).then_some(req.imm),
+            qp_num: self.qpn,
+            src_qp,
+        });
+        true
+    }
+
+    fn serve_read(&self, link: &Link<'_>, req: &Request, access: u32) -> bool {
+        let len = req.len as usize;
+        let guard = if len == 0 {
+            None
+        } else if access & REMOTE_READ == 0 {
+            self.refuse(
+                link,
+                req,
+                Nak::RemoteAccess,
+                Some(ibv_event_type::IBV_EVENT_QP_ACCESS_ERR),
+            );
+            return false;
+        } else {
+            match self
+                .ctx
+                .mrs
+                .acquire(req.rkey, self.pd, req.raddr, len, REMOTE_READ)
+            {
+                Ok(g) => Some(g),
+                Err(_) => {
+                    self.refuse(
+                        link,
+                        req,
+                        Nak::RemoteAccess,
+                        Some(ibv_event_type::IBV_EVENT_QP_ACCESS_ERR),
+                    );
+                    return false;
+                }
+            }
+        };
+        let resp = Response {
+            op: RespOp::ReadResp,
+            syndrome: 0,
+            len: req.len,
+            seq: req.seq,
+        };
+        let sent = match link {
+            Link::Tcp(conn) => {
+                let sent = self.respond(conn, resp, guard.as_ref());
+                if sent {
+                    conn.traffic.sent(req.len);
+                }
+                sent
+            }
+            Link::Memory(m) => {
+                if let Some(g) = &guard {
+                    // SAFETY: the guard pins `len` remotely readable bytes; the requester's
+                    // pinned segments are locally writable (checked before delivery).
+                    unsafe { m.write_from(g.ptr, len) };
+                }
+                true
+            }
+        };
+        sent || self.closed(link)
+    }
+
+    /// The connection broke mid-request: a fatal error unless we are going away anyway.
+    fn closed(&self, link: &Link<'_>) -> bool {
+        let mut st = self.lock();
+        if st.epoch == link.epoch() && st.destroying.is_none() {
+            self.fail(&mut st, None, Some(ibv_event_type::IBV_EVENT_QP_FATAL));
+        }
+        false
+    }
+}
