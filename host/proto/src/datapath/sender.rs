@@ -241,7 +241,7 @@ impl Sender {
     }
 
     /// The chain that writes `r`'s slice again, and the requests of its slot (in receive order,
-    /// for [`LocalData::Send`]).
+    /// for [`LocalData::Send`](super::LocalData::Send)).
     pub fn replay(&mut self, r: &Repost) -> Result<(QpPost, Vec<ReqId>), ProtoError> {
         let f = self
             .failover

@@ -71,7 +71,8 @@ pub(super) struct Matched {
     pub(super) size: u64,
 }
 
-/// The work of one fully matched FIFO slot, borrowed from the [`Sender`] until posted.
+/// The work of one fully matched FIFO slot, borrowed from the [`Sender`](super::Sender) until
+/// posted.
 #[derive(Debug)]
 pub struct SlotWork<'a> {
     /// The plan the slot is striped with, its QPs' indices in the connection's plan, and the

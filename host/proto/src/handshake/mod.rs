@@ -12,10 +12,11 @@
 //! * returns the communicator to NCCL when the `Established` action appears, and "call again"
 //!   (NULL comm) before that.
 //!
-//! An input the machine is not waiting for is refused with [`ProtoError::WrongState`] and
-//! leaves the machine as it was. Anything wrong with the peer (garbage, another version, an
-//! invalid plan, inconsistent metadata, an early EOF) fails the machine for good: every later
-//! input returns an error naming the failed state.
+//! An input the machine is not waiting for is refused with
+//! [`ProtoError::WrongState`](crate::ProtoError::WrongState) and leaves the machine as it was.
+//! Anything wrong with the peer (garbage, another version, an invalid plan, inconsistent
+//! metadata, an early EOF) fails the machine for good: every later input returns an error
+//! naming the failed state.
 //!
 //! The files follow the two sides and what they share:
 //!
