@@ -7,12 +7,14 @@
 //! ([`DeviceSelection`], [`GidChoice`], [`DeviceGroup`], [`VnicAnswer`], [`ConnPlan`],
 //! [`PortAnswer`]) and the topology file format that describes a machine as data. The types
 //! mirror `wit/policy.wit` one to one, so the host, the built-in default, the CLI and Rust guests
-//! all speak the same language.
+//! all speak the same language. [`for_each_hook!`] is the one list of the policy hooks, from
+//! which every layer with an item per hook is generated (`hook`, [`Hook`]).
 #![forbid(unsafe_code)]
 
 mod decision;
 mod failover;
 pub mod file;
+mod hook;
 pub mod name_list;
 mod plan;
 mod port;
@@ -23,6 +25,7 @@ pub mod validate;
 
 pub use decision::*;
 pub use failover::*;
+pub use hook::Hook;
 pub use plan::*;
 pub use port::*;
 pub use topology::{Topology, TopologyError};

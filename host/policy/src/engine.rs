@@ -28,7 +28,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use ncclwasm_model::private_dir;
 
-use crate::{ENV_CACHE_DIR, FailureCause, PolicyCache, PolicyError, Settings};
+use crate::{ENV_CACHE_DIR, FailureCause, Hook, PolicyCache, PolicyError, Settings};
 
 /// The generated bindings of world `ncclwasm:policy/policy`.
 pub(crate) mod wit {
@@ -49,16 +49,6 @@ const LOG_LINES_PER_CALL: u32 = 16;
 /// Longest `log` line kept, in bytes.
 const LOG_LINE_MAX: usize = 512;
 
-/// The exports that make a component a policy.
-const REQUIRED_EXPORTS: [&str; 7] = [
-    "init",
-    "select-devices",
-    "select-gid",
-    "group-devices",
-    "make-vnic",
-    "plan-connection",
-    "on-port-event",
-];
 /// Import names (or name prefixes) a policy may have; see the module docs.
 const ALLOWED_IMPORTS: [&str; 5] = [
     "log",
@@ -384,7 +374,8 @@ impl PolicyEngine {
     fn check_world(&self, component: &Component, what: &str) -> Result<(), PolicyError> {
         let ty = component.component_type();
         let exports: Vec<&str> = ty.exports(&self.engine).map(|(n, _)| n).collect();
-        let missing: Vec<&str> = REQUIRED_EXPORTS
+        // The exports that make a component a policy: `init` and every hook.
+        let missing: Vec<&str> = Hook::EXPORTS
             .iter()
             .copied()
             .filter(|r| !exports.contains(r))

@@ -1,83 +1,52 @@
-//! The one error type of this crate, and the vocabulary of failures.
+//! The one error type of this crate, and the vocabulary of failures ([`Hook`] is
+//! `ncclwasm_model`'s, made from its list of hooks).
 
 use std::fmt;
 
-/// A hook of the policy world (and `init`), for counters, logs and errors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Hook {
-    Init,
-    SelectDevices,
-    SelectGid,
-    GroupDevices,
-    MakeVnic,
-    PlanConnection,
-    OnPortEvent,
-}
+pub use ncclwasm_model::Hook;
 
-impl Hook {
-    /// The decision hooks, in the order the plugin calls them.
-    pub const DECISIONS: [Hook; 6] = [
-        Hook::SelectDevices,
-        Hook::SelectGid,
-        Hook::GroupDevices,
-        Hook::MakeVnic,
-        Hook::PlanConnection,
-        Hook::OnPortEvent,
-    ];
-
-    /// The WIT name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Hook::Init => "init",
-            Hook::SelectDevices => "select-devices",
-            Hook::SelectGid => "select-gid",
-            Hook::GroupDevices => "group-devices",
-            Hook::MakeVnic => "make-vnic",
-            Hook::PlanConnection => "plan-connection",
-            Hook::OnPortEvent => "on-port-event",
+/// Makes [`FailureCause`] with [`FailureCause::ALL`] and the names, from one list.
+macro_rules! failure_causes {
+    ($($(#[$doc:meta])* $cause:ident => $name:literal,)*) => {
+        /// Why a guest call produced no usable answer (`docs/architecture.md`, "The failure
+        /// model"). Kept apart from answers the guest *chose* (`none`, `init` returning `err`):
+        /// those are the policy's decisions, these are faults.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum FailureCause {
+            $($(#[$doc])* $cause,)*
         }
-    }
+
+        impl FailureCause {
+            /// Every cause, in declaration order (the order of `Stats::faults`).
+            pub const ALL: [FailureCause; [$($name),*].len()] = [$(FailureCause::$cause),*];
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(FailureCause::$cause => $name,)*
+                }
+            }
+        }
+    };
 }
 
-impl fmt::Display for Hook {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// Why a guest call produced no usable answer (`docs/architecture.md`, "The failure model"). Kept apart from answers the guest
-/// *chose* (`none`, `init` returning `err`): those are the policy's decisions, these are faults.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum FailureCause {
+failure_causes! {
     /// The guest trapped (`unreachable`, a panic, an out-of-bounds access, stack exhaustion).
-    Trap,
+    Trap => "trap",
     /// The call ran past `NCCL_WASM_POLICY_TIMEOUT_MS` and was interrupted.
-    Timeout,
+    Timeout => "timeout",
     /// The guest asked for more memory than `NCCL_WASM_POLICY_MEMORY_MB`.
-    OutOfMemory,
+    OutOfMemory => "out of memory",
     /// The answer failed validation.
-    InvalidAnswer,
+    InvalidAnswer => "invalid answer",
     /// A fresh instance (made after an earlier fault) could not be instantiated or `init`-ed.
-    Init,
+    Init => "re-init failed",
 }
 
 impl FailureCause {
-    pub const ALL: [FailureCause; 5] = [
-        FailureCause::Trap,
-        FailureCause::Timeout,
-        FailureCause::OutOfMemory,
-        FailureCause::InvalidAnswer,
-        FailureCause::Init,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            FailureCause::Trap => "trap",
-            FailureCause::Timeout => "timeout",
-            FailureCause::OutOfMemory => "out of memory",
-            FailureCause::InvalidAnswer => "invalid answer",
-            FailureCause::Init => "re-init failed",
-        }
+    /// The position of this cause in [`FailureCause::ALL`].
+    pub fn index(self) -> usize {
+        // Declaration order is `ALL`'s order, and the enum has no explicit discriminants.
+        self as usize
     }
 }
 

@@ -5,6 +5,12 @@
 //! `ArcSwapOption`: a call loads it once and makes its whole answer with that version, while a
 //! swap publishes a new version with one store, after it was compiled, `init`-ed and tried on the
 //! live topology (`docs/architecture.md`, "Hot swap").
+//!
+//! The hook methods are generated from `ncclwasm_model::for_each_hook!`; what each hook does
+//! beyond the common failure model (its built-in answer, conversions, validation) is in
+//! [`hooks`].
+
+mod hooks;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -16,13 +22,9 @@ use arc_swap::ArcSwapOption;
 use ncclwasm_default::IbConfig;
 use ncclwasm_model::file::{self, Limit};
 use ncclwasm_model::validate::{self, InvalidAnswer};
-use ncclwasm_model::{
-    ConnPlan, Connection, DeviceGroup, DeviceSelection, GidChoice, Port, PortAnswer, PortChange,
-    PortEvent, PortEventCause, PortState, QpPlan, VnicAnswer,
-};
+use ncclwasm_model::{Connection, Port, PortAnswer, PortEvent, PortState, QpPlan};
 
 use crate::convert;
-use crate::engine::wit::ncclwasm::policy::types::Hooks as HookFlags;
 use crate::engine::{Fault, Instance, LOG_TARGET, PolicyEngine, Pool};
 use crate::watch::Watcher;
 use crate::{FailureCause, FailureMode, Hook, PolicyError, Settings};
@@ -110,35 +112,43 @@ pub struct Decision<T> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stats {
     /// Calls per decision hook, in [`Hook::DECISIONS`] order.
-    pub calls: [(Hook, u64); 6],
+    pub calls: [(Hook, u64); Hook::COUNT],
     /// Faults per cause, in [`FailureCause::ALL`] order (fallbacks under `open`, errors under
     /// `closed`).
-    pub faults: [(FailureCause, u64); 5],
+    pub faults: [(FailureCause, u64); FailureCause::ALL.len()],
     pub swaps_ok: u64,
     pub swaps_refused: u64,
 }
 
-#[derive(Debug, Default)]
+/// The counters behind [`Stats`], sized by the lists of hooks and causes.
+#[derive(Debug)]
 struct Counters {
-    calls: [AtomicU64; 6],
-    faults: [AtomicU64; 5],
+    calls: [AtomicU64; Hook::COUNT],
+    faults: [AtomicU64; FailureCause::ALL.len()],
     swaps_ok: AtomicU64,
     swaps_refused: AtomicU64,
 }
 
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            calls: std::array::from_fn(|_| AtomicU64::new(0)),
+            faults: std::array::from_fn(|_| AtomicU64::new(0)),
+            swaps_ok: AtomicU64::new(0),
+            swaps_refused: AtomicU64::new(0),
+        }
+    }
+}
+
 impl Counters {
     fn call(&self, hook: Hook) {
-        if let Some(i) = Hook::DECISIONS.iter().position(|h| *h == hook) {
+        if let Some(i) = hook.decision_index() {
             self.calls[i].fetch_add(1, Ordering::Relaxed);
         }
     }
 
     fn fault(&self, cause: FailureCause) {
-        let i = FailureCause::ALL
-            .iter()
-            .position(|c| *c == cause)
-            .expect("every cause is listed");
-        self.faults[i].fetch_add(1, Ordering::Relaxed);
+        self.faults[cause.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     fn snapshot(&self) -> Stats {
@@ -187,6 +197,24 @@ impl Loaded {
     }
 }
 
+/// A policy's answer must also pass `fits`, the caller's own check, when there is one: one that
+/// does not is an invalid answer.
+fn fitting<T>(
+    asked: Asked<T>,
+    fits: Option<&dyn Fn(&T) -> Result<(), String>>,
+) -> Result<Asked<T>, Fault> {
+    match (asked, fits) {
+        (Asked::Answer(v), Some(fits)) => match fits(&v) {
+            Ok(()) => Ok(Asked::Answer(v)),
+            Err(detail) => Err(Fault {
+                cause: FailureCause::InvalidAnswer,
+                detail,
+            }),
+        },
+        (asked, _) => Ok(asked),
+    }
+}
+
 /// State shared by the host, its watcher thread and in-flight calls.
 pub(crate) struct Shared {
     settings: Settings,
@@ -215,6 +243,69 @@ impl fmt::Debug for PolicyHost {
             .finish_non_exhaustive()
     }
 }
+
+/// One [`PolicyHost`] method per hook of `ncclwasm_model::for_each_hook!`.
+macro_rules! host_methods {
+    ($(
+        $(#[$doc:meta])*
+        $variant:ident $method:ident $wit:literal $flag:ident
+            host ($($arg:ident: $ty:ty),*) -> $answer:ty $(, fitting $fitting:ident)?;
+            guest ($($garg:ident: $gty:ty),*) -> $ganswer:ty;
+    )*) => {
+        impl PolicyHost {
+            $(host_method! {
+                [$(#[$doc])*] $variant $method ($($arg: $ty),*) -> $answer; [$($fitting)?]
+            })*
+        }
+    };
+}
+
+/// A hook's method: its glue in [`hooks`] under the failure model of [`Shared::decide`]; and,
+/// for a hook the list marks `fitting`, the method that also takes the caller's check.
+macro_rules! host_method {
+    ([$(#[$doc:meta])*] $variant:ident $method:ident ($($arg:ident: $ty:ty),*) -> $answer:ty; []) => {
+        $(#[$doc])*
+        pub fn $method(&self, $($arg: $ty),*) -> Result<Decision<$answer>, PolicyError> {
+            let s = &*self.shared;
+            s.decide(
+                Hook::$variant,
+                true,
+                None,
+                || hooks::$variant::builtin(s, $($arg),*),
+                |v, source| hooks::$variant::reason(v, source),
+                |l| hooks::$variant::ask(s, l, $($arg),*),
+            )
+        }
+    };
+    (
+        [$(#[$doc:meta])*] $variant:ident $method:ident ($($arg:ident: $ty:ty),*) -> $answer:ty;
+        [$fitting:ident]
+    ) => {
+        host_method! { [$(#[$doc])*] $variant $method ($($arg: $ty),*) -> $answer; [] }
+
+        #[doc = concat!("As [`", stringify!($method), "`](Self::", stringify!($method), "),")]
+        /// and a policy's answer must also pass `fits`, the data path's own checks against the
+        /// live call: one that does not is an invalid answer like any other (fallback under
+        /// `open`, error under `closed`).
+        pub fn $fitting(
+            &self,
+            $($arg: $ty,)*
+            fits: &dyn Fn(&$answer) -> Result<(), String>,
+        ) -> Result<Decision<$answer>, PolicyError> {
+            let s = &*self.shared;
+            s.decide(
+                Hook::$variant,
+                true,
+                Some(fits),
+                || hooks::$variant::builtin(s, $($arg),*),
+                |v, source| hooks::$variant::reason(v, source),
+                |l| hooks::$variant::ask(s, l, $($arg),*),
+            )
+        }
+    };
+}
+
+ncclwasm_model::for_each_hook!(host_methods);
 
 impl PolicyHost {
     /// A host configured from the environment (`NCCL_WASM_POLICY*`, `NCCL_IB_*`), for an NCCL
@@ -310,91 +401,6 @@ impl PolicyHost {
         tracing::info!(target: LOG_TARGET, "policy: built-in default");
     }
 
-    /// Which ports NCCL sees, in which order.
-    pub fn select_devices(&self, ports: &[Port]) -> Result<Decision<DeviceSelection>, PolicyError> {
-        let s = &*self.shared;
-        s.decide(
-            Hook::SelectDevices,
-            || ncclwasm_default::select_devices(&s.ib, ports),
-            |d, _| d.reason.clone(),
-            |l| s.ask_select_devices(l, ports),
-        )
-    }
-
-    /// The GID index `port` uses.
-    pub fn select_gid(&self, port: &Port) -> Result<Decision<GidChoice>, PolicyError> {
-        let s = &*self.shared;
-        s.decide(
-            Hook::SelectGid,
-            || ncclwasm_default::select_gid(&s.ib, port),
-            |d, _| d.reason.clone(),
-            |l| s.ask_select_gid(l, port),
-        )
-    }
-
-    /// Fused NICs the plugin exposes; `ports` are the selected ports in NCCL order.
-    pub fn group_devices(&self, ports: &[Port]) -> Result<Decision<Vec<DeviceGroup>>, PolicyError> {
-        let s = &*self.shared;
-        s.decide(
-            Hook::GroupDevices,
-            || ncclwasm_default::group_devices(&s.ib, ports),
-            |gs, source| groups_reason(gs, source),
-            |l| s.ask_group_devices(l, ports),
-        )
-    }
-
-    /// NCCL core asks to fuse `request` (device indices); `ports[k]` is the port of `request[k]`.
-    pub fn make_vnic(
-        &self,
-        request: &[u32],
-        ports: &[Port],
-    ) -> Result<Decision<VnicAnswer>, PolicyError> {
-        let s = &*self.shared;
-        let max = s.settings.max_devs_per_nic;
-        s.decide(
-            Hook::MakeVnic,
-            || ncclwasm_default::make_vnic(&s.ib, request, ports, max),
-            |v, _| vnic_reason(v).to_owned(),
-            |l| s.ask_make_vnic(l, request, ports),
-        )
-    }
-
-    /// The plan of one connection: the policy's patch merged over the built-in plan, validated.
-    pub fn plan_connection(&self, conn: &Connection) -> Result<Decision<ConnPlan>, PolicyError> {
-        self.plan_connection_fitting(conn, &|_| Ok(()))
-    }
-
-    /// As [`plan_connection`](Self::plan_connection), and a policy's plan must also pass
-    /// `fits`, the data path's own checks against the live connection: one that does not is an
-    /// invalid answer like any other (fallback under `open`, error under `closed`).
-    pub fn plan_connection_fitting(
-        &self,
-        conn: &Connection,
-        fits: &dyn Fn(&ConnPlan) -> Result<(), String>,
-    ) -> Result<Decision<ConnPlan>, PolicyError> {
-        let s = &*self.shared;
-        let base = ncclwasm_default::plan_connection(&s.ib, conn);
-        s.decide(
-            Hook::PlanConnection,
-            || base.clone(),
-            |p, _| p.reason.clone(),
-            |l| s.ask_plan_connection(l, conn, &base, fits),
-        )
-    }
-
-    /// What connection `conn`, running QPs `qps`, does about `event`; `states[i]` is the
-    /// current state of `conn.local[i]`. The answer is checked by
-    /// `validate::check_port_answer`, so the transport can carry it out as given.
-    pub fn on_port_event(
-        &self,
-        event: &PortEvent,
-        conn: &Connection,
-        qps: &[QpPlan],
-        states: &[PortState],
-    ) -> Result<Decision<PortAnswer>, PolicyError> {
-        self.port_event(true, event, conn, qps, states)
-    }
-
     /// [`on_port_event`](Self::on_port_event) about a failure that has not happened — asked at
     /// connect time, to know whether to prepare the connection for one — without an INFO line.
     pub fn on_port_event_ahead(
@@ -404,24 +410,14 @@ impl PolicyHost {
         qps: &[QpPlan],
         states: &[PortState],
     ) -> Result<Decision<PortAnswer>, PolicyError> {
-        self.port_event(false, event, conn, qps, states)
-    }
-
-    fn port_event(
-        &self,
-        log: bool,
-        event: &PortEvent,
-        conn: &Connection,
-        qps: &[QpPlan],
-        states: &[PortState],
-    ) -> Result<Decision<PortAnswer>, PolicyError> {
         let s = &*self.shared;
-        s.decide_logged(
+        s.decide(
             Hook::OnPortEvent,
-            log,
-            || ncclwasm_default::on_port_event(&s.ib, event, conn, qps, states),
-            |a, _| format!("{}: {}", a.kind(), a.reason()),
-            |l| s.ask_on_port_event(l, event, conn, qps, states),
+            false,
+            None,
+            || hooks::OnPortEvent::builtin(s, event, conn, qps, states),
+            hooks::OnPortEvent::reason,
+            |l| hooks::OnPortEvent::ask(s, l, event, conn, qps, states),
         )
     }
 
@@ -447,45 +443,16 @@ impl PolicyHost {
     }
 }
 
-fn groups_reason(gs: &[DeviceGroup], source: &Source) -> String {
-    if gs.is_empty() {
-        return match source {
-            Source::Policy(id) => format!("{id} made no groups"),
-            _ => ncclwasm_default::NO_GROUPS_REASON.to_owned(),
-        };
-    }
-    gs.iter()
-        .map(|g| g.reason.as_str())
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-fn vnic_reason(v: &VnicAnswer) -> &str {
-    match v {
-        VnicAnswer::Accept { reason }
-        | VnicAnswer::Reshape { reason, .. }
-        | VnicAnswer::Refuse { reason } => reason,
-    }
-}
-
 impl Shared {
-    /// Make one decision: ask the current policy, fall back or fail as configured, and log it.
+    /// Make one decision: ask the current policy, fall back or fail as configured, and log it
+    /// (the INFO line only when `log`: a question about what has not happened is no decision an
+    /// operator should read as taken). A policy's answer that fails `fits`, the caller's own
+    /// check, is an invalid answer like any other.
     fn decide<T>(
         &self,
         hook: Hook,
-        builtin: impl FnOnce() -> T,
-        reason: impl FnOnce(&T, &Source) -> String,
-        ask: impl FnOnce(&Loaded) -> Result<Asked<T>, Fault>,
-    ) -> Result<Decision<T>, PolicyError> {
-        self.decide_logged(hook, true, builtin, reason, ask)
-    }
-
-    /// [`decide`](Self::decide), with its INFO line only when `log` (a question about what has
-    /// not happened is no decision an operator should read as taken).
-    fn decide_logged<T>(
-        &self,
-        hook: Hook,
         log: bool,
+        fits: Option<&dyn Fn(&T) -> Result<(), String>>,
         builtin: impl FnOnce() -> T,
         reason: impl FnOnce(&T, &Source) -> String,
         ask: impl FnOnce(&Loaded) -> Result<Asked<T>, Fault>,
@@ -494,7 +461,7 @@ impl Shared {
         let current = self.current.load_full();
         let (value, source) = match current {
             None => (builtin(), Source::Builtin),
-            Some(l) => match ask(&l) {
+            Some(l) => match ask(&l).and_then(|asked| fitting(asked, fits)) {
                 Ok(Asked::Answer(v)) => (v, Source::Policy(Arc::clone(&l.id))),
                 Ok(Asked::NoOpinion) => (builtin(), Source::NoOpinion(Arc::clone(&l.id))),
                 Ok(Asked::NotImplemented) => (builtin(), Source::NotImplemented(Arc::clone(&l.id))),
@@ -548,120 +515,6 @@ impl Shared {
             };
             tracing::warn!(target: LOG_TARGET, policy = %id, %hook, cause = %fault.cause, "policy {id} failed in {hook}: {}: {}; {then}", fault.cause, fault.detail);
         }
-    }
-
-    fn ask_select_devices(
-        &self,
-        l: &Loaded,
-        ports: &[Port],
-    ) -> Result<Asked<DeviceSelection>, Fault> {
-        let arg = convert::ports(ports);
-        l.ask(
-            Hook::SelectDevices,
-            |i| i.bindings.call_select_devices(&mut i.store, &arg),
-            |w| {
-                let sel = convert::selection(w);
-                validate::check_selection(&sel, ports).map(|()| sel)
-            },
-        )
-    }
-
-    fn ask_select_gid(&self, l: &Loaded, port: &Port) -> Result<Asked<GidChoice>, Fault> {
-        let arg = convert::port(port);
-        l.ask(
-            Hook::SelectGid,
-            |i| i.bindings.call_select_gid(&mut i.store, &arg),
-            |w| {
-                let choice = convert::gid_choice(w);
-                validate::check_gid(&choice, port).map(|()| choice)
-            },
-        )
-    }
-
-    fn ask_group_devices(
-        &self,
-        l: &Loaded,
-        ports: &[Port],
-    ) -> Result<Asked<Vec<DeviceGroup>>, Fault> {
-        let arg = convert::ports(ports);
-        let max = self.settings.max_devs_per_nic;
-        l.ask(
-            Hook::GroupDevices,
-            |i| {
-                i.bindings
-                    .call_group_devices(&mut i.store, &arg, wire_max(max))
-            },
-            |w| {
-                let groups = convert::groups(w);
-                validate::check_groups(&groups, ports, max).map(|()| groups)
-            },
-        )
-    }
-
-    fn ask_make_vnic(
-        &self,
-        l: &Loaded,
-        request: &[u32],
-        ports: &[Port],
-    ) -> Result<Asked<VnicAnswer>, Fault> {
-        let arg = convert::ports(ports);
-        let max = self.settings.max_devs_per_nic;
-        l.ask(
-            Hook::MakeVnic,
-            |i| {
-                i.bindings
-                    .call_make_vnic(&mut i.store, request, &arg, wire_max(max))
-            },
-            |w| {
-                let answer = convert::vnic(w);
-                validate::check_vnic(&answer, request, ports, max).map(|()| answer)
-            },
-        )
-    }
-
-    fn ask_plan_connection(
-        &self,
-        l: &Loaded,
-        conn: &Connection,
-        base: &ConnPlan,
-        fits: &dyn Fn(&ConnPlan) -> Result<(), String>,
-    ) -> Result<Asked<ConnPlan>, Fault> {
-        let arg = convert::connection(conn);
-        let max_qps = self.max_qps(conn);
-        l.ask(
-            Hook::PlanConnection,
-            |i| i.bindings.call_plan_connection(&mut i.store, &arg),
-            |w| {
-                let plan = convert::patch(w).apply(base.clone());
-                validate::check_plan(&plan, conn, max_qps)?;
-                fits(&plan).map_err(InvalidAnswer::new)?;
-                Ok(plan)
-            },
-        )
-    }
-
-    fn ask_on_port_event(
-        &self,
-        l: &Loaded,
-        event: &PortEvent,
-        conn: &Connection,
-        qps: &[QpPlan],
-        states: &[PortState],
-    ) -> Result<Asked<PortAnswer>, Fault> {
-        let (e, c, q) = (
-            convert::port_event(event),
-            convert::connection(conn),
-            convert::qp_plans(qps),
-        );
-        let st: Vec<_> = states.iter().map(|&s| convert::port_state(s)).collect();
-        l.ask(
-            Hook::OnPortEvent,
-            |i| i.bindings.call_on_port_event(&mut i.store, e, &c, &q, &st),
-            |w| {
-                let answer = convert::port_answer(w);
-                validate::check_port_answer(&answer, event, conn, qps, states).map(|()| answer)
-            },
-        )
     }
 
     /// The QP limit of a connection: the smallest `max_qps` of its local ports, when the live
@@ -758,104 +611,15 @@ impl Shared {
             origin: origin.to_owned(),
             hooks: Hook::DECISIONS
                 .into_iter()
-                .filter(|&h| declares(info.hooks, h))
+                .filter(|&h| hooks::declares(info.hooks, h))
                 .collect(),
         });
         pool.set_label(&id.to_string());
         pool.give_back(instance);
         let loaded = Loaded { id, pool };
         if let Some(ports) = self.topology.load_full() {
-            self.trial(&loaded, &ports)?;
+            hooks::trial(self, &loaded, &ports)?;
         }
         Ok(loaded)
     }
-
-    /// Ask every hook once, as the plugin would at start-up and on the first connection, off
-    /// the hot path: a policy that faults or answers nonsense here is never published.
-    fn trial(&self, l: &Loaded, ports: &[Port]) -> Result<(), PolicyError> {
-        let failed = |hook: Hook| {
-            move |Fault { cause, detail }| PolicyError::Trial {
-                what: l.id.origin.clone(),
-                hook,
-                cause,
-                detail,
-            }
-        };
-        let selection = match self
-            .ask_select_devices(l, ports)
-            .map_err(failed(Hook::SelectDevices))?
-        {
-            Asked::Answer(sel) => sel,
-            Asked::NoOpinion | Asked::NotImplemented => {
-                ncclwasm_default::select_devices(&self.ib, ports)
-            }
-        };
-        let selected: Vec<Port> = selection
-            .ports
-            .iter()
-            .filter_map(|i| ports.iter().find(|p| p.index == *i).cloned())
-            .collect();
-        for port in &selected {
-            self.ask_select_gid(l, port)
-                .map_err(failed(Hook::SelectGid))?;
-        }
-        self.ask_group_devices(l, &selected)
-            .map_err(failed(Hook::GroupDevices))?;
-        let pair = &selected[..selected.len().min(2)];
-        let request: Vec<u32> = (0..pair.len() as u32).collect();
-        self.ask_make_vnic(l, &request, pair)
-            .map_err(failed(Hook::MakeVnic))?;
-        if let Some(conn) = selected.first().map(|p| self.sample_connection(p)) {
-            let base = ncclwasm_default::plan_connection(&self.ib, &conn);
-            self.ask_plan_connection(l, &conn, &base, &|_| Ok(()))
-                .map_err(failed(Hook::PlanConnection))?;
-            // Its one port goes down, then comes back.
-            for (change, state) in [
-                (PortChange::Down, PortState::Down),
-                (PortChange::Up, PortState::Active),
-            ] {
-                let event = PortEvent {
-                    port: 0,
-                    change,
-                    cause: PortEventCause::AsyncEvent,
-                };
-                self.ask_on_port_event(l, &event, &conn, &base.qps, &[state])
-                    .map_err(failed(Hook::OnPortEvent))?;
-            }
-        }
-        Ok(())
-    }
-
-    /// A connection from `port` to a peer that looks the same (as between two identical nodes),
-    /// with the GID the built-in default would pick.
-    fn sample_connection(&self, port: &Port) -> Connection {
-        let endpoint = port.endpoint(ncclwasm_default::select_gid(&self.ib, port).index);
-        Connection {
-            comm_id: 0,
-            traffic_class: -1,
-            device: 0,
-            device_name: port.device.clone(),
-            local: vec![endpoint.clone()],
-            peer: vec![endpoint],
-        }
-    }
-}
-
-/// Whether `policy-info.hooks` names `hook`.
-fn declares(flags: HookFlags, hook: Hook) -> bool {
-    let flag = match hook {
-        Hook::Init => return true,
-        Hook::SelectDevices => HookFlags::SELECT_DEVICES,
-        Hook::SelectGid => HookFlags::SELECT_GID,
-        Hook::GroupDevices => HookFlags::GROUP_DEVICES,
-        Hook::MakeVnic => HookFlags::MAKE_VNIC,
-        Hook::PlanConnection => HookFlags::PLAN_CONNECTION,
-        Hook::OnPortEvent => HookFlags::ON_PORT_EVENT,
-    };
-    flags.contains(flag)
-}
-
-/// The vNIC size limit as the WIT carries it (NCCL's limits are 4 and 8).
-fn wire_max(max_devs_per_nic: usize) -> u32 {
-    u32::try_from(max_devs_per_nic).unwrap_or(u32::MAX)
 }

@@ -2,12 +2,17 @@
 //! and memory, validates every answer, and hot-swaps them under a running job.
 //!
 //! # How it fits
-//! The plugin asks a [`PolicyHost`] for each decision (`select_devices`, `select_gid`,
-//! `group_devices`, `make_vnic`, `plan_connection`). The host asks the current policy — a
-//! component of world `ncclwasm:policy/policy` (`wit/policy.wit`) — or, when there is none, when
-//! it answers `none`, or when it does not implement the hook, the built-in default
-//! (`ncclwasm-default`, NCCL's own decisions). Every [`Decision`] carries its reason and its
-//! [`Source`], so `ncclwasm policy explain` and the NCCL INFO log can say who decided and why.
+//! The transport asks for each decision through its `Decisions` trait, which the plugin backs
+//! with a [`PolicyHost`]; the CLI asks the [`PolicyHost`] directly. There is one method per hook
+//! of `ncclwasm_model::for_each_hook!` — `select_devices`, `select_gid`, `group_devices`,
+//! `make_vnic`, `plan_connection`, `on_port_event` — generated from that list together with the
+//! counters of [`Stats`] and the `policy-info.hooks` flags; `init` is called once per instance
+//! before any of them. The host asks the current policy — a component of world
+//! `ncclwasm:policy/policy` (`wit/policy.wit`) — or, when there is none, when it answers `none`,
+//! or when it does not implement the hook, the built-in default (`ncclwasm-default`, NCCL's own
+//! decisions). Every [`Decision`] carries its reason and its [`Source`], so `ncclwasm policy
+//! explain` and the NCCL INFO log can say who decided and why. `docs/architecture.md`, "How to
+//! add a hook", lists the files a new hook touches.
 //!
 //! # Failure model (`docs/architecture.md`, "The failure model")
 //! A trap, a timeout, running out of memory, or an answer that fails

@@ -184,70 +184,76 @@ fn a_connection_reusing_a_failed_qps_number_works() {
 #[derive(Debug)]
 struct FailWhenItHappens(PolicyHost, std::sync::atomic::AtomicUsize);
 
-impl crate::Decisions for FailWhenItHappens {
-    fn live_ports(&self, ports: &[ncclwasm_model::Port]) {
-        crate::Decisions::live_ports(&self.0, ports)
-    }
-    fn select_devices(
-        &self,
-        ports: &[ncclwasm_model::Port],
-    ) -> Result<crate::Decided<ncclwasm_model::DeviceSelection>, crate::DecisionError> {
-        crate::Decisions::select_devices(&self.0, ports)
-    }
-    fn select_gid(
-        &self,
-        port: &ncclwasm_model::Port,
-    ) -> Result<crate::Decided<ncclwasm_model::GidChoice>, crate::DecisionError> {
-        crate::Decisions::select_gid(&self.0, port)
-    }
-    fn group_devices(
-        &self,
-        ports: &[ncclwasm_model::Port],
-    ) -> Result<crate::Decided<Vec<ncclwasm_model::DeviceGroup>>, crate::DecisionError> {
-        crate::Decisions::group_devices(&self.0, ports)
-    }
-    fn make_vnic(
-        &self,
-        request: &[u32],
-        ports: &[ncclwasm_model::Port],
-    ) -> Result<crate::Decided<ncclwasm_model::VnicAnswer>, crate::DecisionError> {
-        crate::Decisions::make_vnic(&self.0, request, ports)
-    }
-    fn plan_connection(
-        &self,
-        conn: &ncclwasm_model::Connection,
-        fits: &dyn Fn(&ncclwasm_model::ConnPlan) -> Result<(), String>,
-    ) -> Result<crate::Decided<ncclwasm_model::ConnPlan>, crate::DecisionError> {
-        crate::Decisions::plan_connection(&self.0, conn, fits)
-    }
-    fn on_port_event(
-        &self,
-        event: &ncclwasm_model::PortEvent,
-        _: &ncclwasm_model::Connection,
-        _: &[ncclwasm_model::QpPlan],
-        _: &[ncclwasm_model::PortState],
-    ) -> Result<crate::Decided<ncclwasm_model::PortAnswer>, crate::DecisionError> {
-        use ncclwasm_model::PortAnswer;
-        // The first question is the one asked at connect time.
-        let value = match self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed) {
-            0 => PortAnswer::MoveTo {
-                ports: vec![1 - event.port],
-                reason: "would move".into(),
-            },
-            _ => PortAnswer::Fail {
-                reason: "this job prefers a restart".into(),
-            },
-        };
-        Ok(crate::Decided {
-            reason: value.reason().to_owned(),
-            value,
-            source: "the test's decisions".into(),
-        })
-    }
-    fn port_changed(&self, device: &str, port: u8, state: ncclwasm_model::PortState) {
-        crate::Decisions::port_changed(&self.0, device, port, state)
-    }
+/// Implements [`crate::Decisions`] for `FailWhenItHappens` from `ncclwasm_model::for_each_hook!`:
+/// every hook but `on_port_event` asks the wrapped host.
+macro_rules! forward_but_port_events {
+    ($(
+        $(#[$doc:meta])*
+        $variant:ident $method:ident $wit:literal $flag:ident
+            host ($($arg:ident: $ty:ty),*) -> $answer:ty $(, fitting $fitting:ident)?;
+            guest ($($garg:ident: $gty:ty),*) -> $ganswer:ty;
+    )*) => {
+        impl crate::Decisions for FailWhenItHappens {
+            fn live_ports(&self, ports: &[ncclwasm_model::Port]) {
+                crate::Decisions::live_ports(&self.0, ports)
+            }
+
+            $(forward_unless_port_event! { $method ($($arg: $ty),*) -> $answer; [$($fitting)?] })*
+
+            fn on_port_event(
+                &self,
+                event: &ncclwasm_model::PortEvent,
+                _: &ncclwasm_model::Connection,
+                _: &[ncclwasm_model::QpPlan],
+                _: &[ncclwasm_model::PortState],
+            ) -> Result<crate::Decided<ncclwasm_model::PortAnswer>, crate::DecisionError> {
+                use ncclwasm_model::PortAnswer;
+                // The first question is the one asked at connect time.
+                let value = match self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed) {
+                    0 => PortAnswer::MoveTo {
+                        ports: vec![1 - event.port],
+                        reason: "would move".into(),
+                    },
+                    _ => PortAnswer::Fail {
+                        reason: "this job prefers a restart".into(),
+                    },
+                };
+                Ok(crate::Decided {
+                    reason: value.reason().to_owned(),
+                    value,
+                    source: "the test's decisions".into(),
+                })
+            }
+
+            fn port_changed(&self, device: &str, port: u8, state: ncclwasm_model::PortState) {
+                crate::Decisions::port_changed(&self.0, device, port, state)
+            }
+        }
+    };
 }
+
+macro_rules! forward_unless_port_event {
+    (on_port_event $($rest:tt)*) => {};
+    ($method:ident ($($arg:ident: $ty:ty),*) -> $answer:ty; []) => {
+        fn $method(
+            &self,
+            $($arg: $ty),*
+        ) -> Result<crate::Decided<$answer>, crate::DecisionError> {
+            crate::Decisions::$method(&self.0, $($arg),*)
+        }
+    };
+    ($method:ident ($($arg:ident: $ty:ty),*) -> $answer:ty; [$fitting:ident]) => {
+        fn $method(
+            &self,
+            $($arg: $ty,)*
+            fits: &dyn Fn(&$answer) -> Result<(), String>,
+        ) -> Result<crate::Decided<$answer>, crate::DecisionError> {
+            crate::Decisions::$method(&self.0, $($arg,)* fits)
+        }
+    };
+}
+
+ncclwasm_model::for_each_hook!(forward_but_port_events);
 
 #[test]
 fn a_prepared_connection_whose_policy_answers_fail_fails_with_its_reason() {

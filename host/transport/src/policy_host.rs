@@ -1,10 +1,8 @@
 //! The policy engine as the transport's [`Decisions`] (the `policy` feature): each method asks
-//! the [`PolicyHost`], which applies the failure model, and keeps its reason and source.
+//! the [`PolicyHost`], which applies the failure model, and keeps its reason and source. The hook
+//! methods are generated from `ncclwasm_model::for_each_hook!`.
 
-use ncclwasm_model::{
-    ConnPlan, Connection, DeviceGroup, DeviceSelection, GidChoice, Port, PortAnswer, PortEvent,
-    PortState, QpPlan, VnicAnswer,
-};
+use ncclwasm_model::{Connection, Port, PortAnswer, PortEvent, PortState, QpPlan};
 use ncclwasm_policy::{Decision, PolicyError, PolicyHost};
 
 use crate::decide::{Decided, DecisionError, Decisions};
@@ -22,68 +20,62 @@ fn ask<T>(d: Result<Decision<T>, PolicyError>) -> Result<Decided<T>, DecisionErr
     d.map(decided).map_err(DecisionError::from)
 }
 
-impl Decisions for PolicyHost {
-    fn live_ports(&self, ports: &[Port]) {
-        self.set_topology(ports.to_vec());
-        if let Some(id) = self.policy() {
-            tracing::info!("NET/WASM: policy {id} from {}", id.origin);
+/// Implements [`Decisions`] for [`PolicyHost`] from `ncclwasm_model::for_each_hook!`: each hook
+/// method asks the host's method of the same name (its `fitting` one when the list names it).
+macro_rules! decisions_for_policy_host {
+    ($(
+        $(#[$doc:meta])*
+        $variant:ident $method:ident $wit:literal $flag:ident
+            host ($($arg:ident: $ty:ty),*) -> $answer:ty $(, fitting $fitting:ident)?;
+            guest ($($garg:ident: $gty:ty),*) -> $ganswer:ty;
+    )*) => {
+        impl Decisions for PolicyHost {
+            fn live_ports(&self, ports: &[Port]) {
+                self.set_topology(ports.to_vec());
+                if let Some(id) = self.policy() {
+                    tracing::info!("NET/WASM: policy {id} from {}", id.origin);
+                }
+            }
+
+            $(forward_to_host! { $method ($($arg: $ty),*) -> $answer; [$($fitting)?] })*
+
+            fn on_port_event_ahead(
+                &self,
+                event: &PortEvent,
+                conn: &Connection,
+                qps: &[QpPlan],
+                states: &[PortState],
+            ) -> Result<Decided<PortAnswer>, DecisionError> {
+                ask(PolicyHost::on_port_event_ahead(
+                    self, event, conn, qps, states,
+                ))
+            }
+
+            fn port_changed(&self, device: &str, port: u8, state: PortState) {
+                PolicyHost::port_changed(self, device, port, state);
+            }
         }
-    }
-
-    fn select_devices(&self, ports: &[Port]) -> Result<Decided<DeviceSelection>, DecisionError> {
-        ask(PolicyHost::select_devices(self, ports))
-    }
-
-    fn select_gid(&self, port: &Port) -> Result<Decided<GidChoice>, DecisionError> {
-        ask(PolicyHost::select_gid(self, port))
-    }
-
-    fn group_devices(&self, ports: &[Port]) -> Result<Decided<Vec<DeviceGroup>>, DecisionError> {
-        ask(PolicyHost::group_devices(self, ports))
-    }
-
-    fn make_vnic(
-        &self,
-        request: &[u32],
-        ports: &[Port],
-    ) -> Result<Decided<VnicAnswer>, DecisionError> {
-        ask(PolicyHost::make_vnic(self, request, ports))
-    }
-
-    fn plan_connection(
-        &self,
-        conn: &Connection,
-        fits: &dyn Fn(&ConnPlan) -> Result<(), String>,
-    ) -> Result<Decided<ConnPlan>, DecisionError> {
-        ask(self.plan_connection_fitting(conn, fits))
-    }
-
-    fn on_port_event(
-        &self,
-        event: &PortEvent,
-        conn: &Connection,
-        qps: &[QpPlan],
-        states: &[PortState],
-    ) -> Result<Decided<PortAnswer>, DecisionError> {
-        ask(PolicyHost::on_port_event(self, event, conn, qps, states))
-    }
-
-    fn on_port_event_ahead(
-        &self,
-        event: &PortEvent,
-        conn: &Connection,
-        qps: &[QpPlan],
-        states: &[PortState],
-    ) -> Result<Decided<PortAnswer>, DecisionError> {
-        ask(PolicyHost::on_port_event_ahead(
-            self, event, conn, qps, states,
-        ))
-    }
-
-    fn port_changed(&self, device: &str, port: u8, state: PortState) {
-        PolicyHost::port_changed(self, device, port, state);
-    }
+    };
 }
+
+macro_rules! forward_to_host {
+    ($method:ident ($($arg:ident: $ty:ty),*) -> $answer:ty; []) => {
+        fn $method(&self, $($arg: $ty),*) -> Result<Decided<$answer>, DecisionError> {
+            ask(PolicyHost::$method(self, $($arg),*))
+        }
+    };
+    ($method:ident ($($arg:ident: $ty:ty),*) -> $answer:ty; [$fitting:ident]) => {
+        fn $method(
+            &self,
+            $($arg: $ty,)*
+            fits: &dyn Fn(&$answer) -> Result<(), String>,
+        ) -> Result<Decided<$answer>, DecisionError> {
+            ask(PolicyHost::$fitting(self, $($arg,)* fits))
+        }
+    };
+}
+
+ncclwasm_model::for_each_hook!(decisions_for_policy_host);
 
 impl From<PolicyError> for NetError {
     fn from(e: PolicyError) -> NetError {

@@ -4,6 +4,7 @@
 
 use crate::bindings::ncclwasm::policy::types as wit;
 use crate::model;
+use crate::rt::{FromWit, IntoWit};
 
 impl From<wit::LinkLayer> for model::LinkLayer {
     fn from(l: wit::LinkLayer) -> Self {
@@ -208,6 +209,46 @@ impl From<model::PortAnswer> for wit::PortAnswer {
             model::PortAnswer::FailBack { reason } => wit::PortAnswer::FailBack(reason),
             model::PortAnswer::Stay { reason } => wit::PortAnswer::Stay(reason),
         }
+    }
+}
+
+/// The model types whose `From` conversions above cross the WIT boundary, with their WIT names.
+macro_rules! wit_forms {
+    (in: $($model:ident => $wit:ident),*; out: $($answer:ident => $wit_answer:ident),*) => {
+        $(impl FromWit for model::$model {
+            type Wit = wit::$wit;
+            fn from_wit(w: wit::$wit) -> Self {
+                w.into()
+            }
+        })*
+        $(impl IntoWit for model::$answer {
+            type Wit = wit::$wit_answer;
+            fn into_wit(self) -> wit::$wit_answer {
+                self.into()
+            }
+        })*
+    };
+}
+
+wit_forms! {
+    in: Port => Port, Connection => Connection, PortEvent => PortEvent, QpPlan => QpPlan,
+        PortState => PortState;
+    out: DeviceSelection => DeviceSelection, GidChoice => GidChoice, DeviceGroup => DeviceGroup,
+        VnicAnswer => VnicAnswer, PlanPatch => ConnPlan, PortAnswer => PortAnswer
+}
+
+/// Device indices and other plain numbers are the same on both sides.
+impl FromWit for u32 {
+    type Wit = u32;
+    fn from_wit(w: u32) -> Self {
+        w
+    }
+}
+
+impl<T: IntoWit> IntoWit for Vec<T> {
+    type Wit = Vec<T::Wit>;
+    fn into_wit(self) -> Self::Wit {
+        self.into_iter().map(IntoWit::into_wit).collect()
     }
 }
 

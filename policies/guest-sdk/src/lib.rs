@@ -76,65 +76,33 @@ pub fn log(level: LogLevel, message: &str) {
 /// Exports a [`Policy`] implementation as the component's `policy` world.
 ///
 /// Use it once per policy crate, at the crate root. The policy name and version reported to the
-/// host (`policy-info`) are the crate's package name and version.
+/// host (`policy-info`) are the crate's package name and version, unless given:
+/// `export_policy!(MyPolicy, name = "my-policy", version = "1")` (each an expression that makes a
+/// `String` with `.into()`, evaluated at every `init`).
 #[macro_export]
 macro_rules! export_policy {
     ($policy:ty) => {
+        $crate::export_policy!(
+            $policy,
+            name = ::core::env!("CARGO_PKG_NAME"),
+            version = ::core::env!("CARGO_PKG_VERSION")
+        );
+    };
+    ($policy:ty, name = $name:expr, version = $version:expr) => {
         const _: () = {
-            static SLOT: $crate::rt::Slot<$policy> = $crate::rt::Slot::new();
+            impl $crate::rt::Exported for $policy {
+                fn slot() -> &'static $crate::rt::Slot<Self> {
+                    static SLOT: $crate::rt::Slot<$policy> = $crate::rt::Slot::new();
+                    &SLOT
+                }
 
-            /// The wit-bindgen export needs a plain identifier; it forwards to `SLOT`.
-            struct Export;
-
-            impl $crate::bindings::Guest for Export {
-                fn init(
-                    config: ::std::vec::Vec<(::std::string::String, ::std::string::String)>,
-                ) -> ::core::result::Result<$crate::bindings::PolicyInfo, ::std::string::String>
-                {
-                    SLOT.init(
-                        ::core::env!("CARGO_PKG_NAME"),
-                        ::core::env!("CARGO_PKG_VERSION"),
-                        config,
-                    )
-                }
-                fn select_devices(
-                    ports: ::std::vec::Vec<$crate::bindings::Port>,
-                ) -> ::core::option::Option<$crate::bindings::DeviceSelection> {
-                    SLOT.select_devices(ports)
-                }
-                fn select_gid(
-                    port: $crate::bindings::Port,
-                ) -> ::core::option::Option<$crate::bindings::GidChoice> {
-                    SLOT.select_gid(port)
-                }
-                fn group_devices(
-                    ports: ::std::vec::Vec<$crate::bindings::Port>,
-                    max_devices: u32,
-                ) -> ::core::option::Option<::std::vec::Vec<$crate::bindings::DeviceGroup>>
-                {
-                    SLOT.group_devices(ports, max_devices)
-                }
-                fn make_vnic(
-                    request: ::std::vec::Vec<u32>,
-                    ports: ::std::vec::Vec<$crate::bindings::Port>,
-                    max_devices: u32,
-                ) -> ::core::option::Option<$crate::bindings::VnicAnswer> {
-                    SLOT.make_vnic(request, ports, max_devices)
-                }
-                fn plan_connection(
-                    conn: $crate::bindings::Connection,
-                ) -> ::core::option::Option<$crate::bindings::ConnPlan> {
-                    SLOT.plan_connection(conn)
-                }
-                fn on_port_event(
-                    event: $crate::bindings::PortEvent,
-                    conn: $crate::bindings::Connection,
-                    qps: ::std::vec::Vec<$crate::bindings::QpPlan>,
-                    states: ::std::vec::Vec<$crate::bindings::PortState>,
-                ) -> ::core::option::Option<$crate::bindings::PortAnswer> {
-                    SLOT.on_port_event(event, conn, qps, states)
+                fn info() -> (::std::string::String, ::std::string::String) {
+                    (($name).into(), ($version).into())
                 }
             }
+
+            /// The wit-bindgen export names a plain identifier.
+            type Export = $crate::rt::Export<$policy>;
 
     $crate::bindings::__export_policy_world!(Export with_types_in $crate::bindings);
         };

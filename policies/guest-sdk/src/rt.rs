@@ -1,6 +1,7 @@
-//! What [`crate::export_policy!`] expands to: the one instance of the policy and the glue
-//! between WIT and model types. Not public API.
+//! What [`crate::export_policy!`] expands to: the one instance of the policy and the WIT exports,
+//! generated from `ncclwasm_model::for_each_hook!`. Not public API.
 
+use std::marker::PhantomData;
 use std::sync::{Mutex, PoisonError};
 
 use crate::{Config, Policy, bindings as wit};
@@ -43,66 +44,125 @@ impl<P: Policy> Slot<P> {
         let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         hook(slot.as_mut().expect("policy hook called before init"))
     }
+}
 
-    pub fn select_devices(&self, ports: Vec<wit::Port>) -> Option<wit::DeviceSelection> {
-        let ports = convert_ports(ports);
-        self.with(|p| p.select_devices(&ports)).map(Into::into)
-    }
+/// A policy exported by [`crate::export_policy!`]: its instance and what `init` reports.
+pub trait Exported: Policy {
+    /// The static that holds the instance.
+    fn slot() -> &'static Slot<Self>;
 
-    pub fn select_gid(&self, port: wit::Port) -> Option<wit::GidChoice> {
-        let port = port.into();
-        self.with(|p| p.select_gid(&port)).map(Into::into)
-    }
+    /// The name and version `init` reports (`policy-info`).
+    fn info() -> (String, String);
+}
 
-    pub fn group_devices(
-        &self,
-        ports: Vec<wit::Port>,
-        max_devices: u32,
-    ) -> Option<Vec<wit::DeviceGroup>> {
-        let ports = convert_ports(ports);
-        self.with(|p| p.group_devices(&ports, max_devices as usize))
-            .map(|groups| groups.into_iter().map(Into::into).collect())
-    }
+/// The type wit-bindgen's export glue calls: the [`wit::Guest`] of policy `P`.
+#[derive(Debug)]
+pub struct Export<P>(PhantomData<P>);
 
-    pub fn make_vnic(
-        &self,
-        request: Vec<u32>,
-        ports: Vec<wit::Port>,
-        max_devices: u32,
-    ) -> Option<wit::VnicAnswer> {
-        let ports = convert_ports(ports);
-        self.with(|p| p.make_vnic(&request, &ports, max_devices as usize))
-            .map(Into::into)
-    }
+/// A hook input the SDK converts from its WIT form (`convert` implements it).
+pub trait FromWit: Sized {
+    type Wit;
+    fn from_wit(wit: Self::Wit) -> Self;
+}
 
-    pub fn plan_connection(&self, conn: wit::Connection) -> Option<wit::ConnPlan> {
-        let conn = conn.into();
-        self.with(|p| p.plan_connection(&conn)).map(Into::into)
-    }
+/// A hook answer the SDK converts to its WIT form (`convert` implements it).
+pub trait IntoWit {
+    type Wit;
+    fn into_wit(self) -> Self::Wit;
+}
 
-    pub fn on_port_event(
-        &self,
-        event: wit::PortEvent,
-        conn: wit::Connection,
-        qps: Vec<wit::QpPlan>,
-        states: Vec<wit::PortState>,
-    ) -> Option<wit::PortAnswer> {
-        let event = event.into();
-        let conn = conn.into();
-        let qps: Vec<crate::QpPlan> = qps.into_iter().map(Into::into).collect();
-        let states: Vec<crate::PortState> = states.into_iter().map(Into::into).collect();
-        self.with(|p| p.on_port_event(&event, &conn, &qps, &states))
-            .map(Into::into)
+/// How a hook parameter crosses from the WIT export to the policy method: what the export
+/// receives (`Wit`), what the SDK converts it to (`Owned`), and ([`Lend`]) how the method
+/// borrows that.
+pub trait Arg {
+    type Wit;
+    type Owned;
+    fn own(wit: Self::Wit) -> Self::Owned;
+}
+
+/// The parameter a policy method takes, lent from the converted value.
+pub trait Lend<'a>: Arg {
+    fn lend(owned: &'a Self::Owned) -> Self;
+}
+
+impl<T: FromWit> Arg for &[T] {
+    type Wit = Vec<T::Wit>;
+    type Owned = Vec<T>;
+    fn own(wit: Self::Wit) -> Vec<T> {
+        wit.into_iter().map(T::from_wit).collect()
     }
 }
 
-fn convert_ports(ports: Vec<wit::Port>) -> Vec<crate::Port> {
-    ports.into_iter().map(Into::into).collect()
+impl<'a, T: FromWit> Lend<'a> for &'a [T] {
+    fn lend(owned: &'a Vec<T>) -> Self {
+        owned
+    }
 }
+
+impl<T: FromWit> Arg for &T {
+    type Wit = T::Wit;
+    type Owned = T;
+    fn own(wit: T::Wit) -> T {
+        T::from_wit(wit)
+    }
+}
+
+impl<'a, T: FromWit> Lend<'a> for &'a T {
+    fn lend(owned: &'a T) -> Self {
+        owned
+    }
+}
+
+/// Sizes: the WIT carries them as `u32`.
+impl Arg for usize {
+    type Wit = u32;
+    type Owned = usize;
+    fn own(wit: u32) -> usize {
+        wit as usize
+    }
+}
+
+impl Lend<'_> for usize {
+    fn lend(owned: &usize) -> usize {
+        *owned
+    }
+}
+
+/// Implements [`wit::Guest`] for [`Export`] from the list of hooks: each export converts its
+/// arguments, asks the policy and converts the answer back.
+macro_rules! guest_exports {
+    ($(
+        $(#[$doc:meta])*
+        $variant:ident $method:ident $wit:literal $flag:ident
+            host ($($arg:ident: $ty:ty),*) -> $answer:ty $(, fitting $fitting:ident)?;
+            guest ($($garg:ident: $gty:ty),*) -> $ganswer:ty;
+    )*) => {
+        impl<P: Exported> wit::Guest for Export<P> {
+            fn init(config: Vec<(String, String)>) -> Result<wit::PolicyInfo, String> {
+                let (name, version) = P::info();
+                P::slot().init(&name, &version, config)
+            }
+
+            $(
+                fn $method(
+                    $($garg: <$gty as Arg>::Wit),*
+                ) -> Option<<$ganswer as IntoWit>::Wit> {
+                    $(let $garg = <$gty as Arg>::own($garg);)*
+                    P::slot()
+                        .with(|p| p.$method($(Lend::lend(&$garg)),*))
+                        .map(IntoWit::into_wit)
+                }
+            )*
+        }
+    };
+}
+
+ncclwasm_model::for_each_hook!(guest_exports);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bindings::Guest;
     use crate::{GidChoice, Hooks, Port};
 
     /// Answers with the GID index its config names; refuses an empty config.
@@ -124,6 +184,37 @@ mod tests {
             })
         }
     }
+
+    /// Never `init`-ed: its own slot, apart from `Fixed`'s.
+    #[derive(Debug)]
+    struct NeverInit;
+
+    impl Policy for NeverInit {
+        const HOOKS: Hooks = Hooks::SELECT_GID;
+
+        fn init(_: &Config) -> Result<Self, String> {
+            Ok(NeverInit)
+        }
+    }
+
+    /// What `export_policy!` implements, without the wit-bindgen export symbols.
+    macro_rules! exported {
+        ($policy:ty) => {
+            impl Exported for $policy {
+                fn slot() -> &'static Slot<Self> {
+                    static SLOT: Slot<$policy> = Slot::new();
+                    &SLOT
+                }
+
+                fn info() -> (String, String) {
+                    (stringify!($policy).into(), "1.2.3".into())
+                }
+            }
+        };
+    }
+
+    exported!(Fixed);
+    exported!(NeverInit);
 
     fn port() -> wit::Port {
         wit::Port {
@@ -149,31 +240,32 @@ mod tests {
         vec![("index".into(), index.into())]
     }
 
+    type Fix = Export<Fixed>;
+
     #[test]
     fn init_reports_info_and_a_later_init_replaces_the_instance() {
-        let slot = Slot::<Fixed>::new();
-        let info = slot.init("fixed", "1.2.3", config("3")).unwrap();
+        let info = Fix::init(config("3")).unwrap();
         assert_eq!(
             (info.name.as_str(), info.version.as_str()),
-            ("fixed", "1.2.3")
+            ("Fixed", "1.2.3")
         );
         assert_eq!(info.hooks, Hooks::SELECT_GID);
-        assert_eq!(slot.select_gid(port()).unwrap().index, 3);
-        slot.init("fixed", "1.2.3", config("5")).unwrap();
-        assert_eq!(slot.select_gid(port()).unwrap().index, 5);
+        assert_eq!(Fix::select_gid(port()).unwrap().index, 3);
+        Fix::init(config("5")).unwrap();
+        assert_eq!(Fix::select_gid(port()).unwrap().index, 5);
         // Hooks the policy leaves alone answer "no opinion".
-        assert!(slot.select_devices(vec![port()]).is_none());
+        assert!(Fix::select_devices(vec![port()]).is_none());
+        assert!(Fix::group_devices(vec![port(), port()], 4).is_none());
     }
 
     #[test]
     fn init_errors_reach_the_host() {
-        let slot = Slot::<Fixed>::new();
-        assert_eq!(slot.init("fixed", "1", Vec::new()).unwrap_err(), "no index");
+        assert_eq!(Fix::init(Vec::new()).unwrap_err(), "no index");
     }
 
     #[test]
     #[should_panic(expected = "before init")]
     fn a_hook_before_init_traps() {
-        Slot::<Fixed>::new().select_gid(port());
+        Export::<NeverInit>::select_gid(port());
     }
 }

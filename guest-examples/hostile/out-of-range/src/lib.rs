@@ -1,62 +1,47 @@
 //! Answers with indices and values out of range. The plan's fault is chosen by
 //! `NCCL_WASM_POLICY_CONFIG`: `zero-qps` (default), `weight0`, `align3` or `timeout0`.
-// wit-bindgen's generated glue passes flattened records as many arguments.
-#![allow(clippy::too_many_arguments)]
-wit_bindgen::generate!({ path: "../../../wit", world: "policy" });
 
-use ncclwasm::policy::types::Hooks;
-use std::sync::OnceLock;
+use ncclwasm_guest::{
+    Config, Connection, DeviceGroup, DeviceSelection, GidChoice, Hooks, POLICY_CONFIG_KEY,
+    PlanPatch, Policy, Port, PortAnswer, PortEvent, PortState, QpPlan, VnicAnswer,
+};
 
-static CASE: OnceLock<String> = OnceLock::new();
+struct OutOfRange {
+    case: String,
+}
 
-struct OutOfRange;
-
-fn plan(qps: Vec<QpPlan>) -> ConnPlan {
-    ConnPlan {
+fn plan(qps: Vec<QpPlan>) -> PlanPatch {
+    PlanPatch {
         qps: Some(qps),
-        stripe_width: None,
-        align: None,
-        adaptive_routing: None,
-        ar_threshold: None,
-        tc: None,
-        sl: None,
-        fifo_tc: None,
-        ece: None,
-        timeout: None,
-        retry_cnt: None,
         reason: "out-of-range plan".into(),
+        ..PlanPatch::default()
     }
 }
 
-impl Guest for OutOfRange {
-    fn init(config: Vec<(String, String)>) -> Result<PolicyInfo, String> {
-        let case = config
-            .iter()
-            .find(|(k, _)| k == "NCCL_WASM_POLICY_CONFIG")
-            .map(|(_, v)| v.clone());
-        let _ = CASE.set(case.unwrap_or_else(|| "zero-qps".into()));
-        Ok(PolicyInfo {
-            name: "hostile-out-of-range".into(),
-            version: "1".into(),
-            hooks: Hooks::all(),
+impl Policy for OutOfRange {
+    const HOOKS: Hooks = Hooks::all();
+
+    fn init(config: &Config) -> Result<Self, String> {
+        Ok(OutOfRange {
+            case: config.get(POLICY_CONFIG_KEY).unwrap_or("zero-qps").into(),
         })
     }
 
-    fn select_devices(_ports: Vec<Port>) -> Option<DeviceSelection> {
+    fn select_devices(&mut self, _ports: &[Port]) -> Option<DeviceSelection> {
         Some(DeviceSelection {
             ports: vec![99],
             reason: "device 99 does not exist".into(),
         })
     }
 
-    fn select_gid(port: Port) -> Option<GidChoice> {
+    fn select_gid(&mut self, port: &Port) -> Option<GidChoice> {
         Some(GidChoice {
             index: port.gids.len() as u32 + 10,
             reason: "beyond the table".into(),
         })
     }
 
-    fn group_devices(ports: Vec<Port>, _max_devices: u32) -> Option<Vec<DeviceGroup>> {
+    fn group_devices(&mut self, ports: &[Port], _max_devices: usize) -> Option<Vec<DeviceGroup>> {
         let first = ports.first().map_or(0, |p| p.index);
         Some(vec![DeviceGroup {
             ports: vec![first, 99],
@@ -65,15 +50,20 @@ impl Guest for OutOfRange {
         }])
     }
 
-    fn make_vnic(request: Vec<u32>, _ports: Vec<Port>, _max_devices: u32) -> Option<VnicAnswer> {
+    fn make_vnic(
+        &mut self,
+        request: &[u32],
+        _ports: &[Port],
+        _max_devices: usize,
+    ) -> Option<VnicAnswer> {
         let never = request.iter().max().copied().unwrap_or(0) + 100;
-        Some(VnicAnswer::Reshape((
-            vec![never],
-            "a device never requested".into(),
-        )))
+        Some(VnicAnswer::Reshape {
+            devices: vec![never],
+            reason: "a device never requested".into(),
+        })
     }
 
-    fn plan_connection(_conn: Connection) -> Option<ConnPlan> {
+    fn plan_connection(&mut self, _conn: &Connection) -> Option<PlanPatch> {
         let one = |weight| {
             vec![QpPlan {
                 local: 0,
@@ -81,13 +71,13 @@ impl Guest for OutOfRange {
                 weight,
             }]
         };
-        Some(match CASE.get().map(String::as_str) {
-            Some("weight0") => plan(one(0)),
-            Some("align3") => ConnPlan {
+        Some(match self.case.as_str() {
+            "weight0" => plan(one(0)),
+            "align3" => PlanPatch {
                 align: Some(3),
                 ..plan(one(1))
             },
-            Some("timeout0") => ConnPlan {
+            "timeout0" => PlanPatch {
                 timeout: Some(0),
                 ..plan(one(1))
             },
@@ -96,14 +86,18 @@ impl Guest for OutOfRange {
     }
 
     fn on_port_event(
-        _event: PortEvent,
-        _conn: Connection,
-        _qps: Vec<QpPlan>,
-        _states: Vec<PortState>,
+        &mut self,
+        _event: &PortEvent,
+        _conn: &Connection,
+        _qps: &[QpPlan],
+        _states: &[PortState],
     ) -> Option<PortAnswer> {
         // A port no vNIC has.
-        Some(PortAnswer::MoveTo((vec![99], "port 99".into())))
+        Some(PortAnswer::MoveTo {
+            ports: vec![99],
+            reason: "port 99".into(),
+        })
     }
 }
 
-export!(OutOfRange);
+ncclwasm_guest::export_policy!(OutOfRange, name = "hostile-out-of-range", version = "1");

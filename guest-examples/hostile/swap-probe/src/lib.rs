@@ -2,11 +2,10 @@
 //! time, so patching that byte in the built component makes a second, different version without
 //! a second build. Version `A` keeps the active ports in order and sets traffic class 65; `B`
 //! reverses them and sets 66 — so an answer shows which version made it.
-// wit-bindgen's generated glue passes flattened records as many arguments.
-#![allow(clippy::too_many_arguments)]
-wit_bindgen::generate!({ path: "../../../wit", world: "policy" });
 
-use ncclwasm::policy::types::Hooks;
+use ncclwasm_guest::{
+    Config, Connection, DeviceSelection, Hooks, PlanPatch, Policy, Port, PortState,
+};
 
 static VERSION: [u8; 20] = *b"SWAP-PROBE-VERSION:A";
 
@@ -16,16 +15,14 @@ fn version() -> u8 {
 
 struct SwapProbe;
 
-impl Guest for SwapProbe {
-    fn init(_config: Vec<(String, String)>) -> Result<PolicyInfo, String> {
-        Ok(PolicyInfo {
-            name: "swap-probe".into(),
-            version: char::from(version()).to_string(),
-            hooks: Hooks::SELECT_DEVICES | Hooks::PLAN_CONNECTION,
-        })
+impl Policy for SwapProbe {
+    const HOOKS: Hooks = Hooks::SELECT_DEVICES.union(Hooks::PLAN_CONNECTION);
+
+    fn init(_config: &Config) -> Result<Self, String> {
+        Ok(SwapProbe)
     }
 
-    fn select_devices(ports: Vec<Port>) -> Option<DeviceSelection> {
+    fn select_devices(&mut self, ports: &[Port]) -> Option<DeviceSelection> {
         let v = version();
         let mut active: Vec<u32> = ports
             .iter()
@@ -41,44 +38,18 @@ impl Guest for SwapProbe {
         })
     }
 
-    fn select_gid(_port: Port) -> Option<GidChoice> {
-        None
-    }
-
-    fn group_devices(_ports: Vec<Port>, _max_devices: u32) -> Option<Vec<DeviceGroup>> {
-        None
-    }
-
-    fn make_vnic(_request: Vec<u32>, _ports: Vec<Port>, _max_devices: u32) -> Option<VnicAnswer> {
-        None
-    }
-
-    fn plan_connection(_conn: Connection) -> Option<ConnPlan> {
+    fn plan_connection(&mut self, _conn: &Connection) -> Option<PlanPatch> {
         let v = version();
-        Some(ConnPlan {
-            qps: None,
-            stripe_width: None,
-            align: None,
-            adaptive_routing: None,
-            ar_threshold: None,
+        Some(PlanPatch {
             tc: Some(v),
-            sl: None,
-            fifo_tc: None,
-            ece: None,
-            timeout: None,
-            retry_cnt: None,
             reason: format!("swap-probe {}", char::from(v)),
+            ..PlanPatch::default()
         })
-    }
-
-    fn on_port_event(
-        _event: PortEvent,
-        _conn: Connection,
-        _qps: Vec<QpPlan>,
-        _states: Vec<PortState>,
-    ) -> Option<PortAnswer> {
-        None
     }
 }
 
-export!(SwapProbe);
+ncclwasm_guest::export_policy!(
+    SwapProbe,
+    name = "swap-probe",
+    version = char::from(version()).to_string()
+);

@@ -1,32 +1,29 @@
-//! `select-devices` aborts (the `unreachable` instruction), `select-gid` panics, `group-devices` floods the log
-//! and then has no opinion; the other hooks have no opinion.
-// wit-bindgen's generated glue passes flattened records as many arguments.
-#![allow(clippy::too_many_arguments)]
-wit_bindgen::generate!({ path: "../../../wit", world: "policy" });
+//! `select-devices` aborts (the `unreachable` instruction), `select-gid` panics, `group-devices`
+//! floods the log and then has no opinion; the other hooks have no opinion.
 
-use ncclwasm::policy::types::Hooks;
+use ncclwasm_guest::{
+    Config, DeviceGroup, DeviceSelection, GidChoice, Hooks, LogLevel, Policy, Port, log,
+};
 
 struct Trap;
 
-impl Guest for Trap {
-    fn init(_config: Vec<(String, String)>) -> Result<PolicyInfo, String> {
-        Ok(PolicyInfo {
-            name: "hostile-trap".into(),
-            version: "1".into(),
-            hooks: Hooks::all(),
-        })
+impl Policy for Trap {
+    const HOOKS: Hooks = Hooks::all();
+
+    fn init(_config: &Config) -> Result<Self, String> {
+        Ok(Trap)
     }
 
-    fn select_devices(_ports: Vec<Port>) -> Option<DeviceSelection> {
+    fn select_devices(&mut self, _ports: &[Port]) -> Option<DeviceSelection> {
         // On wasm32-wasip2 this is wasi-libc's `abort`: the `unreachable` instruction.
         std::process::abort()
     }
 
-    fn select_gid(port: Port) -> Option<GidChoice> {
+    fn select_gid(&mut self, port: &Port) -> Option<GidChoice> {
         panic!("hostile-trap refuses to pick a GID for {}", port.device)
     }
 
-    fn group_devices(_ports: Vec<Port>, _max_devices: u32) -> Option<Vec<DeviceGroup>> {
+    fn group_devices(&mut self, _ports: &[Port], _max_devices: usize) -> Option<Vec<DeviceGroup>> {
         for i in 0..10_000 {
             log(
                 LogLevel::Info,
@@ -35,23 +32,6 @@ impl Guest for Trap {
         }
         None
     }
-
-    fn make_vnic(_request: Vec<u32>, _ports: Vec<Port>, _max_devices: u32) -> Option<VnicAnswer> {
-        None
-    }
-
-    fn plan_connection(_conn: Connection) -> Option<ConnPlan> {
-        None
-    }
-
-    fn on_port_event(
-        _event: PortEvent,
-        _conn: Connection,
-        _qps: Vec<QpPlan>,
-        _states: Vec<PortState>,
-    ) -> Option<PortAnswer> {
-        None
-    }
 }
 
-export!(Trap);
+ncclwasm_guest::export_policy!(Trap, name = "hostile-trap", version = "1");
