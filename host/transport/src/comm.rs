@@ -1,5 +1,7 @@
 //! What send and receive communicators share: their local endpoints with one completion queue
-//! each, the QPs of the plan, memory handles, completion polling and the answer of `test`.
+//! each, the QPs of the plan, memory handles, completion polling, the answer of `test`, and the
+//! public methods answered from those alone (`regMr`, `regMrDmaBuf`, the pointer types, the
+//! work requests posted: [`side_methods!`]).
 
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
@@ -226,6 +228,52 @@ impl Side {
         Ok(handle)
     }
 }
+
+/// The public methods a communicator answers from its [`Side`] (its field `side`) alone:
+/// `regMr`, `regMrDmaBuf`, the pointer types they accept and the work requests posted.
+/// [`SendComm`](crate::SendComm) and [`RecvComm`](crate::RecvComm) expand it in their `impl`
+/// blocks, so the methods stay inherent — callers (the plugin, the tests) import no trait, and
+/// each is a direct call, as written out.
+macro_rules! side_methods {
+    () => {
+        /// The work requests posted on each QP of the plan so far (a receiver's flush QPs are
+        /// not the plan's; a QP re-created by fail-back counts from zero): what the data path
+        /// asks of the NIC per message.
+        pub fn work_requests(&self) -> Vec<ncclwasm_verbs::Posted> {
+            self.side.posted()
+        }
+
+        /// Registers a buffer on every device of the connection (`regMr`).
+        pub fn reg_mr(
+            &self,
+            addr: u64,
+            len: u64,
+            source: &dyn $crate::RegionSource,
+        ) -> Result<$crate::MemHandle, $crate::NetError> {
+            self.side
+                .reg_mr(addr, len, $crate::mr_cache::Backing::Host(source))
+        }
+
+        /// The `NCCL_PTR_*` types `reg_mr` and `reg_mr_dmabuf` accept on this connection.
+        pub fn ptr_support(&self) -> u32 {
+            self.side.ptr_support()
+        }
+
+        /// Registers a dma-buf on every device of the connection (`regMrDmaBuf`): NCCL's
+        /// buffer at `addr` is the pages of `fd` from `offset`.
+        pub fn reg_mr_dmabuf(
+            &self,
+            addr: u64,
+            len: u64,
+            fd: std::os::fd::BorrowedFd<'_>,
+            offset: u64,
+        ) -> Result<$crate::MemHandle, $crate::NetError> {
+            self.side
+                .reg_mr(addr, len, $crate::mr_cache::Backing::DmaBuf { fd, offset })
+        }
+    };
+}
+pub(crate) use side_methods;
 
 /// A registered buffer of a communicator: one region per local endpoint (`ncclIbMrHandle`).
 /// Dropping it releases the regions in their device caches.

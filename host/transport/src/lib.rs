@@ -20,7 +20,15 @@
 //!   head slot of the CTS FIFO (marker first) and post the returned slot work; on `irecv` post
 //!   the receives and the CTS write; on `test` poll the completion queues the request awaits and
 //!   feed each successful completion to the request pool. A failed completion is an error of the
-//!   connection (`ncclRemoteError`), with the QP and GIDs in the message.
+//!   connection (`ncclRemoteError`), with the QP and GIDs in the message. What both
+//!   communicators do alike — their endpoints, completion queues and QPs, `regMr`, polling —
+//!   is `comm`; the per-message path of each is `send` and `recv`.
+//! * Rail failover, on a connection *prepared* for it (its QPs span two ports or more and its
+//!   policy would move a failed port's traffic): `failover`, with the sender's side
+//!   (`failover::send`: the policy's answer to a failed port, the probe and the replay,
+//!   fail-back) and the receiver's (`failover::recv`: dropping a failed QP, writing its CTS
+//!   entries again, re-creating QPs on fail-back). The communicators call in from their
+//!   progress only on a prepared connection.
 //!
 //! Errors are [`NetError`]s, each with the [`ErrorClass`] the plugin maps to an `ncclResult_t`.
 #![forbid(unsafe_code)]

@@ -1,29 +1,25 @@
 //! The receiving side: the accept shell around [`Acceptor`] and the receive
 //! communicator (`ncclIbListen`, `ncclIbAccept`, `ncclIbIrecv`, `ncclIbPostFifo`, `ncclIbIflush`).
 
-use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ncclwasm_verbs::{Access, Completion, Cq, RecvWr, Remote, SendOp, SendWr, WcOpcode, WcStatus};
+use ncclwasm_verbs::{Access, Cq, RecvWr, Remote, SendOp, SendWr};
 
 use crate::comm::{Done, MemHandle, OwnedRegion, Side};
 use crate::device::PortCtx;
-use crate::failover::{ControlLink, PortWatch, half};
-use crate::mr_cache::{Backing, RegionSource};
+use crate::failover::recv::prefill;
+use crate::failover::{ControlLink, PortWatch};
 use crate::net_error::NetError;
 use crate::qp::{self, ConnQp};
 use crate::send::describe;
 use crate::socket::Stream;
 use ncclwasm_proto::datapath::{CtsWrite, PostedRecv, Receiver};
-use ncclwasm_proto::failover::CTS_WR_ID;
 use ncclwasm_proto::fifo::{
     CTS_FIFO_BYTES, CTS_SLOT_BYTES, CtsEntry, SIZES_FIFO_BYTES, SIZES_SLOT_BYTES,
 };
-use ncclwasm_proto::handshake::{Acceptor, rejoin_bring_up};
-use ncclwasm_proto::handshake::{AcceptorAction, RecvSetup};
+use ncclwasm_proto::handshake::{Acceptor, AcceptorAction, RecvSetup};
 use ncclwasm_proto::message::{Ece, RemoteWindow};
-use ncclwasm_proto::message::{Message, Rejoin};
 use ncclwasm_proto::request::{Finished, RecvSizes, ReqId};
 use ncclwasm_proto::{MAX_ENDPOINTS, MAX_RECVS};
 
@@ -51,11 +47,12 @@ pub(crate) struct Accepting {
 
 /// What a receive communicator registers besides NCCL's buffers.
 #[derive(Debug)]
-struct RecvRegions {
+pub(crate) struct RecvRegions {
     /// Where CTS entries are staged before the RDMA WRITE (when not sent inline).
     cts_stage: OwnedRegion,
-    /// Written by the sender for multi-receives.
-    sizes: OwnedRegion,
+    /// Written by the sender for multi-receives; a prepared connection publishes its arrival
+    /// records in it (`crate::failover::recv`).
+    pub(crate) sizes: OwnedRegion,
     /// Only when the connection flushes.
     flush: Option<FlushTarget>,
 }
@@ -219,33 +216,19 @@ pub struct RecvBuf<'a> {
 }
 
 /// A connected receive communicator; every method takes `&self` (see [`crate::SendComm`]).
+/// Failover (`crate::failover::recv`) reads the fields the crate sees.
 #[derive(Debug)]
 pub struct RecvComm {
     state: Mutex<Receiver>,
     pub(crate) side: Side,
-    regions: RecvRegions,
-    setup: RecvSetup,
+    pub(crate) regions: RecvRegions,
+    pub(crate) setup: RecvSetup,
     /// Flushes posted (`iflush` calls that issued RDMA READs), for tests and diagnostics.
     flushes: AtomicU64,
     /// A connection prepared for failover keeps the handshake socket: the sender asks for failed
     /// QPs to be re-created over it (fail-back). Locked only under `state`.
     /// Port failures announced by async events are watched with it.
-    control: Option<Mutex<(ControlLink, PortWatch)>>,
-}
-
-/// Posts `n` receives ahead on `q` (a prepared connection's receive queues stay full).
-fn prefill(q: &ConnQp, n: usize) -> Result<(), NetError> {
-    for _ in 0..n {
-        q.qp.post_recv(&[RecvWr {
-            wr_id: 0,
-            sges: &[],
-        }])
-        .map_err(NetError::verbs(format!(
-            "posting a receive ahead on QP {}",
-            q.qp.qpn()
-        )))?;
-    }
-    Ok(())
+    pub(crate) control: Option<Mutex<(ControlLink, PortWatch)>>,
 }
 
 impl RecvComm {
@@ -264,39 +247,7 @@ impl RecvComm {
         self.flushes.load(Ordering::Relaxed)
     }
 
-    /// The work requests posted on each QP of the plan so far (not the flush QPs'; a QP
-    /// re-created by fail-back counts from zero): what the data path asks of the NIC per
-    /// message.
-    pub fn work_requests(&self) -> Vec<ncclwasm_verbs::Posted> {
-        self.side.posted()
-    }
-
-    /// Registers a buffer on every device of the connection (`regMr`).
-    pub fn reg_mr(
-        &self,
-        addr: u64,
-        len: u64,
-        source: &dyn RegionSource,
-    ) -> Result<MemHandle, NetError> {
-        self.side.reg_mr(addr, len, Backing::Host(source))
-    }
-
-    /// The `NCCL_PTR_*` types `reg_mr` and `reg_mr_dmabuf` accept on this connection.
-    pub fn ptr_support(&self) -> u32 {
-        self.side.ptr_support()
-    }
-
-    /// Registers a dma-buf on every device of the connection (`regMrDmaBuf`): NCCL's buffer at
-    /// `addr` is the pages of `fd` from `offset`.
-    pub fn reg_mr_dmabuf(
-        &self,
-        addr: u64,
-        len: u64,
-        fd: BorrowedFd<'_>,
-        offset: u64,
-    ) -> Result<MemHandle, NetError> {
-        self.side.reg_mr(addr, len, Backing::DmaBuf { fd, offset })
-    }
+    crate::comm::side_methods!();
 
     fn rkeys(b: &RecvBuf<'_>) -> Result<[u32; MAX_ENDPOINTS], NetError> {
         match b.mr {
@@ -357,134 +308,22 @@ impl RecvComm {
         Ok(req)
     }
 
-    /// Polls completions. On a connection prepared for failover, a tagged arrival is counted by
-    /// its tag (and its consumed receive posted again), and a failed QP is dropped: its
-    /// completions count nothing and the CTS entries in flight are written again through a QP
-    /// that works (`ncclwasm_proto::failover`). The sender decides about the port.
+    /// Polls completions; a connection prepared for failover also drops failed QPs and
+    /// answers the sender's fail-back here (`crate::failover::recv`).
     fn progress(
         &self,
         receiver: &mut Receiver,
         devices: impl Iterator<Item = usize>,
     ) -> Result<(), NetError> {
-        if !self.setup.failover {
-            return self.side.poll(receiver.requests(), devices);
+        if self.setup.failover {
+            return self.progress_prepared(receiver);
         }
-        let mut failed = self.side.fatal_qps();
-        if let Some(control) = &self.control {
-            let (_, watch) = &mut *crate::comm::lock_state(control)?;
-            for e in watch.newly_down(&self.side.ports) {
-                failed.extend(
-                    (0..self.setup.routes.len()).filter(|&q| self.setup.routes[q].local == e),
-                );
-            }
-        }
-        self.side.poll_each(self.side.all(), |d, wc: &Completion| {
-            let Some(q) = self.side.qp_index(wc.qp_num) else {
-                // A flush QP's: as on any connection.
-                return self.side.account(receiver.requests(), d, wc);
-            };
-            if receiver.is_failed(q) {
-                return Ok(());
-            }
-            if wc.status != WcStatus::Success {
-                if !failed.contains(&q) {
-                    failed.push(q);
-                }
-                return Ok(());
-            }
-            match wc.opcode {
-                WcOpcode::RecvRdmaWithImm => {
-                    let a = receiver
-                        .arrived(wc.imm.unwrap_or(0))
-                        .map_err(NetError::protocol("accounting a tagged arrival"))?;
-                    if let Some((off, word)) = a.record {
-                        self.regions.sizes.buf.store_u64_release(off, word);
-                    }
-                    let qp = &self.side.qps()[q].qp;
-                    qp.post_recv(&[RecvWr {
-                        wr_id: 0,
-                        sges: &[],
-                    }])
-                    .map_err(NetError::verbs(|| {
-                        format!("posting a receive on QP {}", qp.qpn())
-                    }))
-                }
-                _ if wc.wr_id == CTS_WR_ID => Ok(()),
-                _ => self.side.account(receiver.requests(), d, wc),
-            }
-        })?;
-        failed.sort_unstable();
-        failed.dedup();
-        for q in failed {
-            if receiver.is_failed(q) {
-                // Its fatal event stays recorded until the QP is replaced.
-                continue;
-            }
-            let rewrites = receiver
-                .qp_failed(q)
-                .map_err(NetError::protocol("dropping a failed QP"))?;
-            if let Some(first) = receiver.cts_qp() {
-                tracing::info!(
-                    "NET/WASM: {}: QP {} failed; the sender moves its traffic; {} CTS \
-                     entr(ies) written again, CTS now through QP {}",
-                    self.side.desc,
-                    self.side.qps()[q].qp.qpn(),
-                    rewrites.len(),
-                    self.side.qps()[first].qp.qpn()
-                );
-            }
-            for cts in &rewrites {
-                self.post_cts(cts)?;
-            }
-        }
-        // A rejoin can only follow a failure: the socket is read only then.
-        if receiver.any_failed()
-            && let Some(control) = &self.control
-        {
-            let (link, _) = &mut *crate::comm::lock_state(control)?;
-            if let Some(m) = link.poll()? {
-                self.rejoin(receiver, link, &m)?;
-            }
-        }
-        Ok(())
+        self.side.poll(receiver.requests(), devices)
     }
 
-    /// The sender re-created failed QPs (fail-back): fresh ones here, brought up to its halves,
-    /// their receive queues filled, and our halves sent back.
-    fn rejoin(
-        &self,
-        receiver: &mut Receiver,
-        link: &mut ControlLink,
-        m: &Rejoin,
-    ) -> Result<(), NetError> {
-        let s = &self.setup;
-        let ups = rejoin_bring_up(&s.plan, &s.routes, &s.local, &s.peer, m, s.plan.fifo_tc)
-            .map_err(NetError::protocol("fail-back"))?;
-        let mut halves = Vec::with_capacity(ups.len());
-        for b in &ups {
-            let ep = b.route.local;
-            let port = &self.side.ports[ep];
-            let (q, l) = qp::create(port, &self.side.cqs[ep], true, false)?;
-            q.bring_up(port, b)?;
-            prefill(&q, receiver.prefill())?;
-            drop(self.side.replace_qp(b.qp, q));
-            receiver.qp_rejoined(b.qp);
-            halves.push(half(&l, ep));
-        }
-        link.send(&Message::Rejoined(Rejoin {
-            indices: m.indices.clone(),
-            qps: halves,
-        }))?;
-        tracing::info!(
-            "NET/WASM: {}: QP(s) {:?} re-created for the sender's fail-back",
-            self.side.desc,
-            m.indices
-        );
-        Ok(())
-    }
-
-    /// Stages a CTS slot's entries and writes them into the sender's FIFO.
-    fn post_cts(&self, cts: &CtsWrite) -> Result<(), NetError> {
+    /// Stages a CTS slot's entries and writes them into the sender's FIFO (failover's
+    /// rewrites too).
+    pub(crate) fn post_cts(&self, cts: &CtsWrite) -> Result<(), NetError> {
         let off = cts.slot.cts_offset();
         let entries = cts.entries();
         let len = entries.len() * CtsEntry::SIZE;

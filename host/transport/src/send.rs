@@ -1,7 +1,6 @@
 //! The sending side: the connect shell around [`Connector`] and the send communicator
 //! (`ncclIbConnect`, `ncclIbIsend`, `ncclIbMultiSend`).
 
-use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex};
 
 use ncclwasm_model::Connection;
@@ -10,26 +9,19 @@ use ncclwasm_verbs::{Access, Remote, SendOp, SendWr, Sge};
 use crate::comm::{Done, MemHandle, OwnedRegion, Side};
 use crate::decide::Decisions;
 use crate::device::PortCtx;
-use crate::failover::{ControlLink, PortWatch, cause_text, half, port_name};
-use crate::mr_cache::{Backing, RegionSource};
+use crate::failover::send::Failback;
 use crate::net_error::NetError;
 use crate::qp::{self, ConnQp};
 use crate::socket::Stream;
-use ncclwasm_model::{PortAnswer, PortChange, PortEvent, PortEventCause, PortState};
-use ncclwasm_proto::ProtoError;
 use ncclwasm_proto::datapath::{LocalData, Opcode, QpPost, Sender};
-use ncclwasm_proto::failover::{FailoverCounters, PROBE_WR_ID};
-use ncclwasm_proto::fifo::ARRIVALS_OFFSET;
+use ncclwasm_proto::failover::FailoverCounters;
 use ncclwasm_proto::fifo::{
     CTS_FIFO_BYTES, CTS_SLOT_BYTES, CtsEntry, SIZES_FIFO_BYTES, SIZES_SLOT_BYTES,
 };
-use ncclwasm_proto::handshake::{Connector, rejoin_bring_up};
-use ncclwasm_proto::handshake::{ConnectorAction, SendSetup};
+use ncclwasm_proto::handshake::{Connector, ConnectorAction, SendSetup};
 use ncclwasm_proto::message::RemoteWindow;
-use ncclwasm_proto::message::{Message, Rejoin};
 use ncclwasm_proto::request::{Finished, ReqId};
 use ncclwasm_proto::{MAX_ENDPOINTS, MAX_RECVS, MAX_REQUESTS};
-use ncclwasm_verbs::{Completion, WcStatus};
 
 /// A connection being made: the handshake, its socket and the verbs objects made so far. NCCL
 /// calls `connect` again and again; each call resumes it.
@@ -166,15 +158,13 @@ impl Connecting {
             .ok_or_else(|| NetError::Internal("established without a CTS FIFO".into()))?;
         let sizes = OwnedRegion::new(&self.ports, SIZES_FIFO_BYTES, Access::LOCAL_WRITE)?;
         let failback = match setup.failover {
-            true => Some(Failback {
-                link: ControlLink::new(self.stream.take().ok_or_else(|| {
+            true => Some(Failback::new(
+                self.stream.take().ok_or_else(|| {
                     NetError::Internal("established without the handshake socket".into())
-                })?),
-                down: vec![None; setup.local.len()],
-                stayed: vec![None; setup.local.len()],
-                pending: None,
-                watch: PortWatch::new(&self.ports),
-            }),
+                })?,
+                &self.ports,
+                setup.local.len(),
+            )),
             false => None,
         };
         let conn = self
@@ -229,36 +219,22 @@ const MAX_CHAIN: usize = MAX_RECVS + 1;
 
 /// The buffer behind one send request, for the work requests of its slot.
 #[derive(Clone, Copy, Debug, Default)]
-struct SendBuf {
+pub(crate) struct SendBuf {
     addr: u64,
     lkeys: [u32; MAX_ENDPOINTS],
 }
 
+/// What `isend` and `test` change, under the communicator's lock. The fields are the crate's
+/// so that failover (`crate::failover::send`) works on them too.
 #[derive(Debug)]
-struct SendState {
-    sender: Sender,
-    bufs: [SendBuf; MAX_REQUESTS],
+pub(crate) struct SendState {
+    pub(crate) sender: Sender,
+    pub(crate) bufs: [SendBuf; MAX_REQUESTS],
     /// Payload bytes posted on each QP of the plan: plain integers under the lock `isend`
     /// holds anyway, so counting costs an add per work request.
-    posted: Box<[u64]>,
+    pub(crate) posted: Box<[u64]>,
     /// A connection prepared for failover: what fail-back needs.
-    failback: Option<Failback>,
-}
-
-/// Fail-back on a prepared connection: the kept handshake socket, the ports whose QPs failed
-/// (with the port's return count then), the policy's `stay` answers, and a rejoin waiting for
-/// the peer's halves.
-#[derive(Debug)]
-struct Failback {
-    link: ControlLink,
-    /// Per local endpoint: the port's return count when its QPs failed.
-    down: Vec<Option<u64>>,
-    /// Per local endpoint: the return count the policy answered `stay` to.
-    stayed: Vec<Option<u64>>,
-    /// A rejoin sent: the port and its fresh QPs (plan index, QP).
-    pending: Option<(u32, Vec<(usize, ConnQp)>)>,
-    /// Port failures announced by async events.
-    watch: PortWatch,
+    pub(crate) failback: Option<Failback>,
 }
 
 /// What a send communicator runs and has done: the plugin's `ncclwasm_send_comm_stats`.
@@ -278,21 +254,23 @@ pub struct SendStats<'a> {
 }
 
 /// A connected send communicator. NCCL's progress thread sends and tests while its service
-/// thread may register memory, so every method takes `&self`.
+/// thread may register memory, so every method takes `&self`. Failover
+/// (`crate::failover::send`) reads the fields the crate sees.
 #[derive(Debug)]
 pub struct SendComm {
     state: Mutex<SendState>,
     pub(crate) side: Side,
     /// The CTS FIFO the receiver writes.
     cts: OwnedRegion,
-    /// Staging rows of multi-receive sizes, written to the receiver's sizes FIFO.
-    sizes: OwnedRegion,
-    setup: SendSetup,
+    /// Staging rows of multi-receive sizes, written to the receiver's sizes FIFO; the probe
+    /// of a prepared connection lands in it too.
+    pub(crate) sizes: OwnedRegion,
+    pub(crate) setup: SendSetup,
     source: String,
     /// The connection the plan was made for, and who decides about it: a port failure is
     /// decided per connection.
-    conn: Connection,
-    decisions: Arc<dyn Decisions>,
+    pub(crate) conn: Connection,
+    pub(crate) decisions: Arc<dyn Decisions>,
 }
 
 impl SendComm {
@@ -319,38 +297,7 @@ impl SendComm {
         }
     }
 
-    /// The work requests posted on each QP of the plan so far (a QP re-created by fail-back
-    /// counts from zero): what the data path asks of the NIC per message.
-    pub fn work_requests(&self) -> Vec<ncclwasm_verbs::Posted> {
-        self.side.posted()
-    }
-
-    /// Registers a buffer on every device of the connection (`regMr`).
-    pub fn reg_mr(
-        &self,
-        addr: u64,
-        len: u64,
-        source: &dyn RegionSource,
-    ) -> Result<MemHandle, NetError> {
-        self.side.reg_mr(addr, len, Backing::Host(source))
-    }
-
-    /// The `NCCL_PTR_*` types `reg_mr` and `reg_mr_dmabuf` accept on this connection.
-    pub fn ptr_support(&self) -> u32 {
-        self.side.ptr_support()
-    }
-
-    /// Registers a dma-buf on every device of the connection (`regMrDmaBuf`): NCCL's buffer at
-    /// `addr` is the pages of `fd` from `offset`.
-    pub fn reg_mr_dmabuf(
-        &self,
-        addr: u64,
-        len: u64,
-        fd: BorrowedFd<'_>,
-        offset: u64,
-    ) -> Result<MemHandle, NetError> {
-        self.side.reg_mr(addr, len, Backing::DmaBuf { fd, offset })
-    }
+    crate::comm::side_methods!();
 
     /// `isend`: `Ok(None)` when the receiver has not posted a matching receive yet (NCCL calls
     /// again). `mr` may be `None` only for an empty send.
@@ -451,325 +398,22 @@ impl SendComm {
         }
     }
 
-    /// Polls completions. A prepared connection also carries out failover here: a failed QP's
-    /// port is decided by the policy; a `move-to` restripes, probes the receiver's arrival
-    /// record and writes again what it lacks (`ncclwasm_proto::failover`).
+    /// Polls completions; a connection prepared for failover also carries out failover here
+    /// (`crate::failover::send`).
     fn progress(
         &self,
         st: &mut SendState,
         devices: impl Iterator<Item = usize>,
     ) -> Result<(), NetError> {
-        if !self.setup.failover {
-            return self.side.poll(st.sender.requests(), devices);
+        if self.setup.failover {
+            return self.progress_prepared(st);
         }
-        let mut failed: Vec<(usize, PortEventCause)> = self
-            .side
-            .fatal_qps()
-            .into_iter()
-            .map(|q| (q, PortEventCause::AsyncEvent))
-            .collect();
-        if let (Some(fb), Some(f)) = (st.failback.as_mut(), st.sender.failover()) {
-            for e in fb.watch.newly_down(&self.side.ports) {
-                let live = (0..self.setup.routes.len())
-                    .find(|&q| self.setup.routes[q].local == e && !f.is_failed(q));
-                failed.extend(live.map(|q| (q, PortEventCause::AsyncEvent)));
-            }
-        }
-        let mut probe_done = false;
-        self.side.poll_each(self.side.all(), |d, wc: &Completion| {
-            let Some(q) = self.side.qp_index(wc.qp_num) else {
-                return Err(self.side.failed(d, wc));
-            };
-            let fo = st.sender.failover().is_some_and(|f| f.is_failed(q));
-            if fo {
-                // Its slices are accounted for by the probe.
-                return Ok(());
-            }
-            if wc.status != WcStatus::Success {
-                if wc.wr_id == PROBE_WR_ID {
-                    st.sender.probe_lost();
-                }
-                if !failed.iter().any(|&(f, _)| f == q) {
-                    failed.push((q, PortEventCause::FatalCompletion));
-                }
-                return Ok(());
-            }
-            if wc.wr_id == PROBE_WR_ID {
-                probe_done = true;
-                return Ok(());
-            }
-            st.sender
-                .slice_acked(wc.wr_id)
-                .map_err(NetError::protocol("accounting a completion"))
-        })?;
-        for (q, cause) in failed {
-            if !st.sender.failover().is_some_and(|f| f.is_failed(q)) {
-                self.port_down(st, q, cause)?;
-            }
-        }
-        if probe_done {
-            self.replay(st)?;
-        }
-        self.fail_back(st)?;
-        if let Some((q, route)) = st.sender.take_probe() {
-            let len = (MAX_REQUESTS * size_of::<u64>()) as u32;
-            let sge = self.sizes.mrs[route.local]
-                .sge(ARRIVALS_OFFSET as u64, len)
-                .map_err(NetError::verbs("the probe's landing area"))?;
-            let qp = &self.side.qps()[q].qp;
-            qp.post_send(&[SendWr {
-                wr_id: PROBE_WR_ID,
-                op: SendOp::Read(Remote {
-                    addr: self.setup.sizes_fifo.addr + ARRIVALS_OFFSET as u64,
-                    rkey: self.setup.sizes_fifo.rkeys[route.remote],
-                }),
-                sges: &[sge],
-                signaled: true,
-                inline: false,
-            }])
-            .map_err(NetError::verbs(|| {
-                format!("posting the failover probe on QP {}", qp.qpn())
-            }))?;
-        }
-        Ok(())
+        self.side.poll(st.sender.requests(), devices)
     }
 
-    /// Plan QP `q` failed: the policy decides about its port.
-    fn port_down(
-        &self,
-        st: &mut SendState,
-        q: usize,
-        cause: PortEventCause,
-    ) -> Result<(), NetError> {
-        let port = self.setup.routes[q].local as u32;
-        let f = st.sender.failover();
-        // A port is down when every QP the plan has on it failed (this one's included).
-        let states: Vec<PortState> = (0..self.setup.local.len() as u32)
-            .map(|p| {
-                let down = p == port
-                    || self
-                        .setup
-                        .routes
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, r)| r.local as u32 == p)
-                        .all(|(i, _)| f.is_some_and(|f| f.is_failed(i)));
-                if down {
-                    PortState::Down
-                } else {
-                    PortState::Active
-                }
-            })
-            .collect();
-        let event = PortEvent {
-            port,
-            change: PortChange::Down,
-            cause,
-        };
-        let d = self
-            .decisions
-            .on_port_event(&event, &self.conn, &self.setup.plan.qps, &states)?;
-        if let Some(fb) = st.failback.as_mut() {
-            let pc = &self.side.ports[port as usize];
-            fb.down[port as usize] = Some(pc.dev.port_counts(pc.port.port).ups);
-        }
-        let name = port_name(&self.conn, port);
-        tracing::info!(
-            "NET/WASM: {}: port {name} failed ({} on QP {}): {}: {} [{}]",
-            self.side.desc,
-            cause_text(cause),
-            self.side.qps()[q].qp.qpn(),
-            d.value.kind(),
-            d.reason,
-            d.source
-        );
-        let fail = |reason: String| NetError::PortFailed {
-            connection: self.side.desc.clone(),
-            port: name.clone(),
-            reason,
-            source_of: d.source.clone(),
-        };
-        match d.value {
-            PortAnswer::MoveTo { ports, .. } => {
-                st.sender
-                    .fail_over(port, &ports)
-                    .map_err(|e| fail(e.to_string()))?;
-                let to: Vec<String> = ports.iter().map(|&p| port_name(&self.conn, p)).collect();
-                tracing::info!(
-                    "NET/WASM: {}: new messages go over {}; slices in flight on {name} are \
-                     probed at the receiver and written again where missing",
-                    self.side.desc,
-                    to.join(", ")
-                );
-                Ok(())
-            }
-            PortAnswer::Fail { reason } => Err(fail(reason)),
-            PortAnswer::Wait { .. } => Err(fail(
-                "the policy answered wait; holding traffic for a port to return needs the \
-                 failed QPs re-created, which this transport does not do yet"
-                    .into(),
-            )),
-            other => Err(NetError::Internal(format!(
-                "the answer to a port failure was {}, an answer to a port coming back",
-                other.kind()
-            ))),
-        }
-    }
-
-    /// Fail-back: a rejoin in flight is finished when the peer's halves arrive; otherwise a
-    /// port whose QPs failed and that came back since is decided by the policy (`fail-back`
-    /// re-creates its QPs and sends their halves over the kept socket; `stay` leaves traffic
-    /// where it is until the port fails and returns again).
-    fn fail_back(&self, st: &mut SendState) -> Result<(), NetError> {
-        let SendState {
-            sender, failback, ..
-        } = st;
-        let Some(fb) = failback.as_mut() else {
-            return Ok(());
-        };
-        if let Some((port, fresh)) = fb.pending.take() {
-            let Some(m) = fb.link.poll()? else {
-                fb.pending = Some((port, fresh));
-                return Ok(());
-            };
-            let s = &self.setup;
-            let ups = rejoin_bring_up(&s.plan, &s.routes, &s.local, &s.peer, &m, s.plan.tc)
-                .map_err(NetError::protocol("fail-back"))?;
-            if ups.len() != fresh.len() || ups.iter().zip(&fresh).any(|(b, (i, _))| b.qp != *i) {
-                return Err(NetError::Protocol {
-                    during: "fail-back",
-                    source: ProtoError::BadPeerInfo {
-                        detail: format!(
-                            "the peer rejoined QPs {:?}, not the ones asked for",
-                            m.indices
-                        ),
-                    },
-                });
-            }
-            let n = fresh.len();
-            for (b, (i, q)) in ups.iter().zip(fresh) {
-                q.bring_up(&self.side.ports[b.route.local], b)?;
-                drop(self.side.replace_qp(i, q));
-            }
-            sender
-                .fail_back(port)
-                .map_err(NetError::protocol("fail-back"))?;
-            fb.down[port as usize] = None;
-            tracing::info!(
-                "NET/WASM: {}: port {} is back: its {n} QP(s) were re-created and carry new \
-                 messages again",
-                self.side.desc,
-                port_name(&self.conn, port)
-            );
-            return Ok(());
-        }
-        if sender.failover().is_none_or(|f| f.blocked()) {
-            return Ok(());
-        }
-        for p in 0..fb.down.len() {
-            let Some(at) = fb.down[p] else { continue };
-            let pc = &self.side.ports[p];
-            let now = pc.dev.port_counts(pc.port.port).ups;
-            if now <= at || fb.stayed[p] == Some(now) {
-                continue;
-            }
-            let event = PortEvent {
-                port: p as u32,
-                change: PortChange::Up,
-                cause: PortEventCause::AsyncEvent,
-            };
-            let states: Vec<PortState> = (0..fb.down.len())
-                .map(|q| {
-                    if q != p && fb.down[q].is_some() {
-                        PortState::Down
-                    } else {
-                        PortState::Active
-                    }
-                })
-                .collect();
-            let d =
-                self.decisions
-                    .on_port_event(&event, &self.conn, &self.setup.plan.qps, &states)?;
-            let name = port_name(&self.conn, p as u32);
-            tracing::info!(
-                "NET/WASM: {}: port {name} is active again: {}: {} [{}]",
-                self.side.desc,
-                d.value.kind(),
-                d.reason,
-                d.source
-            );
-            match d.value {
-                PortAnswer::FailBack { .. } => {
-                    let f = sender.failover();
-                    let mut fresh = Vec::new();
-                    let mut halves = Vec::new();
-                    let failed = self
-                        .setup
-                        .routes
-                        .iter()
-                        .enumerate()
-                        .filter(|(i, r)| r.local == p && f.is_some_and(|f| f.is_failed(*i)));
-                    for (i, _) in failed {
-                        let (q, l) = qp::create(pc, &self.side.cqs[p], false, false)?;
-                        halves.push(half(&l, p));
-                        fresh.push((i, q));
-                    }
-                    fb.link.send(&Message::Rejoin(Rejoin {
-                        indices: fresh.iter().map(|(i, _)| *i as u32).collect(),
-                        qps: halves,
-                    }))?;
-                    fb.pending = Some((p as u32, fresh));
-                    return Ok(());
-                }
-                PortAnswer::Stay { .. } => fb.stayed[p] = Some(now),
-                other => {
-                    return Err(NetError::Internal(format!(
-                        "the answer to a port coming back was {}, an answer to a port failure",
-                        other.kind()
-                    )));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The probe returned: writes again every slice the receiver lacks.
-    fn replay(&self, st: &mut SendState) -> Result<(), NetError> {
-        let mut words = [0u64; MAX_REQUESTS];
-        for (slot, w) in words.iter_mut().enumerate() {
-            *w = self
-                .sizes
-                .buf
-                .load_u64_acquire(ARRIVALS_OFFSET + slot * size_of::<u64>());
-        }
-        let reposts = st
-            .sender
-            .probed(&words)
-            .map_err(NetError::protocol("reading the failover probe"))?;
-        for r in &reposts {
-            let (post, reqs) = st
-                .sender
-                .replay(r)
-                .map_err(NetError::protocol("replaying a slice"))?;
-            let SendState { bufs, posted, .. } = st;
-            self.post(bufs, posted, &post, &reqs)?;
-        }
-        if let Some(c) = st.sender.failover().map(|f| f.counters()) {
-            tracing::info!(
-                "NET/WASM: {}: failover probe {}: {} slice(s) written again ({} bytes in all \
-                 so far), {} confirmed delivered",
-                self.side.desc,
-                c.probes,
-                reposts.len(),
-                c.replayed_bytes,
-                c.confirmed
-            );
-        }
-        Ok(())
-    }
-
-    /// Posts one QP's chain; `reqs` are the requests of its slot in receive order.
-    fn post(
+    /// Posts one QP's chain; `reqs` are the requests of its slot in receive order (a replay's
+    /// too).
+    pub(crate) fn post(
         &self,
         bufs: &[SendBuf; MAX_REQUESTS],
         posted: &mut [u64],
@@ -826,15 +470,5 @@ impl SendComm {
             }))?;
         posted[post.qp] += payload;
         Ok(())
-    }
-
-    /// Requests in flight.
-    pub fn in_flight(&mut self) -> usize {
-        self.state
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .sender
-            .requests()
-            .in_flight()
     }
 }

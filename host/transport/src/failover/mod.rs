@@ -1,6 +1,18 @@
-//! Rail failover in the shell: whether a connection is prepared for it, and the words its
-//! INFO lines use. The protocol itself — tags, the arrival record, the probe, the replay
-//! barrier — is `ncclwasm_proto::failover`; the send and receive communicators carry it out.
+//! Rail failover in the shell. The protocol itself — tags, the arrival record, the probe, the
+//! replay barrier — is `ncclwasm_proto::failover`; here it meets sockets and verbs:
+//! * this file: what both sides need — whether a connection is prepared for failover, the
+//!   handshake socket a prepared connection keeps ([`ControlLink`]), the port-down watch
+//!   ([`PortWatch`]), a fresh QP's half for a rejoin, and the words of the INFO lines;
+//! * [`send`]: the sender's side — polling tagged slices, the policy's answer to a failed port
+//!   (`move-to` restripes), the probe and the replay, fail-back;
+//! * [`recv`]: the receiver's side — full receive queues, dropping a failed QP and writing its
+//!   CTS entries again through one that works, re-creating QPs for the sender's fail-back.
+//!
+//! The communicators (`crate::send`, `crate::recv`) call in from their progress only when the
+//! connection is prepared; an unprepared one runs the reference's data path and never enters.
+
+pub(crate) mod recv;
+pub(crate) mod send;
 
 use ncclwasm_model::{
     ConnPlan, Connection, PortAnswer, PortChange, PortEvent, PortEventCause, PortState,

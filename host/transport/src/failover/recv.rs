@@ -1,0 +1,154 @@
+//! The receiver's side of rail failover on a prepared connection: its receive queues stay full,
+//! a tagged arrival is counted by its tag, a failed QP is dropped (its completions count nothing
+//! and the CTS entries in flight are written again through a QP that works), and the sender's
+//! fail-back re-creates failed QPs here too (`Rejoin`, answered by `Rejoined`). The sender
+//! decides about the port. [`RecvComm`]'s progress calls in here only when the connection is
+//! prepared.
+
+use ncclwasm_proto::datapath::Receiver;
+use ncclwasm_proto::failover::CTS_WR_ID;
+use ncclwasm_proto::handshake::rejoin_bring_up;
+use ncclwasm_proto::message::{Message, Rejoin};
+use ncclwasm_verbs::{Completion, RecvWr, WcOpcode, WcStatus};
+
+use super::{ControlLink, half};
+use crate::net_error::NetError;
+use crate::qp::{self, ConnQp};
+use crate::recv::RecvComm;
+
+/// Posts `n` receives ahead on `q` (a prepared connection's receive queues stay full; `n` is
+/// zero on any other).
+pub(crate) fn prefill(q: &ConnQp, n: usize) -> Result<(), NetError> {
+    for _ in 0..n {
+        q.qp.post_recv(&[RecvWr {
+            wr_id: 0,
+            sges: &[],
+        }])
+        .map_err(NetError::verbs(format!(
+            "posting a receive ahead on QP {}",
+            q.qp.qpn()
+        )))?;
+    }
+    Ok(())
+}
+
+impl RecvComm {
+    /// Polls completions on a prepared connection: a tagged arrival is counted by its tag (and
+    /// its consumed receive posted again), and a failed QP is dropped: its completions count
+    /// nothing and the CTS entries in flight are written again through a QP that works
+    /// (`ncclwasm_proto::failover`).
+    pub(crate) fn progress_prepared(&self, receiver: &mut Receiver) -> Result<(), NetError> {
+        let mut failed = self.side.fatal_qps();
+        if let Some(control) = &self.control {
+            let (_, watch) = &mut *crate::comm::lock_state(control)?;
+            for e in watch.newly_down(&self.side.ports) {
+                failed.extend(
+                    (0..self.setup.routes.len()).filter(|&q| self.setup.routes[q].local == e),
+                );
+            }
+        }
+        self.side.poll_each(self.side.all(), |d, wc: &Completion| {
+            let Some(q) = self.side.qp_index(wc.qp_num) else {
+                // A flush QP's: as on any connection.
+                return self.side.account(receiver.requests(), d, wc);
+            };
+            if receiver.is_failed(q) {
+                return Ok(());
+            }
+            if wc.status != WcStatus::Success {
+                if !failed.contains(&q) {
+                    failed.push(q);
+                }
+                return Ok(());
+            }
+            match wc.opcode {
+                WcOpcode::RecvRdmaWithImm => {
+                    let a = receiver
+                        .arrived(wc.imm.unwrap_or(0))
+                        .map_err(NetError::protocol("accounting a tagged arrival"))?;
+                    if let Some((off, word)) = a.record {
+                        self.regions.sizes.buf.store_u64_release(off, word);
+                    }
+                    let qp = &self.side.qps()[q].qp;
+                    qp.post_recv(&[RecvWr {
+                        wr_id: 0,
+                        sges: &[],
+                    }])
+                    .map_err(NetError::verbs(|| {
+                        format!("posting a receive on QP {}", qp.qpn())
+                    }))
+                }
+                _ if wc.wr_id == CTS_WR_ID => Ok(()),
+                _ => self.side.account(receiver.requests(), d, wc),
+            }
+        })?;
+        failed.sort_unstable();
+        failed.dedup();
+        for q in failed {
+            if receiver.is_failed(q) {
+                // Its fatal event stays recorded until the QP is replaced.
+                continue;
+            }
+            let rewrites = receiver
+                .qp_failed(q)
+                .map_err(NetError::protocol("dropping a failed QP"))?;
+            if let Some(first) = receiver.cts_qp() {
+                tracing::info!(
+                    "NET/WASM: {}: QP {} failed; the sender moves its traffic; {} CTS \
+                     entr(ies) written again, CTS now through QP {}",
+                    self.side.desc,
+                    self.side.qps()[q].qp.qpn(),
+                    rewrites.len(),
+                    self.side.qps()[first].qp.qpn()
+                );
+            }
+            for cts in &rewrites {
+                self.post_cts(cts)?;
+            }
+        }
+        // A rejoin can only follow a failure: the socket is read only then.
+        if receiver.any_failed()
+            && let Some(control) = &self.control
+        {
+            let (link, _) = &mut *crate::comm::lock_state(control)?;
+            if let Some(m) = link.poll()? {
+                self.rejoin(receiver, link, &m)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The sender re-created failed QPs (fail-back): fresh ones here, brought up to its halves,
+    /// their receive queues filled, and our halves sent back.
+    fn rejoin(
+        &self,
+        receiver: &mut Receiver,
+        link: &mut ControlLink,
+        m: &Rejoin,
+    ) -> Result<(), NetError> {
+        let s = &self.setup;
+        let ups = rejoin_bring_up(&s.plan, &s.routes, &s.local, &s.peer, m, s.plan.fifo_tc)
+            .map_err(NetError::protocol("fail-back"))?;
+        let mut halves = Vec::with_capacity(ups.len());
+        for b in &ups {
+            let ep = b.route.local;
+            let port = &self.side.ports[ep];
+            let (q, l) = qp::create(port, &self.side.cqs[ep], true, false)?;
+            q.bring_up(port, b)?;
+            prefill(&q, receiver.prefill())?;
+            drop(self.side.replace_qp(b.qp, q));
+            receiver.qp_rejoined(b.qp);
+            halves.push(half(&l, ep));
+        }
+        link.send(&Message::Rejoined(Rejoin {
+            indices: m.indices.clone(),
+            qps: halves,
+        }))?;
+        tracing::info!(
+            "NET/WASM: {}: QP(s) {:?} re-created for the sender's fail-back",
+            self.side.desc,
+            m.indices
+        );
+        Ok(())
+    }
+}
