@@ -466,16 +466,17 @@ impl IbConfig {
         };
         // (problem, action) for what is accepted as NCCL accepts it.
         let mut notes: Vec<(String, String)> = Vec::new();
-        if let Some((v, false)) = parsed {
-            if !matches!(
-                name,
-                "NCCL_IB_HCA" | "NCCL_IB_ADDR_FAMILY" | "NCCL_IB_ADDR_RANGE"
-            ) {
-                notes.push((
-                    format!("not an integer; NCCL's strtoll reads it as {v}"),
-                    format!("{v} used, as NCCL does"),
-                ));
-            }
+        let textual = matches!(
+            name,
+            "NCCL_IB_HCA" | "NCCL_IB_ADDR_FAMILY" | "NCCL_IB_ADDR_RANGE"
+        );
+        if let Some((v, false)) = parsed
+            && !textual
+        {
+            notes.push((
+                format!("not an integer; NCCL's strtoll reads it as {v}"),
+                format!("{v} used, as NCCL does"),
+            ));
         }
         let ranged = |lo: i64, hi: i64, what: &str| {
             let v = int()?;
