@@ -119,6 +119,7 @@ fn checks(host: &Host) -> Vec<Check> {
     ];
     checks.extend(gpu(host));
     checks.extend([policy(), settings(host)]);
+    checks.extend(config_warnings(host));
     checks
 }
 
@@ -170,6 +171,15 @@ pub fn render(d: &Doctor) -> String {
 fn init(host: &Host) -> Check {
     const NAME: &str = "init";
     match &host.net {
+        Ok(net) if net.device_count() == 0 => Check::bad(
+            NAME,
+            Status::Warn,
+            format!(
+                "a context opens on the {} fabric with no device (no active port passes                  NCCL_IB_HCA): NCCL falls back to another transport, as with its own IB transport",
+                net.fabric_name()
+            ),
+            "bring a port up or correct NCCL_IB_HCA (`ncclwasm devices` shows the selection)",
+        ),
         Ok(net) => Check::ok(
             NAME,
             format!(
@@ -499,7 +509,32 @@ const WASM_VARIABLES: &[&str] = &[
     "NCCL_WASM_TOPOLOGY",
     ncclwasm_verbs::ib::PATH_ENV,
     ENV_SYSFS_ROOT,
+    ncclwasm_default::STRICT_CONFIG,
 ];
+
+/// One WARN per `NCCL_IB_*` value accepted as NCCL accepts it but read other than it reads
+/// (`ConfigWarning`): the plugin WARNs the same at `init`.
+fn config_warnings(host: &Host) -> Vec<Check> {
+    let Ok(ib) = &host.ib else {
+        return Vec::new();
+    };
+    ib.warnings()
+        .iter()
+        .map(|w| {
+            Check::bad(
+                "config",
+                Status::Warn,
+                w.to_string(),
+                format!(
+                    "NCCL's own IB transport reads it the same way; correct or unset {}, or set \
+                     {}=1 to have the plugin refuse such values",
+                    w.name,
+                    ncclwasm_default::STRICT_CONFIG
+                ),
+            )
+        })
+        .collect()
+}
 
 /// `NCCL_IB_*` and `NCCL_WASM_*`: parsed as the plugin parses them, the ones set listed with
 /// their source.
@@ -573,6 +608,45 @@ fn settings(host: &Host) -> Check {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 21, point 5: each value accepted as NCCL accepts it is one WARN line naming the
+    /// variable and what was done.
+    #[test]
+    fn accepted_oddities_are_one_warn_each() {
+        let pairs: Vec<(String, String)> = [
+            ("NCCL_IB_ADDR_RANGE", "garbage"),
+            ("NCCL_IB_GID_INDEX", "-5"),
+            ("NCCL_IB_HCA", "mlx5_0, mlx5_1"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let host = Host {
+            choice: Ok(FabricChoice::Soft),
+            live: Err("not run".into()),
+            ib: IbConfig::from_pairs(&pairs).map_err(|e| e.to_string()),
+            net: Err("not run".into()),
+        };
+        let warns = config_warnings(&host);
+        assert_eq!(warns.len(), 3, "{warns:?}");
+        assert!(
+            warns
+                .iter()
+                .all(|c| c.status == Status::Warn && c.name == "config")
+        );
+        let text = render(&Doctor {
+            checks: warns,
+            failed: false,
+        });
+        for want in [
+            "WARN  config      NCCL_IB_ADDR_RANGE=garbage: not address/prefix-length",
+            "ignored, as NCCL does",
+            "NCCL_IB_GID_INDEX=-5: negative; read as -1, automatic selection",
+            "NCCL_IB_HCA=mlx5_0, mlx5_1: entry \" mlx5_1\" contains whitespace",
+        ] {
+            assert!(text.contains(want), "{want}\n{text}");
+        }
+    }
 
     #[test]
     fn version_comes_from_the_file_name() {

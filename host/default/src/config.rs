@@ -1,11 +1,17 @@
 //! `NCCL_IB_*` variables, parsed once into an [`IbConfig`].
 //!
-//! Defaults are NCCL's (`NCCL_PARAM` defaults in `net_ib.cc`). Where NCCL quietly ignores a value
-//! it cannot use (a malformed `NCCL_IB_ADDR_RANGE`, an unknown `NCCL_IB_ADDR_FAMILY`, `abc` read by
-//! `strtoll` as 0, a misspelt HCA list), we refuse it with an error that names the variable, the
-//! value and the rule: a silently ignored setting is how a job ends up on the wrong GID.
+//! Defaults are NCCL's (`NCCL_PARAM` defaults of NCCL 2.30's `net_ib`). A value NCCL accepts is
+//! accepted and read as NCCL reads it — a malformed `NCCL_IB_ADDR_RANGE` or an unknown
+//! `NCCL_IB_ADDR_FAMILY` ignored, a negative `NCCL_IB_GID_INDEX` taken as automatic, `20x` read
+//! by `strtoll` as 20, an `NCCL_IB_HCA` entry with a space kept as a name that matches nothing —
+//! so a job that ran on NCCL's own IB transport runs the same on this plugin; but where NCCL
+//! is silent, each such reading is a [`ConfigWarning`] naming the variable and what was done,
+//! which the host WARNs and `ncclwasm doctor` shows. With `NCCL_WASM_STRICT_CONFIG=1` the first
+//! warning is an error instead, for operators who want a misspelt setting to stop the job. What
+//! stays refused are values this plugin cannot carry out (out-of-range QP attributes, which NCCL
+//! would hand to the NIC and fail on at connect time).
 //! Integers are read as NCCL's `strtoll(…, 0)` does: decimal, `0x` hex, or octal after a
-//! leading `0`.
+//! leading `0`, up to the first character that is none of those.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -29,6 +35,25 @@ pub struct ConfigError {
     /// NCCL's default for the variable, for the message.
     pub default: &'static str,
 }
+
+/// A `NCCL_IB_*` value NCCL accepts but reads other than its author probably meant: the
+/// built-in default does what NCCL does and says so.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{name}={value}: {problem}; {action}")]
+pub struct ConfigWarning {
+    /// The variable, e.g. `NCCL_IB_ADDR_RANGE`.
+    pub name: String,
+    /// The value as given.
+    pub value: String,
+    /// What NCCL makes of it, e.g. `not address/prefix-length`.
+    pub problem: String,
+    /// What was done, e.g. `ignored, as NCCL does: every address is in range`.
+    pub action: String,
+}
+
+/// `NCCL_WASM_STRICT_CONFIG=1`: refuse every value [`IbConfig`] would otherwise accept with a
+/// [`ConfigWarning`]. Read from the same pairs (so a wasm policy's `init` sees it too).
+pub const STRICT_CONFIG: &str = "NCCL_WASM_STRICT_CONFIG";
 
 /// Where a setting's value came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,11 +82,22 @@ impl fmt::Display for Setting {
     }
 }
 
-/// One `NCCL_IB_HCA` entry: a device name (prefix unless the list is exact) and maybe a port.
+/// Rail and plane of an `NCCL_IB_HCA` entry that gives none (`NCCL_NET_ID_UNDEF`).
+pub const NET_ID_UNDEF: i16 = -1;
+
+/// One `NCCL_IB_HCA` entry, NCCL 2.30's `<hca>:<port>:<rail>:<plane>`: a device name (prefix
+/// unless the list is exact), and the numbers NCCL reads with `atoi` after it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HcaEntry {
     pub name: String,
-    pub port: Option<u8>,
+    /// `None`: any port (the field absent, empty or -1). `Some(0)`, a negative or too large
+    /// number (what `atoi` makes of `x`, `-5`, `300`) matches no port, as in NCCL.
+    pub port: Option<i32>,
+    /// The rail of the devices this entry selects ([`NET_ID_UNDEF`] when not given); NCCL 2.30
+    /// reports it as the device's `railId`.
+    pub rail: i16,
+    /// The plane, likewise (`planeId`).
+    pub plane: i16,
 }
 
 /// `NCCL_IB_HCA`: which devices and ports NCCL may use.
@@ -76,60 +112,101 @@ pub struct HcaFilter {
 }
 
 impl HcaFilter {
-    /// Parses a list as `parseStringList` after `ncclIbInit` has taken off the leading `^` and
-    /// `=`. Unlike NCCL, refuses empty lists after `^`/`=` (NCCL would exclude everything),
-    /// entries without a name, non-numeric or zero ports, extra `:` fields, whitespace inside
-    /// names (NCCL keeps it, so the entry matches nothing), misplaced `^`/`=`, and more than
-    /// [`MAX_IB_DEVS`] entries (NCCL drops the rest).
-    fn parse(raw: &str) -> Result<HcaFilter, String> {
-        let list = NameList::parse(raw, "device")?;
+    /// Reads a list as `parseStringList` after `ncclInitDevices` has taken off the leading `^`
+    /// and `=`, keeping what NCCL keeps; the second value says, one line each, what NCCL reads
+    /// other than its author probably meant: entries without a name (dropped), whitespace or a
+    /// misplaced `^`/`=` in a name (kept: it matches nothing), fields that `atoi` does not read
+    /// as the number written, names longer than the 63 bytes NCCL keeps (cut), more than
+    /// [`MAX_IB_DEVS`] entries (the rest dropped), and an empty list after `^` (every device
+    /// excluded) or `=` (no filter).
+    fn read(raw: &str) -> (HcaFilter, Vec<String>) {
+        let (list, mut notes) = NameList::read(raw, "device");
         let (exclude, exact) = (list.exclude, list.exact);
         let mut entries = Vec::new();
-        for NameEntry { name, port } in list.entries {
-            let port = match port {
-                None => None,
-                Some(p) => match p.parse::<u8>() {
-                    Ok(n) if n > 0 => Some(n),
-                    _ => {
-                        return Err(format!(
-                            "entry \"{name}:{p}\": the port after ':' must be a number 1..255 (write name or name:port)"
-                        ));
-                    }
-                },
+        for NameEntry {
+            mut name,
+            port,
+            rail,
+            plane,
+        } in list.entries
+        {
+            if name.len() > MAX_NAME {
+                let mut cut = MAX_NAME;
+                while !name.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                notes.push(format!(
+                    "entry {name:?} is longer than the {MAX_NAME} bytes NCCL keeps of a name; cut to {:?}",
+                    &name[..cut]
+                ));
+                name.truncate(cut);
+            }
+            let mut number = |field: &str, text: Option<String>| -> i32 {
+                let Some(text) = text else { return -1 };
+                let n = atoi(&text);
+                if text.trim() != n.to_string() {
+                    notes.push(format!(
+                        "entry {name:?}: the {field} field {text:?} is read by atoi as {n}, as NCCL does"
+                    ));
+                }
+                n
             };
-            entries.push(HcaEntry { name, port });
-        }
-        if entries.is_empty() && (exclude || exact) {
-            return Err(if exclude {
-                "the device list after '^' is empty (NCCL would then exclude every device)".into()
-            } else {
-                "the device list after '=' is empty (NCCL would then use every device)".into()
+            let port = number("port", port);
+            let rail = number("rail", rail) as i16;
+            let plane = number("plane", plane) as i16;
+            if port == 0 || port < -1 || port > i32::from(u8::MAX) {
+                notes.push(format!(
+                    "entry {name:?}: port {port} is no port number (1..255), so the entry matches no port"
+                ));
+            }
+            entries.push(HcaEntry {
+                name,
+                port: (port != -1).then_some(port),
+                rail,
+                plane,
             });
         }
         if entries.len() > MAX_IB_DEVS {
-            return Err(format!(
-                "{} entries; NCCL reads at most {MAX_IB_DEVS} and silently drops the rest",
+            notes.push(format!(
+                "{} entries; NCCL reads the first {MAX_IB_DEVS} and drops the rest",
                 entries.len()
             ));
+            entries.truncate(MAX_IB_DEVS);
         }
-        Ok(HcaFilter {
-            exclude,
-            exact,
-            entries,
-        })
+        if entries.is_empty() && exclude {
+            notes.push(
+                "the device list after '^' is empty, so every device is excluded and NCCL's IB transport has no device".into(),
+            );
+        } else if entries.is_empty() && exact {
+            notes.push("the device list after '=' is empty, so every device is used".into());
+        }
+        (
+            HcaFilter {
+                exclude,
+                exact,
+                entries,
+            },
+            notes,
+        )
     }
 
     /// Whether a port passes the filter: an entry matches when its name equals the device name
     /// (exact lists) or is a prefix of it (so `mlx5_1` also matches `mlx5_10`), and its port, if
-    /// given, is the port; an exclude list inverts the result; as `matchIfList` in `ncclIbInit`.
+    /// given, is the port; an exclude list inverts the result (an empty one excludes every
+    /// port); as `matchIfList` in `ncclIbInitDevices`.
     pub fn admits(&self, device: &str, port: u8) -> bool {
-        if self.entries.is_empty() {
-            return true;
-        }
-        let listed = self.entries.iter().any(|e| {
-            name_list::matches(self.exact, &e.name, device) && e.port.is_none_or(|p| p == port)
-        });
+        let listed = self.entries.is_empty() || self.entry_for(device, port).is_some();
         listed != self.exclude
+    }
+
+    /// The first entry that matches the port (`matchIfList`'s `ifId`): where NCCL 2.30 takes the
+    /// device's rail and plane from; `None` when none matches (so for every port an exclude list
+    /// admits).
+    pub fn entry_for(&self, device: &str, port: u8) -> Option<&HcaEntry> {
+        self.entries.iter().find(|e| {
+            name_list::matches(self.exact, &e.name, device)
+                && e.port.is_none_or(|p| p == i32::from(port))
+        })
     }
 }
 
@@ -137,18 +214,23 @@ impl HcaFilter {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AddrRange {
     pub addr: IpAddr,
-    pub prefix_len: u8,
+    /// At most the address's length. Negative when the text said so (`10.0.0.0/-8`): NCCL
+    /// keeps such a mask, and no GID is then in the range.
+    pub prefix_len: i32,
 }
 
 impl AddrRange {
     /// Whether `gid` lies in the range: for an IPv4 range the last four GID bytes are compared
-    /// (whatever the GID's family), for IPv6 the leading bits; as `matchGidAddrPrefix`.
+    /// (whatever the GID's family), for IPv6 the leading bits; a negative prefix length matches
+    /// nothing; as `matchGidAddrPrefix`.
     pub fn contains(&self, gid: &Gid) -> bool {
         let (want, have): (&[u8], &[u8]) = match &self.addr {
             IpAddr::V4(v4) => (&v4.octets(), &gid.raw[12..]),
             IpAddr::V6(v6) => (&v6.octets(), &gid.raw[..]),
         };
-        let bits = usize::from(self.prefix_len);
+        let Ok(bits) = usize::try_from(self.prefix_len) else {
+            return false;
+        };
         let full = bits / 8;
         if want[..full] != have[..full] {
             return false;
@@ -172,7 +254,8 @@ impl fmt::Display for AddrRange {
 pub struct IbConfig {
     /// `NCCL_IB_HCA` (default: no filter).
     pub hca: HcaFilter,
-    /// `NCCL_IB_GID_INDEX` (default -1: `None`, automatic selection on RoCE).
+    /// `NCCL_IB_GID_INDEX` (default -1: `None`, automatic selection on RoCE; so is any
+    /// negative value, as NCCL reads it).
     pub gid_index: Option<u32>,
     /// `NCCL_IB_ADDR_FAMILY` (`AF_INET`, the default, or `AF_INET6`).
     pub addr_family: AddrFamily,
@@ -210,12 +293,16 @@ pub struct IbConfig {
     /// `NCCL_IB_RESILIENCY_PORT_RECOVERY` (NCCL 2.30, default 0): when a failed port comes back,
     /// use it again.
     pub port_recovery: bool,
+    /// `NCCL_IB_DEVICE_PCI_ORDER` (NCCL 2.30, default 1): order the devices by PCI address
+    /// rather than as discovery found them, so every node of a job numbers them alike.
+    pub device_pci_order: bool,
     sources: Vec<Setting>,
     ignored: Vec<(String, String)>,
+    warnings: Vec<ConfigWarning>,
 }
 
 /// The variables [`IbConfig`] reads, with NCCL's defaults as NCCL would print them.
-const KNOWN: [(&str, &str); 19] = [
+const KNOWN: [(&str, &str); 20] = [
     ("NCCL_IB_HCA", "(unset: every port)"),
     ("NCCL_IB_GID_INDEX", "-1"),
     ("NCCL_IB_ADDR_FAMILY", "AF_INET"),
@@ -235,7 +322,11 @@ const KNOWN: [(&str, &str); 19] = [
     ("NCCL_IB_RETRY_CNT", "7"),
     ("NCCL_IB_RESILIENCY_PORT_FAILOVER", "0"),
     ("NCCL_IB_RESILIENCY_PORT_RECOVERY", "0"),
+    ("NCCL_IB_DEVICE_PCI_ORDER", "1"),
 ];
+
+/// The bytes of a name NCCL keeps (`netIf::prefix` is 64 bytes with the NUL).
+const MAX_NAME: usize = 63;
 
 impl Default for IbConfig {
     /// NCCL's defaults, every setting sourced `Default`.
@@ -260,6 +351,7 @@ impl Default for IbConfig {
             retry_cnt: 7,
             port_failover: false,
             port_recovery: false,
+            device_pci_order: true,
             sources: KNOWN
                 .iter()
                 .map(|&(name, default)| Setting {
@@ -269,6 +361,7 @@ impl Default for IbConfig {
                 })
                 .collect(),
             ignored: Vec::new(),
+            warnings: Vec::new(),
         }
     }
 }
@@ -276,12 +369,18 @@ impl Default for IbConfig {
 impl IbConfig {
     /// Reads the `NCCL_IB_*` pairs (as [`env_pairs`] collects them, or as handed to a policy's
     /// `init`). Other keys are skipped; `NCCL_IB_*` keys this crate does not use are kept in
-    /// [`IbConfig::ignored`]; an empty value means unset (as NCCL), while a value of only spaces
-    /// is refused; a later pair overrides an earlier one. `NCCL_IB_ADDR_RANGE` is read in the
-    /// family `NCCL_IB_ADDR_FAMILY` names, wherever either appears.
+    /// [`IbConfig::ignored`]; an empty value means unset (as NCCL); a later pair overrides an
+    /// earlier one. `NCCL_IB_ADDR_RANGE` is read in the family `NCCL_IB_ADDR_FAMILY` names,
+    /// wherever either appears. Values NCCL accepts but misreads are [`IbConfig::warnings`];
+    /// with [`STRICT_CONFIG`]`=1` among the pairs, the first of them is the error instead.
     pub fn from_pairs(pairs: &[(String, String)]) -> Result<IbConfig, ConfigError> {
         let mut cfg = IbConfig::default();
         let mut given: Vec<(&'static str, &str)> = Vec::new();
+        let strict = pairs
+            .iter()
+            .rev()
+            .find(|(k, _)| k == STRICT_CONFIG)
+            .is_some_and(|(_, v)| v.trim() == "1");
         for (key, value) in pairs {
             if !key.starts_with("NCCL_IB_") || value.is_empty() {
                 continue;
@@ -309,7 +408,24 @@ impl IbConfig {
             setting.value = value.to_owned();
             setting.source = Source::Environment;
         }
-        Ok(cfg)
+        match cfg.warnings.first() {
+            Some(w) if strict => Err(ConfigError {
+                name: w.name.clone(),
+                value: w.value.clone(),
+                problem: format!("{} ({STRICT_CONFIG}=1 refuses it)", w.problem),
+                default: KNOWN
+                    .iter()
+                    .find(|(n, _)| *n == w.name)
+                    .map_or("", |(_, d)| d),
+            }),
+            _ => Ok(cfg),
+        }
+    }
+
+    /// Values accepted as NCCL accepts them, each with what was done: what the host WARNs once
+    /// and `ncclwasm doctor` lists.
+    pub fn warnings(&self) -> &[ConfigWarning] {
+        &self.warnings
     }
 
     /// Every variable the built-in default reads, with its value and source, in a fixed order:
@@ -342,7 +458,26 @@ impl IbConfig {
             problem,
             default,
         };
-        let int = || parse_int(value).ok_or_else(|| fail("not an integer".into()));
+        let parsed = parse_int(value);
+        let int = || {
+            parsed
+                .map(|(v, _)| v)
+                .ok_or_else(|| fail("beyond a 64-bit integer".into()))
+        };
+        // (problem, action) for what is accepted as NCCL accepts it.
+        let mut notes: Vec<(String, String)> = Vec::new();
+        let textual = matches!(
+            name,
+            "NCCL_IB_HCA" | "NCCL_IB_ADDR_FAMILY" | "NCCL_IB_ADDR_RANGE"
+        );
+        if let Some((v, false)) = parsed
+            && !textual
+        {
+            notes.push((
+                format!("not an integer; NCCL's strtoll reads it as {v}"),
+                format!("{v} used, as NCCL does"),
+            ));
+        }
         let ranged = |lo: i64, hi: i64, what: &str| {
             let v = int()?;
             if (lo..=hi).contains(&v) {
@@ -358,24 +493,53 @@ impl IbConfig {
             Ok::<_, ConfigError>((v >= 0).then_some(v))
         };
         match name {
-            "NCCL_IB_HCA" => self.hca = HcaFilter::parse(value).map_err(fail)?,
+            "NCCL_IB_HCA" => {
+                let (hca, hca_notes) = HcaFilter::read(value);
+                self.hca = hca;
+                notes.extend(
+                    hca_notes
+                        .into_iter()
+                        .map(|n| (n, "read as NCCL reads it".to_owned())),
+                );
+            }
             "NCCL_IB_GID_INDEX" => {
-                let what = "-1 (automatic) or a GID index 0..=255";
-                self.gid_index = optional(255, what)?.map(|v| v as u32);
+                let v = int()?;
+                if v > i64::from(i32::MAX) {
+                    return Err(fail("is larger than any GID table".into()));
+                }
+                self.gid_index = u32::try_from(v).ok();
+                if v < -1 {
+                    notes.push((
+                        "negative".into(),
+                        "read as -1, automatic selection, as NCCL does (it forces only indices >= 0)"
+                            .into(),
+                    ));
+                }
             }
             "NCCL_IB_ADDR_FAMILY" => {
-                self.addr_family = match value.trim() {
-                    "AF_INET" => AddrFamily::Ipv4,
+                // Compared as NCCL's strcmp does: no trimming, no other spelling.
+                self.addr_family = match value {
                     "AF_INET6" => AddrFamily::Ipv6,
+                    "AF_INET" => AddrFamily::Ipv4,
                     _ => {
-                        return Err(fail(
-                            "must be AF_INET or AF_INET6 (NCCL would silently use AF_INET)".into(),
+                        notes.push((
+                            "is neither AF_INET nor AF_INET6".into(),
+                            "AF_INET used, as NCCL does".into(),
                         ));
+                        AddrFamily::Ipv4
                     }
                 }
             }
             "NCCL_IB_ADDR_RANGE" => {
-                self.addr_range = Some(parse_range(value.trim(), self.addr_family).map_err(fail)?)
+                let (range, problem) = parse_range(value, self.addr_family);
+                self.addr_range = range;
+                if let Some(problem) = problem {
+                    let action = match range {
+                        None => "ignored, as NCCL does: every address is in range".to_owned(),
+                        Some(r) => format!("read as {r}, as NCCL does"),
+                    };
+                    notes.push((problem, action));
+                }
             }
             "NCCL_IB_ROCE_VERSION_NUM" => self.roce_version = ranged(1, 2, "1 or 2")? as u8,
             "NCCL_IB_ROUTABLE_FLID_GID_INDEX" => {
@@ -408,71 +572,121 @@ impl IbConfig {
             "NCCL_IB_RETRY_CNT" => self.retry_cnt = ranged(0, 7, "0..7")? as u8,
             "NCCL_IB_RESILIENCY_PORT_FAILOVER" => self.port_failover = flag()?,
             "NCCL_IB_RESILIENCY_PORT_RECOVERY" => self.port_recovery = flag()?,
+            "NCCL_IB_DEVICE_PCI_ORDER" => self.device_pci_order = flag()?,
             _ => unreachable!("only names from KNOWN are set"),
         }
+        self.warnings
+            .extend(notes.into_iter().map(|(problem, action)| ConfigWarning {
+                name: name.to_owned(),
+                value: value.to_owned(),
+                problem,
+                action,
+            }));
         Ok(())
     }
 }
 
-/// Reads an integer as `strtoll(text, NULL, 0)` would, but only when the whole text is the
-/// number: `20`, `-1`, `0x14`, `024` (octal) are 20/-1/20/20; `abc` and `20x` are refused.
-fn parse_int(text: &str) -> Option<i64> {
-    let t = text.trim();
-    let (negative, digits) = match t.strip_prefix('-') {
+/// Reads an integer as `strtoll(text, NULL, 0)` does: leading whitespace and a sign, then `0x`
+/// hex, octal after a leading `0`, or decimal, up to the first character that is none of those
+/// (`20x` is 20, `abc` is 0). The flag says whether that was the whole text (trailing spaces
+/// aside). `None` beyond 64 bits, where NCCL falls back to the default.
+fn parse_int(text: &str) -> Option<(i64, bool)> {
+    let t = text.trim_start();
+    let (negative, rest) = match t.strip_prefix('-') {
         Some(rest) => (true, rest),
         None => (false, t.strip_prefix('+').unwrap_or(t)),
     };
-    let (radix, digits) = if let Some(hex) = digits
+    let hex = rest
         .strip_prefix("0x")
-        .or_else(|| digits.strip_prefix("0X"))
-    {
-        (16, hex)
-    } else if digits.len() > 1 && digits.starts_with('0') {
-        (8, &digits[1..])
-    } else {
-        (10, digits)
+        .or_else(|| rest.strip_prefix("0X"))
+        .filter(|h| h.starts_with(|c: char| c.is_ascii_hexdigit()));
+    let (radix, digits) = match hex {
+        Some(h) => (16, h),
+        None if rest.starts_with('0') => (8, rest),
+        None => (10, rest),
     };
-    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
-        return None;
-    }
-    let magnitude = i64::from_str_radix(digits, radix).ok()?;
-    Some(if negative { -magnitude } else { magnitude })
+    let len = digits
+        .find(|c: char| !c.is_digit(radix))
+        .unwrap_or(digits.len());
+    let magnitude = if len == 0 {
+        0
+    } else {
+        i128::from(u64::from_str_radix(&digits[..len], radix).ok()?)
+    };
+    let v = i64::try_from(if negative { -magnitude } else { magnitude }).ok()?;
+    let whole = len > 0 && digits[len..].trim_end().is_empty();
+    Some((v, whole))
 }
 
-/// `address/bits` in `family`, as `envIbAddrRange` reads it; the cases NCCL ignores with an
-/// INFO line (no `/`, an address of the other family, a bad or too long mask) are errors here.
-fn parse_range(text: &str, family: AddrFamily) -> Result<AddrRange, String> {
-    let (addr, bits) = text.split_once('/').ok_or_else(|| {
-        "must be address/prefix-length, e.g. 10.0.0.0/16 (NCCL would ignore it)".to_owned()
-    })?;
-    let addr: IpAddr = addr
-        .parse()
-        .map_err(|_| format!("{addr:?} is not an IP address (NCCL would ignore the range)"))?;
+/// `atoi`, as NCCL reads the numeric fields of `NCCL_IB_HCA`: decimal, up to the first other
+/// character, 0 when there is none; beyond 32 bits wraps as glibc's `(int)strtol` does.
+fn atoi(text: &str) -> i32 {
+    let t = text.trim_start();
+    let (negative, rest) = match t.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, t.strip_prefix('+').unwrap_or(t)),
+    };
+    let len = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    let magnitude = rest[..len]
+        .parse::<i64>()
+        .unwrap_or(if len == 0 { 0 } else { i64::MAX });
+    (if negative { -magnitude } else { magnitude }) as i32
+}
+
+/// `address/bits` in `family`, as `envIbAddrRange` reads it: no `/`, an address that is not of
+/// `family`, or a mask longer than the family's give no range; the mask is `strtol`'s reading
+/// (`x` is 0, every address; a negative one matches nothing). The second value says what NCCL
+/// made of a value that is not a plain `address/bits`.
+fn parse_range(text: &str, family: AddrFamily) -> (Option<AddrRange>, Option<String>) {
+    let Some((addr, bits)) = text.split_once('/') else {
+        return (
+            None,
+            Some("not address/prefix-length (e.g. 10.0.0.0/16)".to_owned()),
+        );
+    };
     let (max, fam) = match family {
         AddrFamily::Ipv4 => (32, "AF_INET"),
         AddrFamily::Ipv6 => (128, "AF_INET6"),
     };
-    if addr.is_ipv4() != (family == AddrFamily::Ipv4) {
-        return Err(format!(
-            "{addr} is not an {fam} address and NCCL_IB_ADDR_FAMILY is {fam} (NCCL would ignore the range); set NCCL_IB_ADDR_FAMILY to match"
-        ));
+    let parsed = match family {
+        AddrFamily::Ipv4 => addr.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4),
+        AddrFamily::Ipv6 => addr.parse::<std::net::Ipv6Addr>().ok().map(IpAddr::V6),
+    };
+    let Some(addr) = parsed else {
+        return (
+            None,
+            Some(format!(
+                "{addr:?} is not an {fam} address (NCCL_IB_ADDR_FAMILY is {fam})"
+            )),
+        );
+    };
+    let prefix_len = atoi(bits);
+    if prefix_len > max {
+        return (
+            None,
+            Some(format!("the prefix length {prefix_len} exceeds {max}")),
+        );
     }
-    let prefix_len = bits
-        .parse::<u8>()
-        .ok()
-        .filter(|&b| u32::from(b) <= max)
-        .ok_or_else(|| format!("the prefix length {bits:?} must be 0..{max} for {fam}"))?;
-    Ok(AddrRange { addr, prefix_len })
+    let problem = if bits.trim() != prefix_len.to_string() {
+        Some(format!("the prefix length {bits:?} reads as {prefix_len}"))
+    } else if prefix_len < 0 {
+        Some("a negative prefix length matches no address".to_owned())
+    } else {
+        None
+    };
+    (Some(AddrRange { addr, prefix_len }), problem)
 }
 
-/// The `NCCL_IB_*` variables of this process, sorted by name: what the host reads into an
+/// The `NCCL_IB_*` variables of this process (and [`STRICT_CONFIG`]), sorted by name: what the host reads into an
 /// [`IbConfig`] and hands, unchanged, to a wasm policy's `init`. A value that is not UTF-8 is
 /// passed on with replacement characters, so parsing refuses it loudly rather than dropping it.
 pub fn env_pairs() -> Vec<(String, String)> {
     let pairs: BTreeSet<(String, String)> = std::env::vars_os()
         .filter_map(|(k, v)| {
             let k = k.into_string().ok()?;
-            k.starts_with("NCCL_IB_")
+            (k.starts_with("NCCL_IB_") || k == STRICT_CONFIG)
                 .then(|| (k, v.to_string_lossy().into_owned()))
         })
         .collect();
@@ -512,7 +726,8 @@ mod tests {
         assert_eq!((c.tc, c.sl, c.fifo_tc), (None, None, None));
         assert_eq!((c.timeout, c.retry_cnt), (20, 7));
         assert!(!c.port_failover && !c.port_recovery);
-        assert_eq!(c.sources().len(), 19);
+        assert!(c.device_pci_order);
+        assert_eq!(c.sources().len(), 20);
         assert!(c.sources().iter().all(|s| s.source == Source::Default));
     }
 
@@ -598,25 +813,34 @@ mod tests {
             ("NCCL_IB_SL", "16", "must be -1 (unset) or 0..15"),
             ("NCCL_IB_TC", "256", "must be -1 (unset) or 0..255"),
             ("NCCL_IB_FIFO_TC", "-2", "must be -1 (unset) or 0..255"),
-            ("NCCL_IB_GID_INDEX", "-3", "must be -1 (automatic)"),
             ("NCCL_IB_ROCE_VERSION_NUM", "3", "must be 1 or 2"),
             ("NCCL_IB_QPS_PER_CONNECTION", "0", "must be 1..128"),
             ("NCCL_IB_QPS_PER_CONNECTION", "129", "must be 1..128"),
             ("NCCL_IB_SPLIT_DATA_ON_QPS", "2", "must be 0 or 1"),
-            ("NCCL_IB_MERGE_NICS", "yes", "not an integer"),
+            ("NCCL_IB_MERGE_NICS", "2", "must be 0 or 1"),
             ("NCCL_IB_ADAPTIVE_ROUTING", "2", "must be 0, 1 or -2"),
             ("NCCL_IB_AR_THRESHOLD", "-1", "must be a byte count"),
-            ("NCCL_IB_ECE_ENABLE", "1x", "not an integer"),
+            ("NCCL_IB_ECE_ENABLE", "2x", "must be 0 or 1"),
             ("NCCL_IB_RESILIENCY_PORT_FAILOVER", "2", "must be 0 or 1"),
-            ("NCCL_IB_RESILIENCY_PORT_RECOVERY", "on", "not an integer"),
+            ("NCCL_IB_RESILIENCY_PORT_RECOVERY", "2", "must be 0 or 1"),
             (
                 "NCCL_IB_ROUTABLE_FLID_GID_INDEX",
                 "-1",
                 "must be a GID index",
             ),
-            ("NCCL_IB_TIMEOUT", "abc", "not an integer"),
-            ("NCCL_IB_TIMEOUT", "09", "not an integer"),
-            ("NCCL_IB_TIMEOUT", " ", "not an integer"),
+            ("NCCL_IB_TIMEOUT", "abc", "must be 1..31"),
+            ("NCCL_IB_TIMEOUT", "09", "must be 1..31"),
+            ("NCCL_IB_TIMEOUT", " ", "must be 1..31"),
+            (
+                "NCCL_IB_TIMEOUT",
+                "99999999999999999999",
+                "beyond a 64-bit integer",
+            ),
+            (
+                "NCCL_IB_GID_INDEX",
+                "4294967296",
+                "is larger than any GID table",
+            ),
         ];
         for (name, value, why) in cases {
             let e = refused(name, value);
@@ -628,6 +852,7 @@ mod tests {
     fn address_family_and_range() {
         let c = cfg(&[("NCCL_IB_ADDR_RANGE", "10.0.0.0/16")]);
         assert_eq!(c.addr_range.unwrap().to_string(), "10.0.0.0/16");
+        assert!(c.warnings().is_empty());
         // The range is read in the family, whichever pair comes first.
         let c = cfg(&[
             ("NCCL_IB_ADDR_RANGE", "fd00::/8"),
@@ -637,24 +862,83 @@ mod tests {
             (c.addr_family, c.addr_range.unwrap().prefix_len),
             (AddrFamily::Ipv6, 8)
         );
-        assert!(refused("NCCL_IB_ADDR_FAMILY", "inet6").contains("must be AF_INET or AF_INET6"));
-        let e = refused("NCCL_IB_ADDR_RANGE", "10.0.0.0");
+    }
+
+    /// Issue 21, point 5: what NCCL's `envIbAddrFamily`/`envIbAddrRange` accept is accepted and
+    /// read as they read it, each with a warning naming the variable and what was done.
+    #[test]
+    fn family_and_range_nccl_accepts_are_read_as_nccl_reads_them_with_a_warning() {
+        let one = |name: &str, value: &str| {
+            let c = cfg(&[(name, value)]);
+            assert_eq!(c.warnings().len(), 1, "{name}={value}: {:?}", c.warnings());
+            let w = c.warnings()[0].to_string();
+            assert!(w.starts_with(&format!("{name}={value}: ")), "{w}");
+            (c, w)
+        };
+        let (c, w) = one("NCCL_IB_ADDR_FAMILY", "inet6");
+        assert_eq!(c.addr_family, AddrFamily::Ipv4);
+        assert!(w.contains("AF_INET used, as NCCL does"), "{w}");
+        let (c, _) = one("NCCL_IB_ADDR_FAMILY", " AF_INET6");
+        assert_eq!(c.addr_family, AddrFamily::Ipv4, "strcmp, no trimming");
+        for garbage in ["garbage", "10.0.0.0", "fd00::/8", "10.0.0.0/33", "10.0.0/8"] {
+            let (c, w) = one("NCCL_IB_ADDR_RANGE", garbage);
+            assert_eq!(c.addr_range, None, "{garbage}");
+            assert!(
+                w.ends_with("ignored, as NCCL does: every address is in range"),
+                "{w}"
+            );
+        }
+        let (c, w) = one("NCCL_IB_ADDR_RANGE", "10.0.0.0/x");
+        assert_eq!(c.addr_range.unwrap().prefix_len, 0, "strtol reads x as 0");
+        assert!(w.ends_with("read as 10.0.0.0/0, as NCCL does"), "{w}");
+        let (c, _) = one("NCCL_IB_ADDR_RANGE", "10.0.0.0/-8");
+        let r = c.addr_range.unwrap();
+        let gid = Gid::new(
+            0,
+            "::ffff:10.0.0.1".parse().unwrap(),
+            ncclwasm_model::GidType::RoceV2,
+            0,
+        );
         assert!(
-            e.contains("must be address/prefix-length") && e.contains("NCCL would ignore it"),
+            !r.contains(&gid),
+            "a negative mask matches nothing, as NCCL's loop"
+        );
+    }
+
+    /// Issue 21, point 5: `NCCL_IB_GID_INDEX=-5` is automatic selection in NCCL
+    /// (`ncclIbGetGidIndex` forces only indices >= 0); strict mode refuses it.
+    #[test]
+    fn a_negative_gid_index_is_automatic_and_strict_mode_refuses_it() {
+        let c = cfg(&[("NCCL_IB_GID_INDEX", "-5")]);
+        assert_eq!(c.gid_index, None);
+        assert!(
+            c.warnings()[0]
+                .to_string()
+                .contains("read as -1, automatic selection"),
+            "{:?}",
+            c.warnings()
+        );
+        assert!(cfg(&[("NCCL_IB_GID_INDEX", "-1")]).warnings().is_empty());
+        assert_eq!(cfg(&[("NCCL_IB_GID_INDEX", "300")]).gid_index, Some(300));
+        let c = cfg(&[("NCCL_IB_TIMEOUT", "18x")]);
+        assert_eq!(c.timeout, 18);
+        assert!(c.warnings()[0].to_string().contains("reads it as 18"));
+        let strict = owned(&[("NCCL_IB_GID_INDEX", "-5"), (STRICT_CONFIG, "1")]);
+        let e = IbConfig::from_pairs(&strict).unwrap_err().to_string();
+        assert!(
+            e.starts_with("NCCL_IB_GID_INDEX=-5: negative (NCCL_WASM_STRICT_CONFIG=1 refuses it)"),
             "{e}"
         );
-        assert!(refused("NCCL_IB_ADDR_RANGE", "fd00::/8").contains("not an AF_INET address"));
-        assert!(refused("NCCL_IB_ADDR_RANGE", "10.0.0.0/33").contains("must be 0..32"));
-        assert!(refused("NCCL_IB_ADDR_RANGE", "10.0.0.0/x").contains("must be 0..32"));
-        assert!(refused("NCCL_IB_ADDR_RANGE", "10.0.0/8").contains("not an IP address"));
+        let lax = owned(&[("NCCL_IB_GID_INDEX", "-5"), (STRICT_CONFIG, "0")]);
+        assert!(IbConfig::from_pairs(&lax).is_ok());
     }
 
     #[test]
     fn range_matching_follows_match_gid_addr_prefix() {
         use ncclwasm_model::{Gid, GidType};
         let gid = |t: &str| Gid::new(0, t.parse().unwrap(), GidType::RoceV2, 0);
-        let v4 = |r: &str| parse_range(r, AddrFamily::Ipv4).unwrap();
-        let v6 = |r: &str| parse_range(r, AddrFamily::Ipv6).unwrap();
+        let v4 = |r: &str| parse_range(r, AddrFamily::Ipv4).0.unwrap();
+        let v6 = |r: &str| parse_range(r, AddrFamily::Ipv6).0.unwrap();
         assert!(v4("10.1.0.0/16").contains(&gid("::ffff:10.1.2.3")));
         assert!(!v4("10.1.0.0/16").contains(&gid("::ffff:10.2.2.3")));
         assert!(v4("10.1.2.3/32").contains(&gid("::ffff:10.1.2.3")));
@@ -667,6 +951,15 @@ mod tests {
         assert!(!v6("fd00:1:8000::/33").contains(&gid("fd00:1:7fff::1")));
     }
 
+    fn entry(name: &str, port: Option<i32>) -> HcaEntry {
+        HcaEntry {
+            name: name.into(),
+            port,
+            rail: NET_ID_UNDEF,
+            plane: NET_ID_UNDEF,
+        }
+    }
+
     #[test]
     fn hca_lists() {
         let h = |v: &str| cfg(&[("NCCL_IB_HCA", v)]).hca;
@@ -674,16 +967,7 @@ mod tests {
         assert!(!f.exclude && !f.exact);
         assert_eq!(
             f.entries,
-            vec![
-                HcaEntry {
-                    name: "mlx5_1".into(),
-                    port: None
-                },
-                HcaEntry {
-                    name: "mlx5_2".into(),
-                    port: Some(1)
-                },
-            ]
+            vec![entry("mlx5_1", None), entry("mlx5_2", Some(1))]
         );
         assert!(
             f.admits("mlx5_1", 1) && f.admits("mlx5_10", 1),
@@ -710,60 +994,98 @@ mod tests {
             2,
             "empty entries are skipped, as NCCL"
         );
-        for (value, why) in [
-            (
-                "^",
-                "list after '^' is empty (NCCL would then exclude every device)",
-            ),
-            ("^=", "list after '^' is empty"),
-            (
-                "=",
-                "list after '=' is empty (NCCL would then use every device)",
-            ),
-            (" mlx5_0", "contains whitespace"),
-            (":1", "has no device name"),
-            ("mlx5_0, mlx5_1", "contains whitespace"),
-            ("=^mlx5_0", "only recognised once, at the start"),
-            ("mlx5_0,^mlx5_1", "only recognised once, at the start"),
-            ("mlx5_0:x", "the port after ':' must be a number 1..255"),
-            ("mlx5_0:0", "the port after ':' must be a number 1..255"),
-            ("mlx5_0:1:2", "the port after ':' must be a number 1..255"),
+        assert!(
+            cfg(&[("NCCL_IB_HCA", "mlx5_0,,mlx5_1,")])
+                .warnings()
+                .is_empty()
+        );
+    }
+
+    /// Issue 21, point 5: every `NCCL_IB_HCA` NCCL 2.30's `parseStringList`/`matchIfList`
+    /// accept is read as they read it, with a warning per oddity naming the variable.
+    #[test]
+    fn hca_lists_nccl_accepts_are_read_as_nccl_reads_them_with_a_warning() {
+        let read = |v: &str| {
+            let c = cfg(&[("NCCL_IB_HCA", v)]);
+            let w: Vec<String> = c.warnings().iter().map(|w| w.to_string()).collect();
+            assert!(
+                w.iter()
+                    .all(|w| w.starts_with(&format!("NCCL_IB_HCA={v}: "))),
+                "{w:?}"
+            );
+            (c.hca, w)
+        };
+        // A space after a comma: NCCL keeps " mlx5_1" as a name, which matches nothing.
+        let (f, w) = read("mlx5_0, mlx5_1");
+        assert!(f.admits("mlx5_0", 1) && !f.admits("mlx5_1", 1));
+        assert!(w.len() == 1 && w[0].contains("whitespace"), "{w:?}");
+        // NCCL 2.30's rail and plane fields, kept for railId/planeId.
+        let (f, w) = read("mlx5_0:1:0:1,mlx5_1::1");
+        assert!(w.is_empty(), "{w:?}");
+        let e = f.entry_for("mlx5_0", 1).unwrap();
+        assert_eq!((e.port, e.rail, e.plane), (Some(1), 0, 1));
+        let e = f.entry_for("mlx5_1", 2).unwrap();
+        assert_eq!((e.port, e.rail, e.plane), (None, 1, NET_ID_UNDEF));
+        // `^` alone excludes every device; `=` alone filters nothing.
+        let (f, w) = read("^");
+        assert!(!f.admits("mlx5_0", 1) && w[0].contains("every device is excluded"));
+        let (f, w) = read("=");
+        assert!(f.admits("mlx5_0", 1) && w[0].contains("every device is used"));
+        // Misplaced ^/=, nameless entries, atoi'd ports, extra fields.
+        for (value, why, admits_mlx5_0_1) in [
+            ("=^mlx5_0", "only recognised once", false),
+            ("mlx5_0,^mlx5_1", "only recognised once", true),
+            (":1,mlx5_0", "NCCL skips it", true),
+            ("mlx5_0:x", "read by atoi as 0", false),
+            ("mlx5_0:0", "matches no port", false),
+            ("mlx5_0:1x", "read by atoi as 1", true),
+            ("mlx5_0:1:2:3:4", "more than the four fields", true),
         ] {
-            let e = refused("NCCL_IB_HCA", value);
-            assert!(e.contains(why), "{value}: {e}");
+            let (f, w) = read(value);
+            assert!(w.iter().any(|w| w.contains(why)), "{value}: {w:?}");
+            assert_eq!(f.admits("mlx5_0", 1), admits_mlx5_0_1, "{value}");
         }
         let many = (0..33)
             .map(|i| format!("mlx5_{i}"))
             .collect::<Vec<_>>()
             .join(",");
-        assert!(refused("NCCL_IB_HCA", &many).contains("at most 32"));
+        let (f, w) = read(&many);
+        assert_eq!(f.entries.len(), 32);
+        assert!(w[0].contains("reads the first 32"), "{w:?}");
+        let e = IbConfig::from_pairs(&owned(&[("NCCL_IB_HCA", "^"), (STRICT_CONFIG, "1")]));
+        assert!(e.is_err());
     }
 
     #[test]
     fn integers_read_like_strtoll_base_0() {
-        assert_eq!(parse_int("20"), Some(20));
-        assert_eq!(parse_int("-1"), Some(-1));
-        assert_eq!(parse_int("+7"), Some(7));
-        assert_eq!(parse_int("0x1F"), Some(31));
-        assert_eq!(parse_int("017"), Some(15));
-        assert_eq!(parse_int("0"), Some(0));
-        for bad in [
-            "",
-            "-",
-            "0x",
-            "1.5",
-            "1e3",
-            "twenty",
-            "99999999999999999999",
-        ] {
-            assert_eq!(parse_int(bad), None, "{bad}");
+        assert_eq!(parse_int("20"), Some((20, true)));
+        assert_eq!(parse_int("-1"), Some((-1, true)));
+        assert_eq!(parse_int("+7"), Some((7, true)));
+        assert_eq!(parse_int(" 5 "), Some((5, true)));
+        assert_eq!(parse_int("0x1F"), Some((31, true)));
+        assert_eq!(parse_int("017"), Some((15, true)));
+        assert_eq!(parse_int("0"), Some((0, true)));
+        assert_eq!(parse_int("20x"), Some((20, false)));
+        assert_eq!(parse_int("0x"), Some((0, false)));
+        assert_eq!(parse_int("09"), Some((0, false)));
+        assert_eq!(parse_int("1.5"), Some((1, false)));
+        for none in ["", "-", "twenty"] {
+            assert_eq!(parse_int(none), Some((0, false)), "{none}");
         }
+        assert_eq!(parse_int("99999999999999999999"), None);
+        assert_eq!(atoi(" 12ab"), 12);
+        assert_eq!(atoi("x"), 0);
+        assert_eq!(atoi("-3"), -3);
     }
 
     #[test]
     fn env_pairs_collects_only_nccl_ib_variables() {
         // The test process may carry NCCL_* settings of its own; only the prefix is checked.
-        assert!(env_pairs().iter().all(|(k, _)| k.starts_with("NCCL_IB_")));
+        assert!(
+            env_pairs()
+                .iter()
+                .all(|(k, _)| k.starts_with("NCCL_IB_") || k == STRICT_CONFIG)
+        );
         let pairs = env_pairs();
         let mut sorted = pairs.clone();
         sorted.sort();

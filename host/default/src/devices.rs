@@ -9,7 +9,9 @@ use crate::IbConfig;
 pub const MAX_IB_DEVS: usize = 32;
 
 /// Every active port (IB or Ethernet: the only link layers a [`Port`] has) that `NCCL_IB_HCA`
-/// admits, in discovery order, at most [`MAX_IB_DEVS`]; as the device loop of `ncclIbInit`.
+/// admits, the first [`MAX_IB_DEVS`] in discovery order, then ordered by PCI address unless
+/// `NCCL_IB_DEVICE_PCI_ORDER=0`; as the device loop of NCCL 2.30's `ncclIbInitDevices` and the
+/// sort after it (`ncclIbCompareDevs`).
 pub fn select_devices(cfg: &IbConfig, ports: &[Port]) -> DeviceSelection {
     let mut chosen = Vec::new();
     let mut inactive = Vec::new();
@@ -24,12 +26,21 @@ pub fn select_devices(cfg: &IbConfig, ports: &[Port]) -> DeviceSelection {
         } else if chosen.len() == MAX_IB_DEVS {
             over_limit += 1;
         } else {
-            chosen.push(p.index);
+            chosen.push(p);
         }
     }
-    let mut reason = if cfg.hca.entries.is_empty() {
+    let order = if cfg.device_pci_order {
+        // Stable, so ports with the same key (ports of one device, a Data Direct twin) keep
+        // discovery order, as glibc's merge-sort `qsort` keeps them.
+        chosen.sort_by_key(|p| pci_order_key(&p.pci_path));
+        "in PCI order (NCCL_IB_DEVICE_PCI_ORDER=1)"
+    } else {
+        "in discovery order (NCCL_IB_DEVICE_PCI_ORDER=0)"
+    };
+    let chosen: Vec<u32> = chosen.iter().map(|p| p.index).collect();
+    let mut reason = if !cfg.is_set("NCCL_IB_HCA") {
         format!(
-            "NCCL_IB_HCA unset: every active port in discovery order ({} of {})",
+            "NCCL_IB_HCA unset: every active port {order} ({} of {})",
             chosen.len(),
             ports.len()
         )
@@ -46,7 +57,7 @@ pub fn select_devices(cfg: &IbConfig, ports: &[Port]) -> DeviceSelection {
             (true, true) => "ports except those whose device name equals a listed name",
         };
         format!(
-            "NCCL_IB_HCA={hca}: active {how} (and port, where given), in discovery order ({} of {})",
+            "NCCL_IB_HCA={hca}: active {how} (and port, where given), {order} ({} of {})",
             chosen.len(),
             ports.len()
         )
@@ -60,10 +71,41 @@ pub fn select_devices(cfg: &IbConfig, ports: &[Port]) -> DeviceSelection {
     if over_limit > 0 {
         reason += &format!("; {over_limit} more left out: NCCL uses at most {MAX_IB_DEVS} ports");
     }
+    if chosen.is_empty() {
+        reason += "; no device, so NCCL falls back to another transport";
+    }
     DeviceSelection {
         ports: chosen,
         reason,
     }
+}
+
+/// Where NCCL 2.30 sorts a port (`ncclIbCompareDevs`): ports without a PCI path last, the
+/// others by the last component of the path read as a number (`pciPathToInt64`: its hex digits,
+/// `:` and `.` skipped, so `0000:5e:00.2` is 0x5e002).
+///
+/// NCCL reads the unmerged path; a [`Port`] carries the merged one (function digit, and with
+/// `NCCL_IB_MERGE_VFS` the device number, zeroed), so functions and VFs of one card tie here and
+/// keep discovery order where NCCL orders them by function (see "Compatibility with NCCL's IB
+/// transport" in the README).
+fn pci_order_key(path: &str) -> (bool, i64) {
+    if path.is_empty() {
+        return (true, 0);
+    }
+    let last = path
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or_default();
+    let hex: String = last
+        .chars()
+        .filter(|&c| c != ':' && c != '.')
+        .take_while(char::is_ascii_hexdigit)
+        .take(16)
+        .collect();
+    // strtol saturates; 16 hex digits can exceed i64.
+    let id = u64::from_str_radix(&hex, 16).map_or(0, |v| i64::try_from(v).unwrap_or(i64::MAX));
+    (false, id)
 }
 
 #[cfg(test)]
@@ -82,7 +124,7 @@ mod tests {
     }
 
     #[test]
-    fn default_takes_every_active_port_in_discovery_order() {
+    fn default_takes_every_active_port_in_pci_order() {
         let ports = corpus("dgx-h100.toml");
         let sel = select_devices(&cfg(&[]), &ports);
         assert_eq!(sel.ports, (0..10).collect::<Vec<u32>>());
@@ -178,6 +220,98 @@ mod tests {
             "{}",
             sel.reason
         );
+    }
+
+    /// `ports` in another discovery order, renumbered as discovery would number them.
+    fn rediscovered(ports: &[Port], order: impl Iterator<Item = usize>) -> Vec<Port> {
+        order
+            .enumerate()
+            .map(|(i, from)| Port {
+                index: i as u32,
+                ..ports[from].clone()
+            })
+            .collect()
+    }
+
+    /// Issue 21, point 1: NCCL 2.30 sorts its devices by PCI address (`NCCL_IB_DEVICE_PCI_ORDER`,
+    /// default 1) after `NCCL_IB_HCA` filtering, so a node that discovers its NICs in another
+    /// order numbers them as every other node does; `=0` keeps discovery order.
+    #[test]
+    fn devices_are_in_pci_order_whatever_the_discovery_order_on_every_topology() {
+        for (file, ports) in whole_corpus() {
+            let sorted = select_devices(&cfg(&[]), &ports);
+            let reversed = rediscovered(&ports, (0..ports.len()).rev());
+            let again = select_devices(&cfg(&[]), &reversed);
+            let keys = |sel: &DeviceSelection, ports: &[Port]| -> Vec<(bool, i64)> {
+                sel.ports
+                    .iter()
+                    .map(|&i| pci_order_key(&ports[i as usize].pci_path))
+                    .collect()
+            };
+            let k = keys(&again, &reversed);
+            assert!(k.windows(2).all(|w| w[0] <= w[1]), "{file}: {k:?}");
+            // Ports that tie (one device's ports, one card's functions) keep discovery order,
+            // so only distinct PCI addresses are compared across the two discovery orders.
+            assert_eq!(keys(&sorted, &ports), k, "{file}");
+            assert!(again.reason.contains("in PCI order"), "{}", again.reason);
+            let kept = select_devices(&cfg(&[("NCCL_IB_DEVICE_PCI_ORDER", "0")]), &reversed);
+            let active: Vec<u32> = reversed
+                .iter()
+                .filter(|p| p.state == PortState::Active)
+                .map(|p| p.index)
+                .collect();
+            assert_eq!(kept.ports, active, "{file}: discovery order");
+        }
+        // dgx-h100 discovered backwards: NCCL still calls mlx5_0 device 0.
+        let dgx = corpus("dgx-h100.toml");
+        let backwards = rediscovered(&dgx, (0..dgx.len()).rev());
+        let sel = select_devices(&cfg(&[]), &backwards);
+        assert_eq!(
+            names(&sel, &backwards),
+            [
+                "mlx5_0:1", "mlx5_1:1", "mlx5_2:1", "mlx5_3:1", "mlx5_4:1", "mlx5_5:1", "mlx5_6:1",
+                "mlx5_7:1", "mlx5_9:1", "mlx5_8:1"
+            ],
+            "mlx5_8/9 share a merged path, so they keep discovery order"
+        );
+    }
+
+    #[test]
+    fn the_pci_key_reads_the_last_component_and_puts_empty_paths_last() {
+        assert_eq!(
+            pci_order_key("/sys/devices/pci0000:5d/0000:5d:02.0/0000:5e:00.2"),
+            (false, 0x5e002)
+        );
+        assert_eq!(
+            pci_order_key("/sys/devices/pci10000:00/10000:00:02.0/10000:01:00.0"),
+            (false, 0x1000001000),
+            "a VMD domain of five digits"
+        );
+        let mut ports = eth_ports(&["a", "b", "c"]);
+        ports[1].pci_path = "/sys/devices/pci0000:00/0000:00:01.0/0000:20:00.0".into();
+        ports[2].pci_path = "/sys/devices/pci0000:00/0000:00:01.0/0000:10:00.0".into();
+        assert_eq!(select_devices(&cfg(&[]), &ports).ports, [2, 1, 0]);
+    }
+
+    /// Issue 21, point 5: an `NCCL_IB_HCA` that selects nothing, or ports that are all down,
+    /// give an empty selection (NCCL inits with 0 devices and falls back), not an error.
+    #[test]
+    fn a_filter_that_selects_nothing_gives_no_device() {
+        let dgx = corpus("dgx-h100.toml");
+        for hca in ["mlx5_99", "^", "=^mlx5_0", "mlx5_0:0"] {
+            let sel = select_devices(&cfg(&[("NCCL_IB_HCA", hca)]), &dgx);
+            assert!(sel.ports.is_empty(), "{hca}: {:?}", sel.ports);
+            assert!(
+                sel.reason.contains("no device, so NCCL falls back"),
+                "{}",
+                sel.reason
+            );
+        }
+        let mut down = corpus("dual-port.toml");
+        for p in &mut down {
+            p.state = PortState::Down;
+        }
+        assert!(select_devices(&cfg(&[]), &down).ports.is_empty());
     }
 
     #[test]

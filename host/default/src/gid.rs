@@ -320,6 +320,29 @@ mod tests {
         assert_eq!(pick(&[("NCCL_IB_ADDR_RANGE", "192.168.0.0/16")], &p), 1);
     }
 
+    /// Issue 21, point 6: on the table the kernel reports — IPv4 at index 0, then `fe80::`
+    /// slots of zero interface id, then the rest of mlx5's 256 slots — NCCL's family rule moves
+    /// to index 1 under AF_INET6 without checking the slot is configured. The table must keep
+    /// every slot for the plugin to agree (live discovery used to drop the trailing ones).
+    #[test]
+    fn af_inet6_takes_the_first_ipv6_family_slot_after_an_ipv4_index_0() {
+        let ports = corpus("pod-ipv4-first.toml");
+        let p = &ports[0];
+        assert_eq!(p.gids.len(), 256);
+        assert_eq!(pick(&[], p), 0);
+        let v6 = select_gid(&cfg(&[("NCCL_IB_ADDR_FAMILY", "AF_INET6")]), p);
+        assert_eq!(v6.index, 1, "{}", v6.reason);
+        assert!(
+            v6.reason.contains("unconfigured entry fe80::"),
+            "{}",
+            v6.reason
+        );
+        // Without the trailing slots (what live discovery used to keep) NCCL's pick is lost.
+        let mut cut = p.clone();
+        cut.gids.truncate(1);
+        assert_eq!(pick(&[("NCCL_IB_ADDR_FAMILY", "AF_INET6")], &cut), 0);
+    }
+
     #[test]
     fn k8s_sparse_tables() {
         let ports = corpus("k8s-pod.toml");
@@ -355,11 +378,11 @@ mod tests {
             "RoCE: NCCL_IB_GID_INDEX=1 forces index 1 (RoCEv2 link-local entry fe80::a288:c2ff:fe1d:0)"
         );
         let loopback = corpus("loopback.toml");
-        let c = select_gid(&cfg(&[("NCCL_IB_GID_INDEX", "3")]), &loopback[0]);
-        assert_eq!(c.index, 3);
+        let c = select_gid(&cfg(&[("NCCL_IB_GID_INDEX", "300")]), &loopback[0]);
+        assert_eq!(c.index, 300);
         assert!(
             c.reason
-                .contains("GID table has 2 entries, so connections will fail"),
+                .contains("GID table has 256 entries, so connections will fail"),
             "{}",
             c.reason
         );
@@ -372,7 +395,7 @@ mod tests {
         assert_eq!(c.index, 0);
         assert_eq!(
             c.reason,
-            "IB: index 0; the GID table has no entry 1 (NCCL_IB_ROUTABLE_FLID_GID_INDEX=1) to carry a routable FLID (NCCL_IB_GID_INDEX applies to RoCE only)"
+            "IB: index 0; the entry at NCCL_IB_ROUTABLE_FLID_GID_INDEX=1 has no routable FLID (NCCL_IB_GID_INDEX applies to RoCE only)"
         );
         let ib = |gids: &[(&str, GidType)]| port(0, "mlx5_0", 1, LinkLayer::Infiniband, gids);
         let routed = ib(&[("fe80::1", Ib), ("fec0:0:12:5::1", Ib)]);

@@ -20,7 +20,8 @@ mod fusion;
 mod gid;
 
 pub use config::{
-    AddrRange, ConfigError, HcaEntry, HcaFilter, IbConfig, Setting, Source, env_pairs,
+    AddrRange, ConfigError, ConfigWarning, HcaEntry, HcaFilter, IbConfig, NET_ID_UNDEF,
+    STRICT_CONFIG, Setting, Source, env_pairs,
 };
 pub use conn::plan_connection;
 pub use devices::{MAX_IB_DEVS, select_devices};

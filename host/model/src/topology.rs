@@ -35,8 +35,12 @@ use toml::Spanned;
 
 use crate::{AddrFamily, Gid, GidType, LinkLayer, Port, PortState};
 
-/// Largest GID index a topology may name; verbs devices have at most 256 GID table entries.
-const MAX_GID_INDEX: u32 = 255;
+/// `gid_tbl_len` of a port whose file does not say: what an mlx5 device reports (256), and
+/// what the soft fabric reports for every provider.
+pub const DEFAULT_GID_TBL_LEN: u32 = 256;
+/// Largest `gid-tbl-len` a file may give: rxe's table (1024), the longest of the kernel's
+/// providers.
+const MAX_GID_TBL_LEN: u32 = 1024;
 /// `ibv_device_attr.max_qp` of a ConnectX NIC (2^18), used when a file does not say.
 const DEFAULT_MAX_QPS: u32 = 1 << 18;
 /// Prefix length of a derived or unannotated IPv4 RoCE GID: the usual /24 of a RoCE subnet.
@@ -109,8 +113,9 @@ pub struct DevicePort {
     pub lid: u16,
     /// The IP address the `soft` fabric binds this port to.
     pub address: IpAddr,
-    /// The complete GID table in index order: listed entries, unconfigured slots filling the
-    /// gaps, or the derived table when the file lists none.
+    /// The complete GID table in index order, as long as the port's `gid_tbl_len`: listed
+    /// entries (or the derived ones when the file lists none), unconfigured slots everywhere
+    /// else.
     pub gids: Vec<Gid>,
 }
 
@@ -248,6 +253,7 @@ struct RawPort {
     lid: Option<Spanned<u16>>,
     address: Option<Spanned<String>>,
     prefix_len: Option<Spanned<u8>>,
+    gid_tbl_len: Option<Spanned<u32>>,
     gids: Option<Vec<RawGid>>,
 }
 
@@ -575,10 +581,38 @@ impl<'a> Located<'a> {
             None if address.is_ipv4() => DEFAULT_IPV4_PREFIX,
             None => DEFAULT_IPV6_PREFIX,
         };
-        let gids = match rp.gids {
+        let tbl_len = match &rp.gid_tbl_len {
+            Some(n) if *n.get_ref() > MAX_GID_TBL_LEN => {
+                return Err(self.at(
+                    n.span(),
+                    &format!("{path}.gid-tbl-len"),
+                    format!(
+                        "{} is longer than any verbs GID table (at most {MAX_GID_TBL_LEN}; mlx5: 256)",
+                        n.get_ref()
+                    ),
+                ));
+            }
+            Some(n) => *n.get_ref(),
+            None => DEFAULT_GID_TBL_LEN,
+        };
+        let listed = match rp.gids {
             Some(list) => self.gid_table(path, rp.link_layer, list)?,
             None => derived_gids(rp.link_layer, interface_id, address, address_prefix),
         };
+        if let Some(beyond) = listed.iter().find(|g| g.index >= tbl_len) {
+            let span = rp.gid_tbl_len.as_ref().map_or(rp.port.span(), |n| n.span());
+            return Err(self.at(
+                span,
+                &format!("{path}.gid-tbl-len"),
+                format!(
+                    "the GID table is {tbl_len} entries long, so it has no index {}; give gid-tbl-len                      as the port reports it (mlx5: 256, the default)",
+                    beyond.index
+                ),
+            ));
+        }
+        let have = listed.len() as u32;
+        let mut gids = listed;
+        gids.extend((have..tbl_len).map(Gid::unconfigured));
         Ok(DevicePort {
             port: *rp.port.get_ref(),
             state,
@@ -597,12 +631,12 @@ impl<'a> Located<'a> {
         for (g, rg) in list.into_iter().enumerate() {
             let gpath = format!("{path}.gids[{g}]");
             let index = *rg.index.get_ref();
-            if index > MAX_GID_INDEX {
+            if index >= MAX_GID_TBL_LEN {
                 return Err(self.at(
                     rg.index.span(),
                     &format!("{gpath}.index"),
                     format!(
-                        "{index} is beyond the largest GID table (indices 0..={MAX_GID_INDEX})"
+                        "{index} is beyond the largest GID table (indices 0..{MAX_GID_TBL_LEN})"
                     ),
                 ));
             }

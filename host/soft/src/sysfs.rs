@@ -127,29 +127,30 @@ fn materialise(root: &Path, fabric: &Fabric) -> io::Result<()> {
             )?;
             fs::write(port.join("lid"), format!("0x{:x}\n", p.lid))?;
             let netdev = netdev_for(p.address);
+            // As a kernel lays the table out: `gids/<i>`, `gid_attrs/types/<i>` and
+            // `gid_attrs/ndevs/<i>` for every slot up to gid_tbl_len. A kernel fails the read of
+            // an unconfigured slot's type and netdev (EINVAL); a plain file cannot fail, so soft
+            // leaves those files empty — and so the type of an entry the topology calls
+            // `unknown` — which reads as no answer, as that EINVAL does: NCCL's
+            // `ncclIbRoceGetVersionNum` then leaves the version unset, our discovery reports type
+            // `unknown` and no netdev. (A missing file, by contrast, fails NCCL's `open`.)
             for g in &p.gids {
+                let slot = g.index.to_string();
                 fs::write(
-                    port.join("gids").join(g.index.to_string()),
+                    port.join("gids").join(&slot),
                     format!("{}\n", gid_text(&g.raw)),
                 )?;
-                if g.is_unconfigured() {
-                    continue;
-                }
                 let kind = match g.gid_type {
-                    GidType::RoceV2 => "RoCE v2",
-                    GidType::Ib | GidType::RoceV1 => "IB/RoCE v1",
-                    GidType::Unknown => continue,
+                    GidType::RoceV2 => "RoCE v2\n",
+                    GidType::Ib | GidType::RoceV1 => "IB/RoCE v1\n",
+                    GidType::Unknown => "",
                 };
-                fs::write(
-                    port.join("gid_attrs/types").join(g.index.to_string()),
-                    format!("{kind}\n"),
-                )?;
-                if let (LinkLayer::Ethernet, Some(nd)) = (p.link_layer, &netdev) {
-                    fs::write(
-                        port.join("gid_attrs/ndevs").join(g.index.to_string()),
-                        format!("{nd}\n"),
-                    )?;
-                }
+                fs::write(port.join("gid_attrs/types").join(&slot), kind)?;
+                let nd = match (p.link_layer, &netdev) {
+                    (LinkLayer::Ethernet, Some(nd)) if !g.is_unconfigured() => format!("{nd}\n"),
+                    _ => String::new(),
+                };
+                fs::write(port.join("gid_attrs/ndevs").join(&slot), nd)?;
             }
         }
     }
@@ -269,6 +270,43 @@ mod tests {
             fs::read_to_string(class.join("ports/1/gids/1")).expect("gid"),
             "0000:0000:0000:0000:0000:ffff:7f00:0001\n"
         );
+    }
+
+    /// Issue 21, point 7: every slot of the table (mlx5's 256) has its `gids/<i>`,
+    /// `gid_attrs/types/<i>` and `gid_attrs/ndevs/<i>`, as on a kernel; an unconfigured slot's
+    /// type and netdev read as nothing (where a kernel's read fails).
+    #[test]
+    fn every_slot_has_its_files_as_a_kernel_lays_them_out() {
+        let root = sysfs_root().expect("materialised");
+        let fabric = super::super::fabric::fabric().expect("topology");
+        let dev = &fabric.topology.devices[0];
+        let port = root
+            .join("class/infiniband")
+            .join(&dev.name)
+            .join("ports/1");
+        let len = dev.ports[0].gids.len();
+        assert_eq!(len, 256);
+        for i in 0..len {
+            for dir in ["gids", "gid_attrs/types", "gid_attrs/ndevs"] {
+                assert!(port.join(dir).join(i.to_string()).is_file(), "{dir}/{i}");
+            }
+        }
+        assert!(!port.join("gids/256").exists());
+        assert_eq!(
+            fs::read_to_string(port.join("gids/2")).expect("slot 2"),
+            "0000:0000:0000:0000:0000:0000:0000:0000\n"
+        );
+        for empty in [
+            "gid_attrs/types/2",
+            "gid_attrs/ndevs/2",
+            "gid_attrs/types/255",
+        ] {
+            assert_eq!(
+                fs::read_to_string(port.join(empty)).expect(empty),
+                "",
+                "{empty}"
+            );
+        }
     }
 
     /// Runs `test` (its full name in this binary) in a child with `TMPDIR=tmp` and no

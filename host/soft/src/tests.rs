@@ -1242,13 +1242,19 @@ fn contexts_report_device_port_and_gids() {
         assert_eq!(abi::query_port(ctx, 1, (&raw mut pa).cast()), 0);
         assert_eq!(
             (pa.state, pa.link_layer, pa.gid_tbl_len),
-            (ibv_port_state::IBV_PORT_ACTIVE, 2, 2)
+            (ibv_port_state::IBV_PORT_ACTIVE, 2, 256)
         );
         assert_eq!((pa.active_width, pa.active_speed), (2, 32), "100G = 4X EDR");
         let mut gid = ibv_gid { raw: [0; 16] };
         assert_eq!(abi::query_gid(ctx, 1, 1, &mut gid), 0);
         assert_eq!(gid.raw[10..], [0xff, 0xff, 127, 0, 0, 1]);
-        assert_ne!(abi::query_gid(ctx, 1, 5, &mut gid), 0);
+        assert_eq!(
+            abi::query_gid(ctx, 1, 5, &mut gid),
+            0,
+            "an unconfigured slot"
+        );
+        assert_eq!(gid.raw, [0; 16]);
+        assert_ne!(abi::query_gid(ctx, 1, 256, &mut gid), 0);
         assert_ne!(abi::query_port(ctx, 2, (&raw mut pa).cast()), 0);
         let name = std::ffi::CStr::from_ptr(abi::get_device_name((*ctx).device));
         assert_eq!(name.to_str(), Ok("soft_0"));

@@ -151,14 +151,15 @@ impl Net {
             .filter_map(|&i| ports.iter().find(|p| p.index == i).cloned())
             .collect();
         if selected.is_empty() {
-            return Err(NetError::NoDevice(format!(
-                "{} of {} port(s) selected ({})",
-                selected.len(),
+            // As NCCL's IB transport: init succeeds with no device, and NCCL falls back.
+            tracing::warn!(
+                "NET/WASM: no device: 0 of {} port(s) selected ({})",
                 ports.len(),
                 sel.reason
-            )));
-        }
-        if config.require_active_port && !selected.iter().any(|p| p.state == PortState::Active) {
+            );
+        } else if config.require_active_port
+            && !selected.iter().any(|p| p.state == PortState::Active)
+        {
             return Err(NetError::NoDevice(format!(
                 "none of the {} selected port(s) is active",
                 selected.len()
@@ -181,11 +182,14 @@ impl Net {
                 }
             };
             let choice = decisions.select_gid(&port)?;
-            if !port.gids.iter().any(|g| g.index == choice.value.index) {
-                return Err(NetError::NoDevice(format!(
-                    "{}:{}: GID index {} is not in its table",
-                    port.device, port.port, choice.value.index
-                )));
+            if port.endpoint(choice.value.index).gid.is_unconfigured() {
+                // As NCCL: the port stays, and its connections fail (`unusable`).
+                tracing::warn!(
+                    "NET/WASM: {}:{}: GID index {} is not a configured entry of its table; connections on this port will fail",
+                    port.device,
+                    port.port,
+                    choice.value.index
+                );
             }
             tracing::info!(
                 "NET/WASM: {}:{} uses GID index {} ({})",
@@ -392,6 +396,7 @@ impl Net {
     /// device, as `ncclIbListen`), and the 128-byte handle to give the peer.
     pub fn listen(&self, dev: i64) -> Result<(Listener, [u8; HANDLE_SIZE]), NetError> {
         let (_, ports) = self.device(dev)?;
+        unusable(&ports)?;
         let listener = bind_listener(&self.inner.oob)?;
         listener
             .set_nonblocking(true)
@@ -434,6 +439,7 @@ impl Net {
             None => {
                 let target = ListenHandle::decode(handle).map_err(NetError::protocol("connect"))?;
                 let (props, ports) = self.device(dev)?;
+                unusable(&ports)?;
                 let machine = Connector::new(ConnectorConfig {
                     comm_id: comm.comm_id,
                     traffic_class: comm.traffic_class,
@@ -473,6 +479,18 @@ impl Net {
 
 /// How many QPs one connection may use on these ports: the smallest port limit, capped by
 /// NCCL's 128.
+/// A port whose GID is no configured entry (a forced `NCCL_IB_GID_INDEX` this port lacks) fails
+/// its connections, as NCCL's fail when the NIC refuses that GID.
+fn unusable(ports: &[PortCtx]) -> Result<(), NetError> {
+    match ports.iter().find(|p| p.endpoint.gid.is_unconfigured()) {
+        Some(p) => Err(NetError::NoDevice(format!(
+            "{}:{}: GID index {} is not a configured entry of its table",
+            p.port.device, p.port.port, p.endpoint.gid.index
+        ))),
+        None => Ok(()),
+    }
+}
+
 fn max_qps(ports: &[PortCtx]) -> u32 {
     ports
         .iter()

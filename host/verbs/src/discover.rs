@@ -68,21 +68,18 @@ fn discover_device(
                 continue;
             }
         };
-        let mut gids = Vec::new();
-        for index in 0..attr.gid_tbl_len {
-            let raw = match ctx.query_gid(port, index) {
-                Ok(raw) => raw,
-                Err(e) => {
+        // Every slot the kernel reports, as NCCL's scan walks them up to `gid_tbl_len`: an
+        // unconfigured slot still counts (NCCL's family rule may pick one), so the live table is
+        // the one a captured topology and `ncclwasm policy explain` show.
+        let gids: Vec<Gid> = (0..attr.gid_tbl_len)
+            .map(|index| {
+                let raw = ctx.query_gid(port, index).unwrap_or_else(|e| {
                     tracing::debug!("{name} port {port}: {e}");
                     [0; 16]
-                }
-            };
-            gids.push(gid(sysfs, name, port, index, raw, attr.link_layer));
-        }
-        // The kernel reports the whole table; trailing empty slots carry no information.
-        while gids.last().is_some_and(Gid::is_unconfigured) {
-            gids.pop();
-        }
+                });
+                gid(sysfs, name, port, index, raw, attr.link_layer)
+            })
+            .collect();
         ports.push(Port {
             index: ports.len() as u32,
             device: name.to_owned(),
@@ -110,7 +107,9 @@ fn discover_device(
     Ok(())
 }
 
-/// A GID entry with its type (sysfs) and the prefix length of the subnet it sits in.
+/// A GID entry with its type (sysfs) and the prefix length of the subnet it sits in. An
+/// unconfigured slot keeps the bytes the kernel gave (`::` or `fe80::`) and whatever type sysfs
+/// gives (on a kernel the read fails: `unknown`), with no prefix.
 fn gid(sysfs: &Sysfs, dev: &str, port: u8, index: u32, raw: [u8; 16], link: LinkLayer) -> Gid {
     let probe = Gid {
         index,
@@ -119,7 +118,13 @@ fn gid(sysfs: &Sysfs, dev: &str, port: u8, index: u32, raw: [u8; 16], link: Link
         prefix_len: 0,
     };
     if probe.is_unconfigured() {
-        return Gid::unconfigured(index);
+        return match link {
+            LinkLayer::Ethernet => Gid {
+                gid_type: sysfs.roce_gid_type(dev, port, index),
+                ..probe
+            },
+            LinkLayer::Infiniband => probe,
+        };
     }
     if link == LinkLayer::Infiniband {
         return Gid {

@@ -51,7 +51,8 @@ fn minimal_file_gets_defaults_and_a_derived_roce_table() {
     assert_eq!(p.guid, 0x0002_c903_00a1_b2c0);
     assert_eq!(t.bind_address(0), Some(IpAddr::V4(Ipv4Addr::LOCALHOST)));
     assert_eq!(t.bind_address(1), None);
-    assert_eq!(p.gids.len(), 2);
+    assert_eq!(p.gids.len(), 256, "gid_tbl_len of an mlx5 device");
+    assert!(p.gids[2..].iter().all(Gid::is_unconfigured));
     assert_eq!(
         p.gids[0].addr(),
         "fe80::2:c903:a1:b2c0".parse::<Ipv6Addr>().unwrap()
@@ -88,7 +89,7 @@ fn ib_ports_derive_one_link_local_gid_per_port_distinct_across_functions() {
     assert_eq!(ports.len(), 10);
     let p0 = &ports[0];
     assert_eq!(p0.link_layer, LinkLayer::Infiniband);
-    assert_eq!(p0.gids.len(), 1);
+    assert_eq!(p0.gids.len(), 256);
     assert_eq!(p0.gids[0].hi(), 0xfe80_0000_0000_0000);
     assert_eq!(p0.gids[0].lo(), p0.guid);
     assert_eq!(
@@ -115,7 +116,7 @@ fn sparse_gid_tables_fill_gaps_with_unconfigured_slots() {
     let t = Topology::load(corpus("k8s-pod.toml")).unwrap();
     let ports = t.ports();
     let g = &ports[0].gids;
-    assert_eq!(g.len(), 4);
+    assert_eq!(g.len(), 256);
     assert!(g[2].is_unconfigured());
     assert_eq!(
         (g[2].index, g[2].gid_type, g[2].prefix_len),
@@ -123,7 +124,51 @@ fn sparse_gid_tables_fill_gaps_with_unconfigured_slots() {
     );
     assert_eq!(g[1].gid_type, GidType::Unknown);
     assert_eq!(g[3].index, 3);
-    assert_eq!(ports[1].gids.len(), 6);
+    assert!(g[4..].iter().all(|g| *g == Gid::unconfigured(g.index)));
+    assert_eq!(ports[1].gids.len(), 256);
+}
+
+/// Issue 21, point 7: a port's table is as long as the `gid_tbl_len` a real device reports
+/// (mlx5: 256), or as the file's `gid-tbl-len` says, whatever indices are listed; every slot
+/// past the listed ones is unconfigured, as the kernel reports it.
+#[test]
+fn gid_tables_are_as_long_as_the_device_reports() {
+    for path in ncclwasm_testkit::topologies() {
+        let t = Topology::load(&path).unwrap();
+        for p in t.ports() {
+            assert_eq!(p.gids.len(), 256, "{}: {}", path.display(), p.device);
+            assert!(p.gids.iter().enumerate().all(|(i, g)| g.index == i as u32));
+        }
+    }
+    let short = with_gids("{ index = 1, gid = \"fe80::1\", type = \"roce-v1\" },")
+        .replace("gids = [", "gid-tbl-len = 16\ngids = [");
+    let t = Topology::parse(&short, "t.toml").unwrap();
+    assert_eq!(t.ports()[0].gids.len(), 16);
+    let rxe = with_gids("{ index = 700, gid = \"fe80::1\", type = \"roce-v1\" },")
+        .replace("gids = [", "gid-tbl-len = 1024\ngids = [");
+    assert_eq!(
+        Topology::parse(&rxe, "t.toml").unwrap().ports()[0]
+            .gids
+            .len(),
+        1024
+    );
+    for (text, want) in [
+        (
+            short.replace("index = 1,", "index = 16,"),
+            "gid-tbl-len: the GID table is 16 entries long, so it has no index 16",
+        ),
+        (
+            with_gids("{ index = 256, gid = \"fe80::1\", type = \"roce-v1\" },"),
+            "gid-tbl-len: the GID table is 256 entries long, so it has no index 256",
+        ),
+        (
+            short.replace("gid-tbl-len = 16", "gid-tbl-len = 1025"),
+            "gid-tbl-len: 1025 is longer than any verbs GID table",
+        ),
+    ] {
+        let e = Topology::parse(&text, "t.toml").unwrap_err().to_string();
+        assert!(e.contains(want), "{e}");
+    }
 }
 
 #[test]
@@ -330,8 +375,8 @@ fn gid_entries_are_checked() {
             "gids[0].gid: \"10.0.0.1\" is not a GID",
         ),
         (
-            "{ index = 256, gid = \"fe80::1\", type = \"roce-v2\" }",
-            "gids[0].index: 256 is beyond",
+            "{ index = 1024, gid = \"fe80::1\", type = \"roce-v2\" }",
+            "gids[0].index: 1024 is beyond",
         ),
         (
             "{ index = 0, gid = \"fe80::1\", type = \"ib\" }",
@@ -381,7 +426,10 @@ fn listed_gid_prefix_defaults_follow_the_address_kind() {
         "t.toml",
     )
     .unwrap();
-    let prefixes: Vec<u8> = t.ports()[0].gids.iter().map(|g| g.prefix_len).collect();
+    let prefixes: Vec<u8> = t.ports()[0].gids[..4]
+        .iter()
+        .map(|g| g.prefix_len)
+        .collect();
     assert_eq!(prefixes, [64, 24, 64, 0]);
 }
 

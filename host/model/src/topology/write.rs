@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
 
-use super::{Device, DevicePort, Topology};
+use super::{DEFAULT_GID_TBL_LEN, Device, DevicePort, Topology};
 use crate::{Gid, GidType, LinkLayer, Port, PortState};
 
 impl Topology {
@@ -91,12 +91,15 @@ fn port(p: &DevicePort) -> String {
     if p.address != IpAddr::V4(Ipv4Addr::LOCALHOST) {
         out += &format!("address = \"{}\"\n", p.address);
     }
+    if p.gids.len() != DEFAULT_GID_TBL_LEN as usize {
+        out += &format!("gid-tbl-len = {}\n", p.gids.len());
+    }
     out += "gids = [";
-    // Gaps read back as unconfigured slots; the last entry is always written, so the table
-    // keeps its length.
-    let last = p.gids.len().saturating_sub(1);
-    for (i, g) in p.gids.iter().enumerate() {
-        if i == last || *g != Gid::unconfigured(g.index) {
+    // Every other slot reads back as unconfigured, up to gid-tbl-len.
+    let mut listed = 0;
+    for g in &p.gids {
+        if *g != Gid::unconfigured(g.index) {
+            listed += 1;
             let _ = write!(
                 out,
                 "\n  {{ index = {}, gid = \"{}\", type = \"{}\", prefix-len = {} }},",
@@ -107,7 +110,7 @@ fn port(p: &DevicePort) -> String {
             );
         }
     }
-    if !p.gids.is_empty() {
+    if listed > 0 {
         out.push('\n');
     }
     out + "]\n"
@@ -177,11 +180,12 @@ mod tests {
         let mut t = Topology::loopback();
         t.description = "quote \" and \\ and\nnewline".into();
         let p = &mut t.devices[0].ports[0];
-        p.gids.push(Gid::unconfigured(2));
+        p.gids.truncate(3);
         p.address = "10.1.2.3".parse().unwrap();
         t.devices[1].ports[0].gids.clear();
         let text = t.to_toml();
         assert!(text.contains("address = \"10.1.2.3\""), "{text}");
+        assert!(text.contains("gid-tbl-len = 3\n") && text.contains("gid-tbl-len = 0\n"));
         assert_eq!(text.matches("address").count(), 1, "defaults are left out");
         assert_eq!(Topology::parse(&text, &t.origin).unwrap(), t, "{text}");
     }

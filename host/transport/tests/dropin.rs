@@ -1,0 +1,75 @@
+//! Drop-in for NCCL 2.30's IB transport (issue 21, point 5): where `ncclIbInitDevices` carries
+//! on, so does `Net::new`. An `NCCL_IB_HCA` that selects nothing gives a context with no device
+//! (NCCL then falls back to another transport); a forced `NCCL_IB_GID_INDEX` that some ports
+//! lack fails only those ports' connections. Each test runs in a child with its own settings.
+
+mod common;
+
+use common::{connect, in_child, net, rerun_with_env};
+
+/// Two soft ports on the loopback address; only `soft_0` has a GID at index 2.
+const TWO_TABLES: &str = r#"name = "two-tables"
+[[devices]]
+name = "soft_0"
+guid = "0x0002c90300000001"
+[[devices.ports]]
+port = 1
+link-layer = "ethernet"
+speed-mbps = 100000
+gids = [
+  { index = 0, gid = "fe80::2:c903:0:1", type = "roce-v1" },
+  { index = 1, gid = "::ffff:127.0.0.1", type = "roce-v2" },
+  { index = 2, gid = "::ffff:127.0.0.1", type = "roce-v2" },
+]
+[[devices]]
+name = "soft_1"
+guid = "0x0002c90300000002"
+[[devices.ports]]
+port = 1
+link-layer = "ethernet"
+speed-mbps = 100000
+gids = [
+  { index = 0, gid = "fe80::2:c903:0:2", type = "roce-v1" },
+  { index = 1, gid = "::ffff:127.0.0.1", type = "roce-v2" },
+]
+"#;
+
+#[test]
+fn an_hca_list_that_selects_nothing_gives_a_context_with_no_device() {
+    const TEST: &str = "an_hca_list_that_selects_nothing_gives_a_context_with_no_device";
+    for hca in ["mlx5_9", "^"] {
+        if rerun_with_env(TEST, &[("NCCL_IB_HCA", hca)]) {
+            continue;
+        }
+        assert!(in_child());
+        let hca = std::env::var("NCCL_IB_HCA").unwrap_or_default();
+        assert_eq!(net().device_count(), 0, "NCCL_IB_HCA={hca}");
+        return;
+    }
+}
+
+#[test]
+fn a_gid_index_some_ports_lack_fails_only_their_connections() {
+    const TEST: &str = "a_gid_index_some_ports_lack_fails_only_their_connections";
+    let scratch = ncclwasm_testkit::scratch::Scratch::new("dropin-gid");
+    let topology = scratch.write("two-tables.toml", TWO_TABLES.as_bytes());
+    let topology = topology.to_str().expect("a UTF-8 temp path");
+    if rerun_with_env(
+        TEST,
+        &[("NCCL_WASM_TOPOLOGY", topology), ("NCCL_IB_GID_INDEX", "2")],
+    ) {
+        return;
+    }
+    let net = net();
+    assert_eq!(net.device_count(), 2, "init keeps both ports, as NCCL");
+    let (_s, _r) = connect(&net, 0, 0);
+    let e = net
+        .listen(1)
+        .err()
+        .expect("soft_1 has no GID 2")
+        .to_string();
+    assert!(
+        e.contains("soft_1:1: GID index 2 is not a configured entry"),
+        "{e}"
+    );
+}
