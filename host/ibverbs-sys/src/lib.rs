@@ -10,7 +10,7 @@
 //! structs are what every provider already reads and writes), so a fixed transcription is the
 //! root fix: no build script, no dependencies, nothing to go wrong on a new toolchain.
 //!
-//! The API keeps rdma-sys's shape so callers did not change: enums are modules of constants with a
+//! The API keeps rdma-sys's shape, so the switch changed no caller's code: enums are modules of constants with a
 //! `Type` alias (`ibv_qp_state::IBV_QPS_RTS`), flag sets are `u32` newtypes with `BitOr`/`BitAnd`
 //! (`ibv_send_flags::IBV_SEND_SIGNALED.0`), `ibv_event_type` is a Rust enum, and the header's
 //! anonymous unions are named fields (`imm_data_invalidated_rkey_union`).

@@ -128,7 +128,8 @@ impl Settings {
     }
 
     /// Read settings from name/value pairs shaped like the environment (so tests need not touch
-    /// the real one). Unknown `NCCL_WASM_*` names are ignored; `NCCL_IB_*` pairs are collected.
+    /// the real one). Unknown `NCCL_WASM_*` names are ignored; `NCCL_IB_*` pairs (and
+    /// `NCCL_WASM_STRICT_CONFIG`, which decides how they are read) are collected.
     pub fn from_vars(
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Settings, PolicyError> {
@@ -163,7 +164,9 @@ impl Settings {
                     }
                 }
                 ENV_CACHE_DIR => s.cache = cache(&value),
-                _ if name.starts_with("NCCL_IB_") => s.ib.push((name, value)),
+                _ if name.starts_with("NCCL_IB_") || name == ncclwasm_default::STRICT_CONFIG => {
+                    s.ib.push((name, value))
+                }
                 _ => {}
             }
         }

@@ -323,6 +323,11 @@ impl PolicyHost {
     pub fn new(settings: Settings) -> Result<PolicyHost, PolicyError> {
         settings.log();
         let ib = IbConfig::from_pairs(&settings.ib)?;
+        // Values NCCL accepts but reads other than their author probably meant: the built-in
+        // default does what NCCL does, and the operator hears which and what was done.
+        for w in ib.warnings() {
+            tracing::warn!(target: LOG_TARGET, "{w}");
+        }
         let engine = PolicyEngine::new(&settings)?;
         let shared = Arc::new(Shared {
             ib,

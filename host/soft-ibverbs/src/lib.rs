@@ -18,12 +18,12 @@
 
 use std::os::raw::{c_char, c_int, c_uint, c_void};
 
-use ncclwasm_verbs::VerbsTable;
-use rdma_sys::{
+use ibverbs_sys::{
     _compat_ibv_port_attr, ibv_async_event, ibv_comp_channel, ibv_context, ibv_cq, ibv_device,
     ibv_device_attr, ibv_ece, ibv_event_type, ibv_gid, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr,
     ibv_qp_init_attr,
 };
+use ncclwasm_verbs::VerbsTable;
 
 fn table() -> &'static VerbsTable {
     ncclwasm_soft::table()

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use ncclwasm_admission::{MAX_PENDING, Throttle, WARN_INTERVAL};
 
-use rdma_sys::ibv_event_type;
+use ibverbs_sys::ibv_event_type;
 
 use super::event::{Cq, Element, EventQueue, Overrun, Wc};
 use super::fabric::{Fabric, SoftDevice};

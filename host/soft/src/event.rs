@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use rdma_sys::{ibv_event_type, ibv_wc_opcode, ibv_wc_status};
+use ibverbs_sys::{ibv_event_type, ibv_wc_opcode, ibv_wc_status};
 
 /// One work completion, converted to `ibv_wc` by `poll_cq`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

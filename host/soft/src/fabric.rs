@@ -6,9 +6,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock, Weak};
 
+use ibverbs_sys::{ibv_device, ibv_node_type, ibv_port_state, ibv_transport_type};
 use ncclwasm_model::topology::{Device, DevicePort};
 use ncclwasm_model::{AddrFamily, PortState, Topology};
-use rdma_sys::{ibv_device, ibv_node_type, ibv_port_state, ibv_transport_type};
 
 use super::ctx::Ctx;
 

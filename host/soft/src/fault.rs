@@ -10,9 +10,9 @@ use std::os::raw::c_int;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use ibverbs_sys::{ibv_context, ibv_event_type, ibv_qp};
 use ncclwasm_model::PortState;
 use ncclwasm_verbs::FaultTable;
-use rdma_sys::{ibv_context, ibv_event_type, ibv_qp};
 
 use super::abi::device::ctx_of;
 use super::abi::qp::qp_of;

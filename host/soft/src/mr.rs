@@ -10,7 +10,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-use rdma_sys::ibv_access_flags;
+use ibverbs_sys::ibv_access_flags;
 
 use super::rand_u32;
 

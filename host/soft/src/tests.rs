@@ -3,7 +3,7 @@
 use std::ptr;
 use std::time::{Duration, Instant};
 
-use rdma_sys::*;
+use ibverbs_sys::*;
 
 use super::abi::device::{ctx_of, new_context};
 use super::abi::{self, cq::poll_cq};

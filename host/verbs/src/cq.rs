@@ -4,7 +4,7 @@ use std::os::raw::c_int;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use rdma_sys::{ibv_cq, ibv_wc};
+use ibverbs_sys::{ibv_cq, ibv_wc};
 
 use crate::device::Context;
 use crate::error::{Result, VerbsError, check, last_errno};

@@ -9,11 +9,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use ncclwasm_model::{LinkLayer, PortState};
-use rdma_sys::{
+use ibverbs_sys::{
     _compat_ibv_port_attr, ibv_async_event, ibv_context, ibv_device, ibv_device_attr, ibv_gid,
     ibv_port_attr,
 };
+use ncclwasm_model::{LinkLayer, PortState};
 
 use crate::error::{Result, VerbsError, check, last_errno};
 use crate::ib;
@@ -532,7 +532,7 @@ impl AsyncEvent {
         let description = if (raw as usize) < EVENT_KINDS.len() {
             // SAFETY: `raw` is one of the 20 declared discriminants; the string is static.
             let s = unsafe {
-                (table.event_type_str)(std::mem::transmute::<u32, rdma_sys::ibv_event_type>(raw))
+                (table.event_type_str)(std::mem::transmute::<u32, ibverbs_sys::ibv_event_type>(raw))
             };
             if s.is_null() {
                 format!("event {raw}")

@@ -1,5 +1,6 @@
-//! The verbs layer: a small safe wrapper over rdma-sys types for exactly what the net_ib data
-//! path needs, with every libibverbs entry point taken from a provider's [`VerbsTable`].
+//! The verbs layer: a small safe wrapper over libibverbs types (`ncclwasm-ibverbs-sys`) for
+//! exactly what the net_ib data path needs, with every libibverbs entry point taken from a
+//! provider's [`VerbsTable`].
 //!
 //! # Shape
 //! - [`Fabric`] is one verbs provider. [`Fabric::ib`] opens the real libibverbs at run time
@@ -18,7 +19,7 @@
 //! - [`Fabric::discover`] produces the `ncclwasm_model::Port` records policies decide on, as
 //!   `ncclIbInitDevices` gathers them (verbs + sysfs read through cap-std).
 //! - One error type, [`VerbsError`], naming the verb, the object and the errno.
-//! - No rdma-sys type appears in the safe API; the only raw-pointer door is
+//! - No libibverbs type appears in the safe API; the only raw-pointer door is
 //!   [`ForeignMemory::new`] (`unsafe`: the caller vouches for memory NCCL hands over).
 //!
 //! # Layering (modules; each uses only those on lines above it)

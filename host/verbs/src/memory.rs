@@ -9,7 +9,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rdma_sys::{ibv_mr, ibv_pd};
+use ibverbs_sys::{ibv_mr, ibv_pd};
 
 use crate::device::Context;
 use crate::error::{Result, VerbsError, check, last_errno};

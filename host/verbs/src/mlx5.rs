@@ -15,7 +15,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::{Arc, OnceLock};
 
-use rdma_sys::{ibv_context, ibv_mr, ibv_pd};
+use ibverbs_sys::{ibv_context, ibv_mr, ibv_pd};
 
 use crate::device::Context;
 use crate::error::{Result, VerbsError};

@@ -5,7 +5,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rdma_sys::{
+use ibverbs_sys::{
     ibv_ece, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask as mask, ibv_qp_init_attr, ibv_recv_wr,
     ibv_send_wr, ibv_sge, ibv_wr_opcode,
 };
@@ -220,7 +220,7 @@ impl Pd {
         let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         init.send_cq = send_cq.cq.as_ptr();
         init.recv_cq = recv_cq.cq.as_ptr();
-        init.qp_type = rdma_sys::ibv_qp_type::IBV_QPT_RC;
+        init.qp_type = ibverbs_sys::ibv_qp_type::IBV_QPT_RC;
         let id = NEXT_QP_ID.fetch_add(1, Ordering::Relaxed);
         // The provider hands this back in the QP's async events (`AsyncEvent::qp_id`).
         init.qp_context = std::ptr::without_provenance_mut(id as usize);
@@ -323,7 +323,7 @@ impl Qp {
 
     /// RESET → INIT with pkey, port and remote access (`ncclIbCreateQp`).
     pub fn to_init(&self, a: &InitAttr) -> Result<()> {
-        let mut attr = Self::zeroed_attr(rdma_sys::ibv_qp_state::IBV_QPS_INIT);
+        let mut attr = Self::zeroed_attr(ibverbs_sys::ibv_qp_state::IBV_QPS_INIT);
         attr.pkey_index = a.pkey_index;
         attr.port_num = a.port;
         attr.qp_access_flags = a.access.bits();
@@ -336,7 +336,7 @@ impl Qp {
 
     /// INIT → RTR (`ncclIbRtrQp`): LID or GRH addressing with SGID index, hop limit, TC, SL.
     pub fn to_rtr(&self, a: &RtrAttr) -> Result<()> {
-        let mut attr = Self::zeroed_attr(rdma_sys::ibv_qp_state::IBV_QPS_RTR);
+        let mut attr = Self::zeroed_attr(ibverbs_sys::ibv_qp_state::IBV_QPS_RTR);
         attr.path_mtu = a.path_mtu as u32;
         attr.dest_qp_num = a.dest_qpn;
         attr.rq_psn = a.rq_psn;
@@ -366,7 +366,7 @@ impl Qp {
 
     /// RTR → RTS (`ncclIbRtsQp`): timeout, retry counts, SQ PSN, outstanding reads.
     pub fn to_rts(&self, a: &RtsAttr) -> Result<()> {
-        let mut attr = Self::zeroed_attr(rdma_sys::ibv_qp_state::IBV_QPS_RTS);
+        let mut attr = Self::zeroed_attr(ibverbs_sys::ibv_qp_state::IBV_QPS_RTS);
         attr.timeout = a.timeout;
         attr.retry_cnt = a.retry_cnt;
         attr.rnr_retry = a.rnr_retry;
@@ -383,7 +383,7 @@ impl Qp {
 
     /// Any state → ERR: outstanding WRs complete with `WR_FLUSH_ERR` (teardown, fatal errors).
     pub fn to_error(&self) -> Result<()> {
-        let mut attr = Self::zeroed_attr(rdma_sys::ibv_qp_state::IBV_QPS_ERR);
+        let mut attr = Self::zeroed_attr(ibverbs_sys::ibv_qp_state::IBV_QPS_ERR);
         self.modify(&mut attr, mask::IBV_QP_STATE.0)
     }
 

@@ -5,7 +5,7 @@
 //!
 //! The safe wrapper (the rest of this crate) never names an exported libibverbs symbol. It calls
 //! through a [`VerbsTable`], a struct of `unsafe extern "C" fn` pointers with **exactly the C
-//! signatures libibverbs exports** (rdma-sys types), so one table can be filled from
+//! signatures libibverbs exports** (`ibverbs_sys` types), so one table can be filled from
 //! `dlvsym(libibverbs.so.1, …)` (the `ib` backend, [`crate::ib`]) and another from Rust
 //! functions (an in-process provider crate such as `ncclwasm-soft`). Like mio's selector
 //! contract, this is the whole list of what a backend owes the wrapper; nothing else is assumed.
@@ -139,7 +139,7 @@
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_uint, c_void};
 
-use rdma_sys::{
+use ibverbs_sys::{
     _compat_ibv_port_attr, ibv_async_event, ibv_comp_channel, ibv_context, ibv_cq, ibv_device,
     ibv_device_attr, ibv_ece, ibv_event_type, ibv_gid, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr,
     ibv_qp_init_attr,

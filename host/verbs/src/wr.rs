@@ -2,7 +2,7 @@
 //! [`crate::Qp`]. Plain data, below the objects: an [`crate::Mr`] makes checked [`Sge`]s, a QP
 //! turns requests into `ibv_send_wr`/`ibv_recv_wr` chains.
 
-use rdma_sys::ibv_sge;
+use ibverbs_sys::ibv_sge;
 
 /// One scatter/gather entry: `len` bytes at `addr` under `lkey`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

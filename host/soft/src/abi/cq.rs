@@ -5,7 +5,7 @@ use std::os::raw::{c_int, c_void};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use rdma_sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_wc, ibv_wc_flags};
+use ibverbs_sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_wc, ibv_wc_flags};
 
 use super::device::ctx_of;
 use super::{MAX_CQE, fail, null, set_errno, shield};

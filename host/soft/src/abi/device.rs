@@ -5,7 +5,7 @@ use std::os::raw::{c_char, c_int};
 use std::ptr;
 use std::sync::Arc;
 
-use rdma_sys::{
+use ibverbs_sys::{
     _compat_ibv_port_attr, ibv_context, ibv_device, ibv_device_attr, ibv_gid, ibv_mtu,
     ibv_port_attr,
 };
@@ -245,7 +245,7 @@ pub unsafe extern "C" fn query_port(
             a.max_vl_num = 1;
             a.active_width = width_code(p.width);
             a.active_speed = speed_code(p.speed_mbps / u32::from(p.width.max(1)));
-            a.phys_state = if state == rdma_sys::ibv_port_state::IBV_PORT_ACTIVE {
+            a.phys_state = if state == ibverbs_sys::ibv_port_state::IBV_PORT_ACTIVE {
                 5
             } else {
                 3

@@ -4,7 +4,7 @@
 use std::os::raw::{c_char, c_int};
 use std::sync::Arc;
 
-use rdma_sys::{ibv_async_event, ibv_context, ibv_cq, ibv_event_type, ibv_qp};
+use ibverbs_sys::{ibv_async_event, ibv_context, ibv_cq, ibv_event_type, ibv_qp};
 
 use super::device::ctx_of;
 use super::{fail, null, set_errno, shield};

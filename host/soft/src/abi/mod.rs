@@ -1,5 +1,5 @@
 //! The libibverbs entry points and the `ibv_context.ops` fast path, with libibverbs' exact C
-//! signatures. Every object returned is a real rdma-sys struct placed first in a `#[repr(C)]`
+//! signatures. Every object returned is a real libibverbs struct (`ibverbs_sys`) placed first in a `#[repr(C)]`
 //! soft struct, so the pointer the caller holds is also a pointer to our state, exactly as a
 //! provider library embeds `ibv_qp` in its `mlx5_qp`.
 //!

@@ -4,7 +4,7 @@
 use std::os::raw::{c_int, c_uint, c_void};
 use std::sync::Arc;
 
-use rdma_sys::{ibv_context, ibv_mr, ibv_pd};
+use ibverbs_sys::{ibv_context, ibv_mr, ibv_pd};
 
 use super::device::ctx_of;
 use super::{fail, null, shield};

@@ -3,7 +3,7 @@
 
 use std::os::raw::c_int;
 
-use rdma_sys::{ibv_qp, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wr_opcode};
+use ibverbs_sys::{ibv_qp, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wr_opcode};
 
 use super::qp::qp_of;
 use super::{fail, shield};

@@ -7,7 +7,7 @@ use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use rdma_sys::{ibv_ece, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_qp_type};
+use ibverbs_sys::{ibv_ece, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_qp_type};
 
 use super::cq::SoftCq;
 use super::mr::SoftPd;
@@ -101,7 +101,7 @@ pub unsafe extern "C" fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr)
             ibv.recv_cq = ia.recv_cq;
             ibv.handle = qp.qpn;
             ibv.qp_num = qp.qpn;
-            ibv.state = rdma_sys::ibv_qp_state::IBV_QPS_RESET;
+            ibv.state = ibverbs_sys::ibv_qp_state::IBV_QPS_RESET;
             ibv.qp_type = ibv_qp_type::IBV_QPT_RC;
             let raw: *mut SoftQp = Box::into_raw(Box::new(SoftQp {
                 ibv,
@@ -129,7 +129,7 @@ pub unsafe extern "C" fn modify_qp(
             // SAFETY: a live soft QP and the caller's attr.
             let (q, a) = unsafe { (qp_of(qp), &*attr) };
             let m = attr_mask as u32;
-            let has = |b: rdma_sys::ibv_qp_attr_mask| m & b.0 != 0;
+            let has = |b: ibverbs_sys::ibv_qp_attr_mask| m & b.0 != 0;
             // SAFETY: reading the `raw` view of the caller's GID union; every bit pattern is valid.
             let dgid = unsafe { a.ah_attr.grh.dgid.raw };
             let attrs = Attrs {
@@ -153,8 +153,9 @@ pub unsafe extern "C" fn modify_qp(
                 traffic_class: a.ah_attr.grh.traffic_class,
                 sl: a.ah_attr.sl,
             };
-            let state = has(rdma_sys::ibv_qp_attr_mask::IBV_QP_STATE).then_some(a.qp_state);
-            let cur = has(rdma_sys::ibv_qp_attr_mask::IBV_QP_CUR_STATE).then_some(a.cur_qp_state);
+            let state = has(ibverbs_sys::ibv_qp_attr_mask::IBV_QP_STATE).then_some(a.qp_state);
+            let cur =
+                has(ibverbs_sys::ibv_qp_attr_mask::IBV_QP_CUR_STATE).then_some(a.cur_qp_state);
             match q.modify(&attrs, state, m, cur) {
                 Ok(()) => {
                     // SAFETY: a live soft QP; the caller owns it and serialises modify_qp.

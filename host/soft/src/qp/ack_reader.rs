@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdma_sys::ibv_wc_status;
+use ibverbs_sys::ibv_wc_status;
 use smallvec::SmallVec;
 
 use super::{Conn, DRAIN_ACKS, DRAIN_EOF, Qp, St};

@@ -15,7 +15,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdma_sys::ibv_qp_state;
+use ibverbs_sys::ibv_qp_state;
 use socket2::{Domain, Socket, Type};
 
 use super::Qp;

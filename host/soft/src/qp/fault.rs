@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use rdma_sys::ibv_wc_status;
+use ibverbs_sys::ibv_wc_status;
 
 use super::Qp;
 

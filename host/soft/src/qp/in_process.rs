@@ -9,7 +9,7 @@
 use std::cell::Cell;
 use std::sync::{Arc, Weak};
 
-use rdma_sys::{ibv_qp_state, ibv_wc_status};
+use ibverbs_sys::{ibv_qp_state, ibv_wc_status};
 use smallvec::SmallVec;
 
 use super::ack_reader::nak_status;

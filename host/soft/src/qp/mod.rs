@@ -49,7 +49,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rdma_sys::{ibv_event_type, ibv_qp_state};
+use ibverbs_sys::{ibv_event_type, ibv_qp_state};
 
 use super::ctx::{CqState, Ctx, Pool};
 use super::event::Element;

@@ -9,7 +9,7 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use rdma_sys::{ibv_qp_state, ibv_wc_opcode, ibv_wc_status};
+use ibverbs_sys::{ibv_qp_state, ibv_wc_opcode, ibv_wc_status};
 use smallvec::SmallVec;
 
 use super::admission::ConnectFail;

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use rdma_sys::{ibv_event_type, ibv_wc_opcode, ibv_wc_status};
+use ibverbs_sys::{ibv_event_type, ibv_wc_opcode, ibv_wc_status};
 use smallvec::SmallVec;
 
 use super::in_process::MemLink;

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use rdma_sys::{
+use ibverbs_sys::{
     ibv_event_type, ibv_qp_attr_mask as mask, ibv_qp_state, ibv_wc_opcode, ibv_wc_status,
 };
 

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use rdma_sys::ibv_wc_opcode;
+use ibverbs_sys::ibv_wc_opcode;
 use smallvec::SmallVec;
 
 use crate::wire::ReqOp;
