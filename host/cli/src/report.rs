@@ -938,6 +938,9 @@ pub(crate) fn corpus_report(name: &str) -> Report {
 }
 
 #[cfg(test)]
+mod table_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use ncclwasm_model::{PlanPatch, QpPlan};
