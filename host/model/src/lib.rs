@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 mod decision;
+pub mod device_table;
 mod failover;
 pub mod file;
 pub mod name_list;

@@ -19,7 +19,7 @@ use ncclwasm_testkit::child;
 use ncclwasm_transport::oob::OobEnv;
 use ncclwasm_transport::{Decided, DecisionError, Decisions, Net, NetConfig};
 
-use super::{PolicyView, choose, evaluate, nccl_devices};
+use super::{NcclDevice, PolicyView, choose, device_table, evaluate, nccl_devices};
 
 /// The shipped policies: the built-in default (`None`) and the wasm policies of `policies/`.
 fn policies() -> Vec<(&'static str, Option<PathBuf>)> {
@@ -36,8 +36,12 @@ fn host(policy: Option<PathBuf>) -> PolicyHost {
     PolicyHost::new(s).expect("the policy loads")
 }
 
-/// The transport's table on the machine `NCCL_WASM_TOPOLOGY` names: one line per device,
-/// `name` then its ports (`port.index` values), or why there is none.
+/// One device as a line: its name and its ports (`port.index` values).
+fn line(name: &str, ports: &[u32]) -> String {
+    format!("{name} {ports:?}")
+}
+
+/// The transport's table on the machine `NCCL_WASM_TOPOLOGY` names, or why there is none.
 fn transport_table(decisions: Arc<dyn Decisions>) -> Vec<String> {
     let net = Net::new(NetConfig {
         fabric: ncclwasm_soft::fabric().expect("the soft fabric"),
@@ -48,15 +52,18 @@ fn transport_table(decisions: Arc<dyn Decisions>) -> Vec<String> {
     });
     match net {
         Ok(net) => (0..net.device_count() as i64)
-            .map(|d| net.properties(d).expect("a device of the table").name)
+            .map(|d| {
+                let name = net.properties(d).expect("a device of the table").name;
+                line(&name, &net.device_ports(d).expect("a device of the table"))
+            })
             .collect(),
         Err(e) => vec![format!("no device: {e}")],
     }
 }
 
 /// The report's table: the same lines.
-fn report_table(report: &super::Report) -> Vec<String> {
-    report.nccl_devices.iter().map(|d| d.name.clone()).collect()
+fn report_table(devices: &[NcclDevice]) -> Vec<String> {
+    devices.iter().map(|d| line(&d.name, &d.ports)).collect()
 }
 
 /// Runs `test`'s child side on `topology`; returns the protocol lines it printed, by key.
@@ -104,7 +111,7 @@ fn transport_and_report_tables_agree_on_the_corpus_under_every_shipped_policy() 
         let topology = Topology::load(&file).unwrap();
         for (name, host) in &hosts {
             let report = evaluate(host, PolicyView::builtin(), &topology, None, &[]).unwrap();
-            let report = report_table(&report);
+            let report = report_table(&report.nccl_devices);
             let transport = &transport[*name];
             if *transport != report {
                 differ.push(format!(
@@ -114,7 +121,11 @@ fn transport_and_report_tables_agree_on_the_corpus_under_every_shipped_policy() 
             }
         }
     }
-    assert!(differ.is_empty(), "the tables differ:\n{}", differ.join("\n"));
+    assert!(
+        differ.is_empty(),
+        "the tables differ:\n{}",
+        differ.join("\n")
+    );
 }
 
 /// The built-in default, except that `group-devices` fuses the third and the first selected
@@ -180,7 +191,10 @@ fn a_group_listed_out_of_selection_order_stands_in_one_place() {
     const TEST: &str =
         "report::table_tests::a_group_listed_out_of_selection_order_stands_in_one_place";
     if child::enter(TEST) {
-        say_table("grouped", &transport_table(Arc::new(ThirdAndFirst(host(None)))));
+        say_table(
+            "grouped",
+            &transport_table(Arc::new(ThirdAndFirst(host(None)))),
+        );
         return;
     }
     let file = ncclwasm_testkit::topology("roce-8nic.toml");
@@ -189,9 +203,9 @@ fn a_group_listed_out_of_selection_order_stands_in_one_place() {
     let ports = Topology::load(&file).unwrap().ports();
     host.set_topology(ports.clone());
     let selected = choose(&host, &ports).unwrap().selected;
-    let report: Vec<String> = nccl_devices(&selected, &third_and_first(&selected))
-        .iter()
-        .map(|d| d.name.clone())
-        .collect();
+    let table = device_table(&selected, &third_and_first(&selected));
+    let report = report_table(&nccl_devices(&table, &selected));
     assert_eq!(*transport, report);
+    // Where the rule puts it: at the first selected port, which the group lists last.
+    assert_eq!(report[0], line("mlx5_2+mlx5_0", &[2, 0]), "{report:?}");
 }
