@@ -5,18 +5,27 @@
 //! connection, in the plugin's order, and keeps each answer with its reason and [source]. The
 //! result is plain serialisable data, so the human renderers are pure functions over it and
 //! `--json` prints this same structure (documented in README.md; fields are only ever added).
+//! The device list NCCL would see is made by the plugin's own function
+//! (`ncclwasm_model::device_table`), so it numbers and names devices as the plugin does;
+//! `table_tests` holds the two side by side. How a plan is shown, field by field, is `plan`.
 //!
 //! [source]: ncclwasm_policy::Source
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ncclwasm_default::IbConfig;
+use ncclwasm_model::device_table::{DeviceTable, TableDevice};
 use ncclwasm_model::{
     ConnPlan, Connection, DeviceGroup, Endpoint, GidType, LinkLayer, Port, PortAnswer, PortChange,
     PortEvent, PortEventCause, PortState, QpPlan, Topology, VnicAnswer,
 };
 use ncclwasm_policy::{Decision, PolicyError, PolicyHost, PolicyId, Source};
 use serde::Serialize;
+
+mod plan;
+use plan::plan_view;
+pub use plan::{adaptive_routing_value, ece_timeout_retry_value, plan_rows};
 
 /// Everything one policy decides on one machine (and its peer).
 #[derive(Clone, Debug, Serialize)]
@@ -32,7 +41,8 @@ pub struct Report {
     pub gids: Vec<PortGid>,
     /// `group-devices`: fused NICs the plugin itself exposes.
     pub groups: Decided<Vec<GroupView>>,
-    /// The device list NCCL sees: the selection with each group in place of its first member.
+    /// The device list NCCL sees, as the plugin numbers and names it (`DeviceTable`): the
+    /// selection, each group where its first selected member stands.
     pub nccl_devices: Vec<NcclDevice>,
     /// `make-vnic`: NCCL core's answer to a sample fusion request, when there are two devices.
     pub vnic: Option<VnicView>,
@@ -250,7 +260,8 @@ pub struct PortGid {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct GroupView {
-    /// The device name NCCL sees (the policy's, or the members' joined by `+`).
+    /// The device name NCCL sees (the policy's, or the members' joined by `+`; made unique as
+    /// every name of the table).
     pub name: String,
     /// Port-table indices and their `device:port` names.
     pub ports: Vec<u32>,
@@ -424,34 +435,32 @@ fn choose(host: &PolicyHost, ports: &[Port]) -> Result<Chosen, PolicyError> {
     })
 }
 
-/// The NCCL device list: selected ports in order, each group in place of its first member and
-/// its other members gone.
-fn nccl_devices(selected: &[Port], groups: &[DeviceGroup]) -> Vec<NcclDevice> {
-    let mut out = Vec::new();
-    for p in selected {
-        let (name, ports) = match groups.iter().find(|g| g.ports.contains(&p.index)) {
-            Some(g) if g.ports.first() != Some(&p.index) => continue,
-            Some(g) => (group_name(g, selected), g.ports.clone()),
-            None => (p.device.clone(), vec![p.index]),
-        };
-        out.push(NcclDevice {
-            device: out.len() as u32,
-            name,
-            ports,
-        });
-    }
-    out
+/// The device table the plugin makes of these decisions. A topology file does not say which
+/// NICs have an mlx5 Data Direct function, so there are no `<dev>_dma` twins.
+fn device_table(selected: &[Port], groups: &[DeviceGroup]) -> DeviceTable {
+    DeviceTable::new(selected, groups, &BTreeMap::new())
 }
 
-fn group_name(g: &DeviceGroup, selected: &[Port]) -> String {
-    g.name.clone().unwrap_or_else(|| {
-        g.ports
+/// Device `device` of the table, its ports named by `port.index`.
+fn nccl_device(device: usize, d: &TableDevice, selected: &[Port]) -> NcclDevice {
+    NcclDevice {
+        device: device as u32,
+        name: d.name.clone(),
+        ports: d
+            .members
             .iter()
-            .filter_map(|i| selected.iter().find(|p| p.index == *i))
-            .map(|p| p.device.as_str())
-            .collect::<Vec<_>>()
-            .join("+")
-    })
+            .map(|m| selected[m.selected].index)
+            .collect(),
+    }
+}
+
+fn nccl_devices(table: &DeviceTable, selected: &[Port]) -> Vec<NcclDevice> {
+    table
+        .devices()
+        .iter()
+        .enumerate()
+        .map(|(i, d)| nccl_device(i, d, selected))
+        .collect()
 }
 
 /// The sample fusion request: the first single-port devices that share a NIC (same PCI path after
@@ -500,11 +509,18 @@ struct Side {
 fn side(host: &PolicyHost, ports: &[Port]) -> Result<Side, PolicyError> {
     let chosen = choose(host, ports)?;
     let groups = host.group_devices(&chosen.selected)?;
-    let nccl = nccl_devices(&chosen.selected, &groups.value);
+    let table = device_table(&chosen.selected, &groups.value);
+    let nccl = nccl_devices(&table, &chosen.selected);
     let groups = decided(groups, |gs| {
         gs.iter()
             .map(|g| GroupView {
-                name: group_name(g, &chosen.selected),
+                // The fused device holding the group's first port.
+                name: nccl
+                    .iter()
+                    .find(|d| {
+                        d.ports.len() > 1 && g.ports.first().is_some_and(|p| d.ports.contains(p))
+                    })
+                    .map_or_else(String::new, |d| d.name.clone()),
                 ports: g.ports.clone(),
                 members: g
                     .ports
@@ -517,42 +533,26 @@ fn side(host: &PolicyHost, ports: &[Port]) -> Result<Side, PolicyError> {
             .collect()
     });
 
-    let port_of = |device: u32| -> Vec<&Port> {
-        nccl.get(device as usize).map_or(Vec::new(), |d| {
-            d.ports
-                .iter()
-                .filter_map(|i| chosen.selected.iter().find(|p| p.index == *i))
-                .collect()
-        })
-    };
     let mut fused = None;
     let vnic = match vnic_request(&nccl, &chosen.selected) {
         None => None,
         Some((request, why_asked)) => {
-            let members: Vec<Port> = request.iter().flat_map(|d| port_of(*d)).cloned().collect();
+            // One port per requested device (its first), as the plugin asks.
+            let members: Vec<Port> = request
+                .iter()
+                .filter_map(|&d| table.devices().get(d as usize))
+                .map(|d| chosen.selected[d.members[0].selected].clone())
+                .collect();
             let answer = host.make_vnic(&request, &members)?;
             let devices = match &answer.value {
                 VnicAnswer::Accept { .. } => Some(request.clone()),
                 VnicAnswer::Reshape { devices, .. } => Some(devices.clone()),
                 VnicAnswer::Refuse { .. } => None,
             };
-            fused = devices.map(|devices| {
-                let ports: Vec<u32> = devices
-                    .iter()
-                    .flat_map(|d| port_of(*d))
-                    .map(|p| p.index)
-                    .collect();
-                let name = devices
-                    .iter()
-                    .filter_map(|d| nccl.get(*d as usize))
-                    .map(|d| d.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join("+");
-                NcclDevice {
-                    device: nccl.len() as u32,
-                    name,
-                    ports,
-                }
+            fused = devices.and_then(|devices| {
+                let mut table = table.clone();
+                let v = table.fuse(&devices).ok()? as usize;
+                Some(nccl_device(v, &table.devices()[v], &chosen.selected))
             });
             Some(VnicView {
                 members: members.iter().map(port_name).collect(),
@@ -701,197 +701,6 @@ fn port_events(
     .collect()
 }
 
-/// The plan with field attribution. `PlanPatch::apply` words a policy's plan reason as
-/// `policy set <fields>: <why>; built-in default for the rest: <base reason>`; that is read back
-/// here (the format is pinned by a test below). Should it not parse, the fields that differ from
-/// the built-in plan are taken as the policy's, with the whole reason.
-fn plan_view(plan: Decision<ConnPlan>, base: &ConnPlan) -> PlanView {
-    let by_policy = matches!(plan.source, Source::Policy(_));
-    let parsed = plan
-        .reason
-        .strip_suffix(&format!("; built-in default for the rest: {}", base.reason))
-        .and_then(|r| r.strip_prefix("policy set "))
-        .and_then(|r| r.split_once(": "))
-        .map(|(fields, why)| {
-            let fields = fields.split(", ").map(str::to_owned).collect::<Vec<_>>();
-            (fields, why.to_owned())
-        });
-    let (policy_set, policy_reason) = match (by_policy, parsed) {
-        (false, _) => (Vec::new(), None),
-        (true, Some((fields, why))) => (fields, Some(why)),
-        (true, None) => (
-            changed_fields(&plan.value, base)
-                .into_iter()
-                .map(str::to_owned)
-                .collect(),
-            Some(plan.reason.clone()),
-        ),
-    };
-    PlanView {
-        decided: decided(plan, |p| p),
-        policy_set,
-        policy_reason,
-        builtin_reason: base.reason.clone(),
-    }
-}
-
-/// The plan fields (named as in the WIT) whose values differ between two plans.
-fn changed_fields(a: &ConnPlan, b: &ConnPlan) -> Vec<&'static str> {
-    [
-        ("qps", a.qps != b.qps),
-        ("stripe-width", a.stripe_width != b.stripe_width),
-        ("align", a.align != b.align),
-        ("adaptive-routing", a.adaptive_routing != b.adaptive_routing),
-        ("ar-threshold", a.ar_threshold != b.ar_threshold),
-        ("tc", a.tc != b.tc),
-        ("sl", a.sl != b.sl),
-        ("fifo-tc", a.fifo_tc != b.fifo_tc),
-        ("ece", a.ece != b.ece),
-        ("timeout", a.timeout != b.timeout),
-        ("retry-cnt", a.retry_cnt != b.retry_cnt),
-    ]
-    .into_iter()
-    .filter_map(|(name, differs)| differs.then_some(name))
-    .collect()
-}
-
-/// One line of a plan as `explain` and `diff` show it: a few related fields, their values, and
-/// who set them why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlanRow {
-    pub label: &'static str,
-    pub value: String,
-    /// A short source label (see [`SourceView::label`]).
-    pub source: String,
-    pub reason: String,
-}
-
-/// The rows of a plan: label, the fields shown (WIT names), and the phrases by which the
-/// built-in default's reason clauses are recognised (its reason is `; `-separated clauses, one
-/// per concern; `plan_rows_cover_every_builtin_clause` checks they are all claimed).
-const PLAN_ROWS: [(&str, &[&str], &[&str]); 6] = [
-    ("qps", &["qps"], &["NCCL_IB_QPS_PER_CONNECTION", "no QPs"]),
-    (
-        "stripe width",
-        &["stripe-width"],
-        &["NCCL_IB_SPLIT_DATA_ON_QPS"],
-    ),
-    ("align", &["align"], &["aligned to"]),
-    (
-        "adaptive routing",
-        &["adaptive-routing", "ar-threshold"],
-        &["adaptive routing", "NCCL_IB_AR_THRESHOLD"],
-    ),
-    ("tc / sl / fifo tc", &["tc", "sl", "fifo-tc"], &["FIFO TC"]),
-    (
-        "ece / timeout / retry",
-        &["ece", "timeout", "retry-cnt"],
-        &["NCCL_IB_ECE_ENABLE", "NCCL_IB_TIMEOUT"],
-    ),
-];
-
-pub fn plan_rows(plan: &PlanView) -> Vec<PlanRow> {
-    let p = &plan.decided.value;
-    let clauses: Vec<&str> = plan.builtin_reason.split("; ").collect();
-    let builtin_label = match plan.decided.source.kind {
-        "policy" => "built-in".to_owned(),
-        _ => plan.decided.source.label(),
-    };
-    let mut claimed = vec![false; clauses.len()];
-    let mut policy_reason_shown = false;
-    let mut rows: Vec<PlanRow> = PLAN_ROWS
-        .iter()
-        .map(|(label, fields, phrases)| {
-            let mut mine = Vec::new();
-            for (c, clause) in clauses.iter().enumerate() {
-                if !claimed[c] && phrases.iter().any(|ph| clause.contains(ph)) {
-                    claimed[c] = true;
-                    mine.push(*clause);
-                }
-            }
-            let by_policy = fields
-                .iter()
-                .any(|f| plan.policy_set.iter().any(|s| s == f));
-            let (source, reason) = if by_policy {
-                let why = plan
-                    .policy_reason
-                    .as_deref()
-                    .unwrap_or(&plan.decided.reason);
-                // A policy that words its reason in clauses as the built-in does gets the
-                // clauses of this row; otherwise its whole reason is shown once.
-                let matched: Vec<&str> = why
-                    .split("; ")
-                    .filter(|c| phrases.iter().any(|ph| c.contains(ph)))
-                    .collect();
-                let reason = if !matched.is_empty() {
-                    matched.join("; ")
-                } else if !policy_reason_shown {
-                    policy_reason_shown = true;
-                    why.to_owned()
-                } else {
-                    "(the policy's reason above)".to_owned()
-                };
-                ("policy".to_owned(), reason)
-            } else {
-                (builtin_label.clone(), mine.join("; "))
-            };
-            PlanRow {
-                label,
-                value: plan_value(label, p),
-                source,
-                reason,
-            }
-        })
-        .collect();
-    let rest: Vec<&str> = clauses
-        .iter()
-        .zip(&claimed)
-        .filter(|(c, taken)| !**taken && !c.is_empty())
-        .map(|(c, _)| *c)
-        .collect();
-    if !rest.is_empty() {
-        rows.push(PlanRow {
-            label: "also",
-            value: String::new(),
-            source: builtin_label,
-            reason: rest.join("; "),
-        });
-    }
-    rows
-}
-
-fn plan_value(label: &str, p: &ConnPlan) -> String {
-    match label {
-        "qps" => p.qps.len().to_string(),
-        "stripe width" => format!("{} of {} QPs per message", p.stripe_count(), p.qps.len()),
-        "align" => format!("{} bytes", p.align),
-        "adaptive routing" => adaptive_routing_value(p.adaptive_routing, p.ar_threshold),
-        "tc / sl / fifo tc" => format!("{} / {} / {}", p.tc, p.sl, p.fifo_tc),
-        "ece / timeout / retry" => ece_timeout_retry_value(p.ece, p.timeout, p.retry_cnt),
-        _ => String::new(),
-    }
-}
-
-/// The "adaptive routing" value of a plan: `on above N bytes` or `off`.
-pub fn adaptive_routing_value(on: bool, threshold: u64) -> String {
-    if on {
-        format!("on above {threshold} bytes")
-    } else {
-        "off".into()
-    }
-}
-
-/// The "ece / timeout / retry" value of a plan, the timeout also as a duration.
-pub fn ece_timeout_retry_value(ece: bool, timeout: u8, retry_cnt: u8) -> String {
-    // The QP timeout is 4.096 µs × 2^timeout.
-    let secs = 4.096e-6 * f64::from(1u32 << timeout.min(31));
-    format!(
-        "{} / {timeout} ({}) / {retry_cnt}",
-        if ece { "on" } else { "off" },
-        crate::render::duration(secs)
-    )
-}
-
 /// Every fallback in a report: (decision, source).
 pub fn fallbacks(report: &Report) -> Vec<(String, &SourceView)> {
     let mut all: Vec<(String, &SourceView)> = vec![
@@ -938,143 +747,4 @@ pub(crate) fn corpus_report(name: &str) -> Report {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use ncclwasm_model::{PlanPatch, QpPlan};
-    use ncclwasm_policy::Hook;
-
-    fn base() -> ConnPlan {
-        let ports = Topology::load(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../topologies/dgx-h100.toml"
-        ))
-        .unwrap()
-        .ports();
-        let ib = IbConfig::from_pairs(&[]).unwrap();
-        let ends: Vec<Endpoint> = ports[..2].iter().map(|p| p.endpoint(0)).collect();
-        let conn = Connection {
-            comm_id: 0,
-            traffic_class: -1,
-            device: 0,
-            device_name: "mlx5_0".into(),
-            local: ends[..1].to_vec(),
-            peer: ends,
-        };
-        ncclwasm_default::plan_connection(&ib, &conn)
-    }
-
-    fn policy_source() -> Source {
-        Source::Policy(Arc::new(PolicyId {
-            name: "p".into(),
-            version: "1".into(),
-            sha256: "00".into(),
-            origin: "p.wasm".into(),
-            hooks: Hook::DECISIONS.to_vec(),
-        }))
-    }
-
-    #[test]
-    fn builtin_plan_rows_each_get_their_clause() {
-        let base = base();
-        let view = plan_view(
-            Decision {
-                reason: base.reason.clone(),
-                value: base.clone(),
-                source: Source::Builtin,
-            },
-            &base,
-        );
-        assert!(view.policy_set.is_empty());
-        let rows = plan_rows(&view);
-        let row = |l: &str| rows.iter().find(|r| r.label == l).unwrap().clone();
-        assert!(row("qps").reason.contains("NCCL_IB_QPS_PER_CONNECTION=1"));
-        assert_eq!(row("qps").value, "2");
-        assert!(
-            row("stripe width")
-                .reason
-                .starts_with("NCCL_IB_SPLIT_DATA_ON_QPS=0")
-        );
-        assert!(
-            row("adaptive routing")
-                .reason
-                .contains("NCCL_IB_AR_THRESHOLD")
-        );
-        assert_eq!(row("adaptive routing").value, "on above 8192 bytes");
-        assert!(row("tc / sl / fifo tc").reason.starts_with("TC 0"));
-        assert!(
-            row("ece / timeout / retry")
-                .reason
-                .contains("NCCL_IB_RETRY_CNT")
-        );
-        assert_eq!(row("ece / timeout / retry").value, "on / 20 (4.3 s) / 7");
-        assert!(rows.iter().all(|r| r.source == "built-in"));
-    }
-
-    #[test]
-    fn plan_rows_cover_every_builtin_clause() {
-        let rows = plan_rows(&plan_view(
-            Decision {
-                reason: base().reason,
-                value: base(),
-                source: Source::Builtin,
-            },
-            &base(),
-        ));
-        assert!(rows.iter().all(|r| r.label != "also"), "{rows:?}");
-    }
-
-    #[test]
-    fn policy_fields_are_read_back_from_the_patch_reason() {
-        let base = base();
-        let plan = PlanPatch {
-            qps: Some(vec![QpPlan {
-                local: 0,
-                remote: 0,
-                weight: 1,
-            }]),
-            tc: Some(106),
-            reason: "one rail: keep it local".into(),
-            ..PlanPatch::default()
-        }
-        .apply(base.clone());
-        let view = plan_view(
-            Decision {
-                reason: plan.reason.clone(),
-                value: plan,
-                source: policy_source(),
-            },
-            &base,
-        );
-        assert_eq!(view.policy_set, ["qps", "tc"]);
-        assert_eq!(
-            view.policy_reason.as_deref(),
-            Some("one rail: keep it local")
-        );
-        let rows = plan_rows(&view);
-        let row = |l: &str| rows.iter().find(|r| r.label == l).unwrap().clone();
-        assert_eq!(
-            (row("qps").source.as_str(), row("qps").reason.as_str()),
-            ("policy", "one rail: keep it local")
-        );
-        assert_eq!(row("tc / sl / fifo tc").value, "106 / 0 / 0");
-        assert_eq!(row("stripe width").source, "built-in");
-    }
-
-    #[test]
-    fn unparsable_policy_reason_falls_back_to_comparing_values() {
-        let base = base();
-        let mut plan = base.clone();
-        plan.timeout = 18;
-        plan.reason = "hand-made".into();
-        let view = plan_view(
-            Decision {
-                reason: plan.reason.clone(),
-                value: plan,
-                source: policy_source(),
-            },
-            &base,
-        );
-        assert_eq!(view.policy_set, ["timeout"]);
-        assert_eq!(view.policy_reason.as_deref(), Some("hand-made"));
-    }
-}
+mod table_tests;

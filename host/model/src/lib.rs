@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 mod decision;
+pub mod device_table;
 mod failover;
 pub mod file;
 mod hook;

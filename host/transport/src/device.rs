@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use ncclwasm_model::device_table::data_direct_name;
 use ncclwasm_model::{Endpoint, Port, PortState};
 use ncclwasm_verbs::{AsyncEventKind, Context, DeviceAttr, Fabric, Pd};
 
@@ -92,7 +93,7 @@ pub(crate) struct DevCtx {
     /// What the decisions were made from, kept to decide for the Data Direct twin.
     env: GpuEnv,
     facts: GpuFacts,
-    /// The Data Direct sysfs path mlx5 reported for this context (see [`DevCtx::data_direct_twin`]).
+    /// The Data Direct sysfs path mlx5 reported for this context (see [`DevCtx::data_direct`]).
     data_direct_path: Option<String>,
     faults: Arc<FaultState>,
     port_events: Arc<PortEvents>,
@@ -146,15 +147,21 @@ impl DevCtx {
         }))
     }
 
-    /// net_ib's `<dev>_dma` device for an mlx5 NIC with a Data Direct function (unless
-    /// `NCCL_IB_DATA_DIRECT=0`): the same context and fatal events, its own PD and MR cache,
-    /// dma-bufs registered with `mlx5dv_reg_dmabuf_mr`, and `forceFlush`. `None` otherwise.
-    pub(crate) fn data_direct_twin(&self) -> Result<Option<Arc<DevCtx>>, NetError> {
+    /// What the GPU decisions would be for this device's Data Direct function.
+    fn data_direct_support(&self) -> (GpuFacts, GpuSupport) {
         let facts = GpuFacts {
             data_direct_path: self.data_direct_path.clone(),
             ..self.facts.clone()
         };
         let gpu = gpu::decide(&self.env, &facts);
+        (facts, gpu)
+    }
+
+    /// The PCI path NCCL sees for the device's mlx5 Data Direct function when net_ib would give
+    /// it a device of its own, `<dev>_dma` (not with `NCCL_IB_DATA_DIRECT=0`; why not is logged
+    /// once here). `None` otherwise.
+    pub(crate) fn data_direct(&self) -> Option<String> {
+        let (_, gpu) = self.data_direct_support();
         if gpu.data_direct.value.is_none() {
             if let Some(path) = &self.data_direct_path {
                 tracing::info!(
@@ -163,15 +170,22 @@ impl DevCtx {
                     gpu.data_direct.reason
                 );
             }
-            return Ok(None);
         }
-        let name = ncclwasm_verbs::mlx5::device_name(self.name());
+        gpu.data_direct.value
+    }
+
+    /// The `<dev>_dma` device of a NIC whose [`DevCtx::data_direct`] is `Some`: the same
+    /// context and fatal events, its own PD and MR cache, dma-bufs registered with
+    /// `mlx5dv_reg_dmabuf_mr`, and `forceFlush`.
+    pub(crate) fn data_direct_twin(&self) -> Result<Arc<DevCtx>, NetError> {
+        let (facts, gpu) = self.data_direct_support();
+        let name = data_direct_name(self.name());
         let pd = self
             .ctx
             .alloc_pd()
             .map_err(NetError::verbs(format!("allocating the PD of {name}")))?;
         log_gpu(&name, &gpu);
-        Ok(Some(Arc::new(DevCtx {
+        Ok(Arc::new(DevCtx {
             ctx: Arc::clone(&self.ctx),
             pd,
             attr: self.attr.clone(),
@@ -182,7 +196,7 @@ impl DevCtx {
             data_direct_path: None,
             faults: Arc::clone(&self.faults),
             port_events: Arc::clone(&self.port_events),
-        })))
+        }))
     }
 
     pub(crate) fn name(&self) -> &str {

@@ -5,14 +5,18 @@
 //! ports, the policy selects and orders them (`select-devices`), picks each one's GID
 //! (`select-gid`) and may fuse some into one device (`group-devices`); NCCL core's own fusion
 //! requests go through `make-vnic`. Every decision is logged at INFO with its reason and source.
+//! What NCCL's device numbers, names and members are is not decided here: the
+//! [`DeviceTable`] makes them of those decisions (and of which NICs have a Data Direct
+//! function), as it does for `ncclwasm policy explain`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
+use ncclwasm_model::device_table::{DeviceTable, TableDevice, data_direct_name};
 use ncclwasm_model::{LinkLayer, Port, PortState, VnicAnswer};
 use ncclwasm_verbs::Fabric;
 
@@ -96,6 +100,14 @@ struct NetDevice {
     ports: Vec<usize>,
 }
 
+/// The device table and, for each of its devices, what the data path needs of it.
+#[derive(Debug)]
+struct Devices {
+    /// Numbers, names and members, as [`DeviceTable`] decides them.
+    table: DeviceTable,
+    net: Vec<NetDevice>,
+}
+
 #[derive(Debug)]
 struct NetInner {
     /// First, so the event threads stop before anything else goes.
@@ -104,9 +116,9 @@ struct NetInner {
     fabric: Arc<Fabric>,
     /// Where handshake listeners bind, decided once like NCCL's `ncclIbIfAddr`.
     oob: OobChoice,
+    /// The selected ports in NCCL order, then the Data Direct twins' ports in table order.
     ports: Vec<PortCtx>,
-    devices: RwLock<Vec<NetDevice>>,
-    nphys: usize,
+    devices: RwLock<Devices>,
     max_devs_per_nic: usize,
     /// Connections in progress, by the id written into the handle's scratch bytes.
     connecting: Mutex<HashMap<u64, Connecting>>,
@@ -208,41 +220,16 @@ impl Net {
 
         let selected: Vec<Port> = port_ctxs.iter().map(|p| p.port.clone()).collect();
         let groups = decisions.group_devices(&selected)?;
-        let mut table: Vec<NetDevice> = Vec::new();
-        let mut grouped = vec![false; port_ctxs.len()];
-        for (i, p) in port_ctxs.iter().enumerate() {
-            if grouped[i] {
-                continue;
+        // Each NIC once, in NCCL order (a refusal is logged).
+        let mut data_direct = BTreeMap::new();
+        for p in &port_ctxs {
+            if let Some(path) = devs.remove(&p.port.device).and_then(|d| d.data_direct()) {
+                data_direct.insert(p.port.device.clone(), path);
             }
-            let group = groups
-                .value
-                .iter()
-                .find(|g| g.ports.len() > 1 && g.ports.contains(&p.port.index));
-            let (members, name) = match group {
-                Some(g) => {
-                    let members: Vec<usize> = g
-                        .ports
-                        .iter()
-                        .filter_map(|&ix| port_ctxs.iter().position(|c| c.port.index == ix))
-                        .collect();
-                    (members, g.name.clone())
-                }
-                None => (vec![i], None),
-            };
-            for &m in &members {
-                grouped[m] = true;
-            }
-            let index = table.len() as u32;
-            let props = props_of(&port_ctxs, &members, name, vec![index]);
-            table.push(NetDevice {
-                props,
-                ports: members,
-            });
         }
-        uniquify(&mut table);
-        let mut table = with_data_direct_twins(table, &mut port_ctxs)?;
-        uniquify(&mut table);
-        for (i, d) in table.iter().enumerate() {
+        let table = DeviceTable::new(&selected, &groups.value, &data_direct);
+        let net = physical_devices(&table, &mut port_ctxs)?;
+        for (i, d) in net.iter().enumerate() {
             tracing::info!(
                 "NET/WASM: device {i}: {} ({} Mb/s, {} port(s), guid {:#x})",
                 d.props.name,
@@ -251,7 +238,6 @@ impl Net {
                 d.props.guid
             );
         }
-        let nphys = table.len();
         Ok(Net {
             inner: Arc::new(NetInner {
                 _events: events,
@@ -259,8 +245,7 @@ impl Net {
                 fabric,
                 oob,
                 ports: port_ctxs,
-                devices: RwLock::new(table),
-                nphys,
+                devices: RwLock::new(Devices { table, net }),
                 max_devs_per_nic: config.max_devs_per_nic,
                 connecting: Mutex::new(HashMap::new()),
                 next_connect: AtomicU64::new(1),
@@ -280,15 +265,15 @@ impl Net {
 
     /// Devices NCCL sees: physical ones first, then vNICs.
     pub fn device_count(&self) -> usize {
-        self.devices().len()
+        self.devices().net.len()
     }
 
     /// How many of them are physical (not made by `make_vdevice`).
     pub fn physical_count(&self) -> usize {
-        self.inner.nphys
+        self.devices().table.physical_count()
     }
 
-    fn devices(&self) -> std::sync::RwLockReadGuard<'_, Vec<NetDevice>> {
+    fn devices(&self) -> std::sync::RwLockReadGuard<'_, Devices> {
         self.inner.devices.read().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -296,10 +281,10 @@ impl Net {
         let devices = self.devices();
         let d = usize::try_from(dev)
             .ok()
-            .and_then(|i| devices.get(i))
+            .and_then(|i| devices.net.get(i))
             .ok_or(NetError::BadDevice {
                 dev,
-                count: devices.len(),
+                count: devices.net.len(),
             })?;
         let ports = d
             .ports
@@ -314,6 +299,13 @@ impl Net {
         self.device(dev).map(|(p, _)| p)
     }
 
+    /// The ports device `dev` is made of (their `index` in discovery's table; a Data Direct
+    /// twin's is its NIC port's), first one first: for tests and operator tools.
+    pub fn device_ports(&self, dev: i64) -> Result<Vec<u32>, NetError> {
+        self.device(dev)
+            .map(|(_, ports)| ports.iter().map(|p| p.port.index).collect())
+    }
+
     /// What was decided about GPU memory on device `dev` (a vNIC: its first device's, as
     /// net_ib's `ncclIbDmaBufSupport` looks at the first physical device), each with its reason.
     pub fn gpu_support(&self, dev: i64) -> Result<GpuSupport, NetError> {
@@ -322,7 +314,7 @@ impl Net {
     }
 
     /// `makeVDevice`: NCCL core asks to fuse physical devices; the policy's `make-vnic` accepts,
-    /// reshapes or refuses. The new device is appended, with a unique name.
+    /// reshapes or refuses. The new device is appended, named by [`DeviceTable::fuse`].
     pub fn make_vdevice(&self, request: &[u32]) -> Result<u32, NetError> {
         let inner = &*self.inner;
         let mut devices = inner.devices.write().unwrap_or_else(|p| p.into_inner());
@@ -330,28 +322,17 @@ impl Net {
             devices: request.to_vec(),
             reason,
         };
-        let ports_of = |req: &[u32]| -> Result<Vec<usize>, NetError> {
-            let mut out = Vec::new();
-            for &d in req {
-                let dev = devices
-                    .get(d as usize)
-                    .filter(|_| (d as usize) < inner.nphys)
-                    .ok_or_else(|| {
-                        refuse(format!(
-                            "device {d} is not one of the {} physical devices",
-                            inner.nphys
-                        ))
-                    })?;
-                out.extend(dev.ports.iter().copied());
-            }
-            Ok(out)
-        };
-        ports_of(request)?;
         // The policy sees one port per requested device (its first).
-        let firsts: Vec<Port> = request
+        let firsts = request
             .iter()
-            .map(|&d| inner.ports[devices[d as usize].ports[0]].port.clone())
-            .collect();
+            .map(|&d| {
+                devices
+                    .table
+                    .physical(d)
+                    .map_err(|e| refuse(e.to_string()))?;
+                Ok(inner.ports[devices.net[d as usize].ports[0]].port.clone())
+            })
+            .collect::<Result<Vec<Port>, NetError>>()?;
         let answer = inner.decisions.make_vnic(request, &firsts)?;
         tracing::info!(
             "NET/WASM: make-vnic {request:?}: {:?} [{}]",
@@ -370,22 +351,21 @@ impl Net {
                 inner.max_devs_per_nic
             )));
         }
-        let members = ports_of(&children)?;
-        let name = children
+        let index = devices
+            .table
+            .fuse(&children)
+            .map_err(|e| refuse(e.to_string()))?;
+        let members: Vec<usize> = children
             .iter()
-            .map(|&c| devices[c as usize].props.name.clone())
-            .collect::<Vec<_>>()
-            .join("+");
-        let mut props = props_of(&inner.ports, &members, Some(name), children);
-        let taken = |n: &str| devices.iter().any(|d| d.props.name == n);
-        if taken(&props.name) {
-            let base = props.name.clone();
-            let k = (2..).find(|k| !taken(&format!("{base}#{k}"))).unwrap_or(2);
-            props.name = format!("{base}#{k}");
-        }
-        let index = devices.len() as u32;
+            .flat_map(|&c| devices.net[c as usize].ports.iter().copied())
+            .collect();
+        let props = props_of(
+            &inner.ports,
+            &members,
+            &devices.table.devices()[index as usize],
+        );
         tracing::info!("NET/WASM: device {index}: virtual NIC {}", props.name);
-        devices.push(NetDevice {
+        devices.net.push(NetDevice {
             props,
             ports: members,
         });
@@ -500,102 +480,72 @@ fn max_qps(ports: &[PortCtx]) -> u32 {
         .min(MAX_QPS as u32)
 }
 
-/// The properties of a device made of `members` (`ncclIbGetProperties`; for fused devices the
-/// speeds add up, the rest is the first port's, as `ncclIbMakeVDeviceInternal`).
-fn props_of(
-    ports: &[PortCtx],
-    members: &[usize],
-    name: Option<String>,
-    children: Vec<u32>,
-) -> DeviceProps {
+/// The properties of device `device` of the table, made of the ports `members` (indices into
+/// `ports`): its name, port, PCI path and children are the table's; for fused devices the
+/// speeds add up and the rest is the first port's (`ncclIbGetProperties`,
+/// `ncclIbMakeVDeviceInternal`).
+fn props_of(ports: &[PortCtx], members: &[usize], device: &TableDevice) -> DeviceProps {
     let first = &ports[members[0]].port;
     let gpu = &ports[members[0]].dev.gpu;
-    let name = name.unwrap_or_else(|| {
-        members
-            .iter()
-            .map(|&m| ports[m].port.device.clone())
-            .collect::<Vec<_>>()
-            .join("+")
-    });
     DeviceProps {
-        name,
-        pci_path: first.pci_path.clone(),
+        name: device.name.clone(),
+        pci_path: device.pci_path.clone(),
         guid: first.guid,
         speed_mbps: members.iter().map(|&m| ports[m].port.speed_mbps).sum(),
-        port: first.port,
+        port: device.port,
         max_comms: members
             .iter()
             .map(|&m| ports[m].dev.attr.max_qp)
             .min()
             .unwrap_or(0),
         link_layer: first.link_layer,
-        children,
+        children: device.children.clone(),
         ptr_support: gpu.ptr_support(),
         force_flush: gpu.force_flush(),
     }
 }
 
-/// net_ib's device list: each device whose NIC has an mlx5 Data Direct function is followed by
-/// that function's own device (`<dev>_dma`, see `DevCtx::data_direct_twin`), whose port is
-/// appended to `ports`. A device the policy fused from several ports gets none. Every physical
-/// device's `children` is its new index.
-fn with_data_direct_twins(
-    table: Vec<NetDevice>,
+/// The data path's side of the table's physical devices. `ports` holds the selected ports in
+/// NCCL order; the port of each Data Direct twin is appended to it (the NIC port's, on the
+/// device of the NIC's Data Direct function, see [`DevCtx::data_direct_twin`], one per NIC).
+fn physical_devices(
+    table: &DeviceTable,
     ports: &mut Vec<PortCtx>,
 ) -> Result<Vec<NetDevice>, NetError> {
-    let mut twins: HashMap<String, Option<Arc<DevCtx>>> = HashMap::new();
-    let mut out = Vec::with_capacity(table.len());
-    for d in table {
-        let base = match d.ports.as_slice() {
-            [p] => Some(ports[*p].clone()),
-            _ => None,
-        };
-        out.push(d);
-        let Some(base) = base else { continue };
-        let twin = match twins.get(base.dev.name()) {
-            Some(t) => t.clone(),
-            None => {
-                let t = base.dev.data_direct_twin()?;
-                twins.insert(base.dev.name().to_owned(), t.clone());
-                t
+    let mut twins: HashMap<String, Arc<DevCtx>> = HashMap::new();
+    let mut out = Vec::with_capacity(table.devices().len());
+    for device in table.devices() {
+        let mut members = Vec::with_capacity(device.members.len());
+        for m in &device.members {
+            if !m.data_direct {
+                members.push(m.selected);
+                continue;
             }
-        };
-        let Some(dev) = twin else { continue };
-        let mut port = base.port.clone();
-        port.device = ncclwasm_verbs::mlx5::device_name(&base.port.device);
-        if let Some(path) = &dev.gpu.data_direct.value {
-            port.pci_path = path.clone();
+            let base = ports[m.selected].clone();
+            let dev = match twins.get(base.dev.name()) {
+                Some(t) => Arc::clone(t),
+                None => {
+                    let t = base.dev.data_direct_twin()?;
+                    twins.insert(base.dev.name().to_owned(), Arc::clone(&t));
+                    t
+                }
+            };
+            let mut port = base.port.clone();
+            port.device = data_direct_name(&base.port.device);
+            port.pci_path = device.pci_path.clone();
+            ports.push(PortCtx {
+                port,
+                endpoint: base.endpoint.clone(),
+                dev,
+            });
+            members.push(ports.len() - 1);
         }
-        ports.push(PortCtx {
-            port,
-            endpoint: base.endpoint.clone(),
-            dev,
-        });
-        let index = ports.len() - 1;
         out.push(NetDevice {
-            props: props_of(ports, &[index], None, Vec::new()),
-            ports: vec![index],
+            props: props_of(ports, &members, device),
+            ports: members,
         });
-    }
-    for (i, d) in out.iter_mut().enumerate() {
-        d.props.children = vec![i as u32];
     }
     Ok(out)
-}
-
-/// Device names must be unique (they key NCCL's topology): a second port of one device is
-/// called `dev:port`.
-fn uniquify(table: &mut [NetDevice]) {
-    for i in 0..table.len() {
-        let dup = table
-            .iter()
-            .enumerate()
-            .any(|(j, d)| j != i && d.props.name == table[i].props.name);
-        if dup {
-            let p = &mut table[i].props;
-            p.name = format!("{}:{}", p.name, p.port);
-        }
-    }
 }
 
 /// Connections the kernel queues for a handshake listener before it refuses more: NCCL's own

@@ -27,11 +27,6 @@ pub const LIBRARY: &CStr = c"libmlx5.so.1";
 /// `MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT`.
 const ACCESS_DATA_DIRECT: c_int = 1;
 
-/// The name of the extra NCCL device net_ib adds for a Data Direct NIC.
-pub fn device_name(dev: &str) -> String {
-    format!("{dev}_dma")
-}
-
 /// The PCI path NCCL sees for that device: the sysfs path mlx5 reports (which starts below
 /// `/sys`), prefixed with `/sys`.
 pub fn pci_path(reported: &str) -> String {
@@ -144,8 +139,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_paths_and_the_decision_follow_net_ib() {
-        assert_eq!(device_name("mlx5_0"), "mlx5_0_dma");
+    fn paths_and_the_decision_follow_net_ib() {
         assert_eq!(
             pci_path("/devices/pci0000:00/0000:00:01.0/0000:01:00.0"),
             "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0"
