@@ -24,15 +24,6 @@ impl RegionSource for NcclMemory {
     }
 }
 
-impl RegionSource for NcclMemory {
-    fn memory(&self, start: u64, len: u64) -> Memory {
-        // SAFETY: NCCL registered a buffer inside these pages and keeps it mapped until deregMr
-        // (a page holding one mapped byte is mapped as a whole), and it lets the NIC read and
-        // write it — that is what registering it means.
-        Memory::Foreign(unsafe { ForeignMemory::new(start as *mut u8, len as usize) })
-    }
-}
-
 /// A registration handle from NCCL (NULL = none), held for the call.
 pub(crate) fn mem(mh: *mut c_void) -> Result<Option<Held<MemHandle>>, NetError> {
     if mh.is_null() {
