@@ -338,7 +338,7 @@ mod tests {
         assert_eq!((r.source.as_str(), &r.plan), ("policy p@1", &p));
         assert_eq!(r.posted, [42, 7]);
         assert_eq!(
-            (r.ports(1).0.to_string(), r.ports(0).1.to_string()),
+            (r.ports(1).0.to_string(), r.ports(0).1.device),
             ("soft_1:1".into(), "#4294967295?".into()),
             "an index past the list is shown, not trusted"
         );
