@@ -4,6 +4,8 @@
 //!   offsets checked at compile time — what the plugin (`libnccl-net-wasm.so`) exports;
 //! * [`stats`]: `ncclwasm_send_comm_stats`, an extension export of the plugin that tells what a
 //!   send communicator runs and has sent (NCCL looks its symbols up by name, so it never sees it);
+//!   the plan inside is `ncclwasm_model::ConnPlan` as JSON, written and read back here, so a
+//!   plan field is declared once, in `model` — the one crate of ours this one uses;
 //! * [`load`]: a safe driver of a built plugin library through those same tables, the way NCCL's
 //!   proxy calls them — `ncclwasm bench` and the tests use it.
 //!

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::ptr::{self, NonNull};
 
 use crate::layout::*;
-use crate::stats::{SEND_STATS_SYMBOL, SendStats, SendStatsFn, SendStatsV1};
+use crate::stats::{SEND_STATS_SYMBOL, SendStats, SendStatsFn, SendStatsV2};
 
 /// `NCCL_NET_HANDLE_MAXSIZE`.
 pub const HANDLE_BYTES: usize = 128;
@@ -47,6 +47,12 @@ impl fmt::Display for LoadError {
 }
 
 impl std::error::Error for LoadError {}
+
+impl LoadError {
+    pub(crate) fn new(what: impl Into<String>) -> LoadError {
+        LoadError(what.into())
+    }
+}
 
 type Result<T> = std::result::Result<T, LoadError>;
 
@@ -616,12 +622,12 @@ impl SendComm<'_> {
                 SEND_STATS_SYMBOL.to_string_lossy()
             ))
         })?;
-        let mut out = Box::new(SendStatsV1::empty());
+        let mut out = Box::new(SendStatsV2::empty());
         // SAFETY: a live send comm of this plugin and a struct of the version it names.
         check("ncclwasm_send_comm_stats", unsafe {
             f(self.comm.as_ptr(), &mut *out)
         })?;
-        Ok(out.read())
+        out.read()
     }
 }
 

@@ -1,7 +1,7 @@
 //! `ncclwasm_send_comm_stats`: what a send communicator of this plugin runs, and what it has sent.
 //!
 //! ```c
-//! ncclResult_t ncclwasm_send_comm_stats(void *sendComm, ncclwasmSendStats_v1_t *out);
+//! ncclResult_t ncclwasm_send_comm_stats(void *sendComm, ncclwasmSendStats_v2_t *out);
 //! ```
 //!
 //! An extra export next to the `ncclNetPlugin_vN` tables. NCCL looks its symbols up by name and
@@ -10,19 +10,30 @@
 //! the built-in default that replaced it — and the payload bytes it has posted on each QP, rather
 //! than recomputing either. The caller sets `version` to [`SEND_STATS_VERSION`]; the plugin
 //! refuses any other value without writing (an error result, as for any misuse), and otherwise
-//! overwrites the whole struct, on error too. Strings are NUL-terminated, cut at a character
-//! boundary when longer than their array; QPs refer to the endpoints by index, as the plan does.
+//! overwrites the whole struct, on error too.
+//!
+//! The plan is `ncclwasm_model::ConnPlan` as JSON (its serde shape, the one `ncclwasm policy
+//! explain --json` prints), so a field added to the plan travels without a change here: both the
+//! writer ([`SendStatsV2::fill`], the plugin) and the reader ([`SendStatsV2::read`], the bench)
+//! are this file and that type. What is not the plan stays numeric or a plain C string: the
+//! payload bytes per QP, who made the plan, and the ports its QPs index. Strings are
+//! NUL-terminated, cut at a character boundary when longer than their array (the plan's reason
+//! is cut until its JSON fits).
 
 use std::ffi::{c_char, c_void};
 use std::mem::{offset_of, size_of};
 
+use ncclwasm_model::{ConnPlan, Endpoint};
+
 use crate::layout::NcclResult;
+use crate::load::LoadError;
 
 /// The exported name.
 pub const SEND_STATS_SYMBOL: &std::ffi::CStr = c"ncclwasm_send_comm_stats";
 
-/// The layout [`SendStatsV1`] is: a changed layout gets a new version and a new struct.
-pub const SEND_STATS_VERSION: u32 = 1;
+/// The layout [`SendStatsV2`] is: a changed layout gets a new version and a new struct. (Version
+/// 1 spelled every plan field out as a C field; the plugin refuses it.)
+pub const SEND_STATS_VERSION: u32 = 2;
 
 /// QPs one connection may have (`NCCL_IB_MAX_QPS`).
 pub const STATS_MAX_QPS: usize = 128;
@@ -31,10 +42,12 @@ pub const STATS_MAX_ENDPOINTS: usize = 8;
 /// A device name with its NUL (`IBV_SYSFS_NAME_MAX`).
 pub const STATS_NAME_BYTES: usize = 64;
 pub const STATS_SOURCE_BYTES: usize = 256;
-pub const STATS_REASON_BYTES: usize = 4096;
+/// The plan's JSON with its NUL: a plan of [`STATS_MAX_QPS`] QPs takes under 8 KiB without its
+/// reason, so the reason keeps at least as much again.
+pub const STATS_PLAN_BYTES: usize = 16 * 1024;
 
 /// The export's signature.
-pub type SendStatsFn = unsafe extern "C" fn(*mut c_void, *mut SendStatsV1) -> NcclResult;
+pub type SendStatsFn = unsafe extern "C" fn(*mut c_void, *mut SendStatsV2) -> NcclResult;
 
 /// One port of the connection, local or remote.
 #[repr(C)]
@@ -44,111 +57,93 @@ pub struct StatsEndpoint {
     pub port: u32,
 }
 
-/// One QP of the plan and what it carried.
+/// `ncclwasmSendStats_v2_t`: the plan a send communicator runs, who made it and why, the ports
+/// its QPs index, and the bytes posted per QP.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct StatsQp {
-    /// Index into `local`.
-    pub local: u32,
-    /// Index into `peer`.
-    pub remote: u32,
-    /// Its relative share of each striped message.
-    pub weight: u32,
-    pub reserved: u32,
-    /// Payload bytes posted on this QP since the connection was made.
-    pub bytes: u64,
-}
-
-/// `ncclwasmSendStats_v1_t`: the plan a send communicator runs, who made it and why, and the
-/// bytes posted per QP. Booleans are 0 or 1.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct SendStatsV1 {
+pub struct SendStatsV2 {
     /// In: [`SEND_STATS_VERSION`].
     pub version: u32,
-    pub nqps: u32,
     pub nlocal: u32,
     pub npeer: u32,
-    /// QPs each message is striped over.
-    pub stripe_width: u32,
-    /// Stripe alignment, bytes.
-    pub align: u32,
-    pub ar_threshold: u64,
-    pub adaptive_routing: u8,
-    pub tc: u8,
-    pub sl: u8,
-    pub fifo_tc: u8,
-    pub ece: u8,
-    pub timeout: u8,
-    pub retry_cnt: u8,
-    pub reserved: u8,
+    /// Entries of `bytes`: one per QP of the plan, in plan order.
+    pub nqps: u32,
     /// Who made the plan: the policy (`name@version`), the built-in default, or the built-in
     /// default standing in for a policy's plan the handshake refused.
     pub source: [c_char; STATS_SOURCE_BYTES],
-    /// Why the plan is what it is, as its maker said.
-    pub reason: [c_char; STATS_REASON_BYTES],
+    /// The ports the plan's QPs index (`qps[i].local`, `qps[i].remote`).
     pub local: [StatsEndpoint; STATS_MAX_ENDPOINTS],
     pub peer: [StatsEndpoint; STATS_MAX_ENDPOINTS],
-    pub qps: [StatsQp; STATS_MAX_QPS],
+    /// Payload bytes posted on each QP since the connection was made.
+    pub bytes: [u64; STATS_MAX_QPS],
+    /// The plan, `ncclwasm_model::ConnPlan` as JSON, NUL-terminated.
+    pub plan: [c_char; STATS_PLAN_BYTES],
 }
 
 // The layout a C caller compiles against (x86-64).
 const _: () = {
     assert!(size_of::<StatsEndpoint>() == 68);
-    assert!(size_of::<StatsQp>() == 24);
-    assert!(offset_of!(StatsQp, bytes) == 16);
-    assert!(size_of::<SendStatsV1>() == 8552);
-    assert!(offset_of!(SendStatsV1, stripe_width) == 16);
-    assert!(offset_of!(SendStatsV1, ar_threshold) == 24);
-    assert!(offset_of!(SendStatsV1, adaptive_routing) == 32);
-    assert!(offset_of!(SendStatsV1, retry_cnt) == 38);
-    assert!(offset_of!(SendStatsV1, source) == 40);
-    assert!(offset_of!(SendStatsV1, reason) == 296);
-    assert!(offset_of!(SendStatsV1, local) == 4392);
-    assert!(offset_of!(SendStatsV1, peer) == 4936);
-    assert!(offset_of!(SendStatsV1, qps) == 5480);
+    assert!(offset_of!(SendStatsV2, nqps) == 12);
+    assert!(offset_of!(SendStatsV2, source) == 16);
+    assert!(offset_of!(SendStatsV2, local) == 272);
+    assert!(offset_of!(SendStatsV2, peer) == 816);
+    assert!(offset_of!(SendStatsV2, bytes) == 1360);
+    assert!(offset_of!(SendStatsV2, plan) == 2384);
+    assert!(size_of::<SendStatsV2>() == 18768);
 };
 
-impl SendStatsV1 {
+impl SendStatsV2 {
     /// All zero but `version`: what a caller passes in, and where the plugin starts from.
-    pub const fn empty() -> SendStatsV1 {
+    pub const fn empty() -> SendStatsV2 {
         const END: StatsEndpoint = StatsEndpoint {
             device: [0; STATS_NAME_BYTES],
             port: 0,
         };
-        const QP: StatsQp = StatsQp {
-            local: 0,
-            remote: 0,
-            weight: 0,
-            reserved: 0,
-            bytes: 0,
-        };
-        SendStatsV1 {
+        SendStatsV2 {
             version: SEND_STATS_VERSION,
-            nqps: 0,
             nlocal: 0,
             npeer: 0,
-            stripe_width: 0,
-            align: 0,
-            ar_threshold: 0,
-            adaptive_routing: 0,
-            tc: 0,
-            sl: 0,
-            fifo_tc: 0,
-            ece: 0,
-            timeout: 0,
-            retry_cnt: 0,
-            reserved: 0,
+            nqps: 0,
             source: [0; STATS_SOURCE_BYTES],
-            reason: [0; STATS_REASON_BYTES],
             local: [END; STATS_MAX_ENDPOINTS],
             peer: [END; STATS_MAX_ENDPOINTS],
-            qps: [QP; STATS_MAX_QPS],
+            bytes: [0; STATS_MAX_QPS],
+            plan: [0; STATS_PLAN_BYTES],
         }
     }
 
-    /// In Rust terms; counts beyond the arrays (a misbehaving library) are clamped to them.
-    pub fn read(&self) -> SendStats {
+    /// The plugin's side: writes what a send communicator runs. Lists longer than their arrays
+    /// are cut to them (the plugin checks at compile time that its own bounds fit).
+    pub fn fill(
+        &mut self,
+        source: &str,
+        plan: &ConnPlan,
+        local: &[Endpoint],
+        peer: &[Endpoint],
+        posted: &[u64],
+    ) -> Result<(), LoadError> {
+        write_c_str(&mut self.plan, &encode_plan(plan)?);
+        write_c_str(&mut self.source, source);
+        for (list, n, ends) in [
+            (&mut self.local, &mut self.nlocal, local),
+            (&mut self.peer, &mut self.npeer, peer),
+        ] {
+            *n = ends.len().min(STATS_MAX_ENDPOINTS) as u32;
+            for (e, ep) in list.iter_mut().zip(ends) {
+                write_c_str(&mut e.device, &ep.device);
+                e.port = u32::from(ep.port);
+            }
+        }
+        self.nqps = posted.len().min(STATS_MAX_QPS) as u32;
+        for (b, p) in self.bytes.iter_mut().zip(posted) {
+            *b = *p;
+        }
+        Ok(())
+    }
+
+    /// The tool's side: the struct in Rust terms. Counts beyond the arrays (a misbehaving
+    /// library) are clamped to them; a plan that is not a `ConnPlan` is an error.
+    pub fn read(&self) -> Result<SendStats, LoadError> {
         let ends = |list: &[StatsEndpoint], n: u32| -> Vec<PortName> {
             list[..(n as usize).min(list.len())]
                 .iter()
@@ -158,37 +153,56 @@ impl SendStatsV1 {
                 })
                 .collect()
         };
-        let (local, peer) = (ends(&self.local, self.nlocal), ends(&self.peer, self.npeer));
-        let port = |list: &[PortName], i: u32| {
-            list.get(i as usize).cloned().unwrap_or_else(|| PortName {
-                device: format!("#{i}?"),
-                port: 0,
-            })
-        };
-        SendStats {
+        let plan = serde_json::from_str(&read_c_str(&self.plan))
+            .map_err(|e| LoadError::new(format!("ncclwasm_send_comm_stats: the plan: {e}")))?;
+        Ok(SendStats {
             source: read_c_str(&self.source),
-            reason: read_c_str(&self.reason),
-            stripe_width: self.stripe_width,
-            align: self.align,
-            adaptive_routing: self.adaptive_routing != 0,
-            ar_threshold: self.ar_threshold,
-            tc: self.tc,
-            sl: self.sl,
-            fifo_tc: self.fifo_tc,
-            ece: self.ece != 0,
-            timeout: self.timeout,
-            retry_cnt: self.retry_cnt,
-            qps: self.qps[..(self.nqps as usize).min(STATS_MAX_QPS)]
-                .iter()
-                .map(|q| QpStats {
-                    local: port(&local, q.local),
-                    remote: port(&peer, q.remote),
-                    weight: q.weight,
-                    bytes: q.bytes,
-                })
-                .collect(),
+            plan,
+            local: ends(&self.local, self.nlocal),
+            peer: ends(&self.peer, self.npeer),
+            posted: self.bytes[..(self.nqps as usize).min(STATS_MAX_QPS)].to_vec(),
+        })
+    }
+}
+
+/// `plan` as JSON that fits [`SendStatsV2::plan`] with its NUL: when it does not, the longest
+/// prefix of the reason (cut at a character boundary) that lets it fit.
+fn encode_plan(plan: &ConnPlan) -> Result<String, LoadError> {
+    if let Some(json) = encode_cut(plan, plan.reason.len())? {
+        return Ok(json);
+    }
+    let mut best = encode_cut(plan, 0)?.ok_or_else(|| {
+        LoadError::new(format!(
+            "ncclwasm_send_comm_stats: a plan of {} QPs does not fit in {STATS_PLAN_BYTES} bytes",
+            plan.qps.len()
+        ))
+    })?;
+    // Binary search over the reason's character boundaries: `ends[lo]` bytes fit, `ends[hi]`
+    // (the whole reason when `hi` is past the list) do not.
+    let ends: Vec<usize> = plan.reason.char_indices().map(|(i, _)| i).collect();
+    let (mut lo, mut hi) = (0, ends.len());
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        match encode_cut(plan, ends[mid])? {
+            Some(json) => (best, lo) = (json, mid),
+            None => hi = mid,
         }
     }
+    Ok(best)
+}
+
+/// `plan` with its reason cut to `keep` bytes, as JSON, if that fits [`SendStatsV2::plan`].
+fn encode_cut(plan: &ConnPlan, keep: usize) -> Result<Option<String>, LoadError> {
+    let json = if keep == plan.reason.len() {
+        serde_json::to_string(plan)
+    } else {
+        serde_json::to_string(&ConnPlan {
+            reason: plan.reason[..keep].to_owned(),
+            ..plan.clone()
+        })
+    }
+    .map_err(|e| LoadError::new(format!("ncclwasm_send_comm_stats: the plan: {e}")))?;
+    Ok((json.len() < STATS_PLAN_BYTES).then_some(json))
 }
 
 /// A port by name, as logs write it: `device:port`.
@@ -204,31 +218,36 @@ impl std::fmt::Display for PortName {
     }
 }
 
-/// One QP of the plan, its ports resolved, and the payload bytes it carried.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct QpStats {
-    pub local: PortName,
-    pub remote: PortName,
-    pub weight: u32,
-    pub bytes: u64,
-}
-
-/// [`SendStatsV1`] read back: the plan a send communicator runs and what each QP carried.
+/// [`SendStatsV2`] read back: the plan a send communicator runs and what each QP carried.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SendStats {
     pub source: String,
-    pub reason: String,
-    pub stripe_width: u32,
-    pub align: u32,
-    pub adaptive_routing: bool,
-    pub ar_threshold: u64,
-    pub tc: u8,
-    pub sl: u8,
-    pub fifo_tc: u8,
-    pub ece: bool,
-    pub timeout: u8,
-    pub retry_cnt: u8,
-    pub qps: Vec<QpStats>,
+    pub plan: ConnPlan,
+    /// The ports `plan.qps[i].local` and `.remote` index.
+    pub local: Vec<PortName>,
+    pub peer: Vec<PortName>,
+    /// Payload bytes posted on each QP of the plan, in plan order.
+    pub posted: Vec<u64>,
+}
+
+impl SendStats {
+    /// The local and remote port of the plan's QP `qp`; an index past the lists is shown as
+    /// `#i?`, not trusted.
+    pub fn ports(&self, qp: usize) -> (PortName, PortName) {
+        let port = |list: &[PortName], i: Option<u32>| {
+            i.and_then(|i| list.get(i as usize))
+                .cloned()
+                .unwrap_or_else(|| PortName {
+                    device: format!("#{}?", i.map_or(String::new(), |i| i.to_string())),
+                    port: 0,
+                })
+        };
+        let q = self.plan.qps.get(qp);
+        (
+            port(&self.local, q.map(|q| q.local)),
+            port(&self.peer, q.map(|q| q.remote)),
+        )
+    }
 }
 
 /// Copies `s` into `dst` with its NUL, cut at a character boundary if it does not fit.
@@ -256,6 +275,7 @@ pub fn read_c_str(src: &[c_char]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ncclwasm_model::{Gid, LinkLayer, QpPlan};
 
     #[test]
     fn strings_are_cut_at_a_character_boundary_and_always_terminated() {
@@ -272,42 +292,84 @@ mod tests {
         assert_eq!(read_c_str(&unterminated), "xxxx");
     }
 
+    fn plan(qps: usize, reason: &str) -> ConnPlan {
+        ConnPlan {
+            qps: (0..qps)
+                .map(|i| QpPlan {
+                    local: i as u32 % 2,
+                    remote: u32::MAX,
+                    weight: u32::MAX,
+                })
+                .collect(),
+            stripe_width: 2,
+            align: 128,
+            adaptive_routing: true,
+            ar_threshold: u64::MAX,
+            tc: 106,
+            sl: 3,
+            fifo_tc: 104,
+            ece: true,
+            timeout: 20,
+            retry_cnt: 7,
+            reason: reason.into(),
+        }
+    }
+
+    fn endpoint(device: &str) -> Endpoint {
+        Endpoint {
+            device: device.into(),
+            port: 1,
+            link_layer: LinkLayer::Ethernet,
+            speed_mbps: 100_000,
+            mtu: 4096,
+            lid: 0,
+            gid: Gid::unconfigured(0),
+        }
+    }
+
     #[test]
-    fn read_resolves_endpoints_and_clamps_counts() {
-        let mut s = SendStatsV1::empty();
-        write_c_str(&mut s.source, "policy p@1");
-        write_c_str(&mut s.local[0].device, "soft_0");
-        s.local[0].port = 1;
-        write_c_str(&mut s.peer[0].device, "soft_1");
-        s.peer[0].port = 1;
-        (s.nlocal, s.npeer, s.nqps) = (1, 1, 2);
-        s.qps[0] = StatsQp {
-            local: 0,
-            remote: 0,
-            weight: 3,
-            reserved: 0,
-            bytes: 42,
-        };
-        s.qps[1] = StatsQp {
-            local: 5,
-            ..s.qps[0]
-        };
-        s.adaptive_routing = 1;
-        let r = s.read();
-        assert_eq!(r.source, "policy p@1");
-        assert!(r.adaptive_routing && !r.ece);
-        assert_eq!(r.qps.len(), 2);
+    fn what_the_plugin_fills_reads_back_whole() {
+        let p = plan(2, "policy set tc: storage");
+        let mut s = SendStatsV2::empty();
+        let local = [endpoint("soft_0"), endpoint("soft_1")];
+        s.fill("policy p@1", &p, &local, &local[..1], &[42, 7])
+            .unwrap();
+        let r = s.read().unwrap();
+        assert_eq!((r.source.as_str(), &r.plan), ("policy p@1", &p));
+        assert_eq!(r.posted, [42, 7]);
         assert_eq!(
-            (r.qps[0].local.to_string(), r.qps[0].remote.to_string()),
-            ("soft_0:1".into(), "soft_1:1".into())
-        );
-        assert_eq!((r.qps[0].weight, r.qps[0].bytes), (3, 42));
-        assert_eq!(
-            r.qps[1].local.device, "#5?",
+            (r.ports(1).0.to_string(), r.ports(0).1.device),
+            ("soft_1:1".into(), "#4294967295?".into()),
             "an index past the list is shown, not trusted"
         );
-        s.nqps = u32::MAX;
-        s.nlocal = u32::MAX;
-        assert_eq!(s.read().qps.len(), STATS_MAX_QPS);
+        assert_eq!(r.ports(9).0.device, "#?");
+    }
+
+    #[test]
+    fn the_largest_plan_fits_and_a_long_reason_is_cut_to_fit() {
+        let long = "é\u{1}".repeat(STATS_PLAN_BYTES);
+        let mut s = SendStatsV2::empty();
+        s.fill("x", &plan(STATS_MAX_QPS, &long), &[], &[], &[])
+            .unwrap();
+        let r = s.read().unwrap();
+        assert_eq!(r.plan.qps.len(), STATS_MAX_QPS);
+        assert!(!r.plan.reason.is_empty() && long.starts_with(&r.plan.reason));
+        let json = read_c_str(&s.plan);
+        // The longest prefix that fits: one character more (6 or 2 bytes of JSON) would not.
+        assert!(json.len() < STATS_PLAN_BYTES && json.len() + 6 >= STATS_PLAN_BYTES - 1);
+    }
+
+    #[test]
+    fn read_clamps_counts_and_refuses_a_plan_that_is_not_one() {
+        let mut s = SendStatsV2::empty();
+        s.fill("x", &plan(1, ""), &[], &[], &[1]).unwrap();
+        (s.nqps, s.nlocal) = (u32::MAX, u32::MAX);
+        let r = s.read().unwrap();
+        assert_eq!(
+            (r.posted.len(), r.local.len()),
+            (STATS_MAX_QPS, STATS_MAX_ENDPOINTS)
+        );
+        write_c_str(&mut s.plan, "{\"qps\": 3}");
+        assert!(s.read().unwrap_err().to_string().contains("the plan"));
     }
 }

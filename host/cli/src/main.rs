@@ -10,8 +10,6 @@
 #![forbid(unsafe_code)]
 
 mod bench;
-mod bench_rank;
-mod bench_scale;
 mod capture;
 mod check;
 mod devices;
@@ -80,7 +78,7 @@ enum Command {
     Bench(bench::Args),
     /// One rank of `bench` (started by it)
     #[command(hide = true)]
-    BenchRank(bench_rank::Args),
+    BenchRank(bench::RankArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -126,7 +124,7 @@ fn main() -> ExitCode {
         Command::Topology(TopologyCommand::Capture(args)) => capture::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Bench(args) => bench::run(args),
-        Command::BenchRank(args) => bench_rank::run(args),
+        Command::BenchRank(args) => bench::run_rank(args),
     };
     match result.and_then(print) {
         Ok(exit) => exit.into(),

@@ -25,7 +25,7 @@ use serde::Serialize;
 
 mod plan;
 use plan::plan_view;
-pub use plan::{adaptive_routing_value, ece_timeout_retry_value, plan_rows};
+pub use plan::{plan_rows, plan_values};
 
 /// Everything one policy decides on one machine (and its peer).
 #[derive(Clone, Debug, Serialize)]

@@ -178,8 +178,16 @@ fn plan_value(label: &str, p: &ConnPlan) -> String {
     }
 }
 
+/// Each plan row's label and its value for `p`, as `explain` shows them (`bench` shows the plan
+/// its connection ran with the same words).
+pub fn plan_values(p: &ConnPlan) -> impl Iterator<Item = (&'static str, String)> + '_ {
+    PLAN_ROWS
+        .iter()
+        .map(move |(label, _, _)| (*label, plan_value(label, p)))
+}
+
 /// The "adaptive routing" value of a plan: `on above N bytes` or `off`.
-pub fn adaptive_routing_value(on: bool, threshold: u64) -> String {
+fn adaptive_routing_value(on: bool, threshold: u64) -> String {
     if on {
         format!("on above {threshold} bytes")
     } else {
@@ -188,7 +196,7 @@ pub fn adaptive_routing_value(on: bool, threshold: u64) -> String {
 }
 
 /// The "ece / timeout / retry" value of a plan, the timeout also as a duration.
-pub fn ece_timeout_retry_value(ece: bool, timeout: u8, retry_cnt: u8) -> String {
+fn ece_timeout_retry_value(ece: bool, timeout: u8, retry_cnt: u8) -> String {
     // The QP timeout is 4.096 µs × 2^timeout.
     let secs = 4.096e-6 * f64::from(1u32 << timeout.min(31));
     format!(

@@ -1,0 +1,334 @@
+//! The bench's parent process: it resolves the library, fabric, topology and policy, picks the
+//! device as `policy explain` picks its sample connection's (the vNIC of NCCL core's default
+//! fusion when the policy accepts it), starts the two ranks ([`super::ranks`]) with the matching
+//! `NCCL_WASM_*` environment, and turns what they report into the report
+//! ([`super::tables`]).
+
+use std::path::{Path, PathBuf};
+
+use clap::Args as ClapArgs;
+use ncclwasm_model::Topology;
+use ncclwasm_soft::FabricChoice;
+
+use super::ranks::{Expected, Ranks};
+use super::tables::{
+    BenchReport, PluginView, connection_scale, large_ratio, latency_rows, render, rows,
+};
+use super::wire::list;
+use crate::fail::{Fail, Outcome};
+use crate::live::FabricView;
+use crate::report::{self, TopologyView, VnicValue};
+use crate::setup::{self, ConfigArgs, PolicyArg};
+
+/// nccl-tests' default range: 8 B to 64 MiB, doubling.
+const BENCH_SIZES: &str =
+    "8,16,32,64,128,256,512,1K,2K,4K,8K,16K,32K,64K,128K,256K,512K,1M,2M,4M,8M,16M,32M,64M";
+
+/// The ping-pong's default sizes: the latency-bound ones, 8 B to 64 KiB.
+const LATENCY_SIZES: &str = "8,16,32,64,128,256,512,1K,2K,4K,8K,16K,32K,64K";
+
+/// The connection-scale part's default: an all-to-all at scale opens this many between a pair
+/// of ranks' processes.
+const CONNECTIONS: u32 = 1024;
+
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// The policy the plugin runs: a component (.wasm) or `builtin` [default: the shipped
+    /// nccl-default, target/guests/nccl-default.wasm next to this binary]
+    #[arg(long, value_name = "FILE|builtin")]
+    pub policy: Option<PolicyArg>,
+
+    /// The soft fabric's machine [default: $NCCL_WASM_TOPOLOGY, else topologies/loopback.toml]
+    #[arg(long, short = 't', value_name = "T")]
+    pub topology: Option<PathBuf>,
+
+    /// Message sizes, comma-separated (bytes; K, M, G suffixes)
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = BENCH_SIZES,
+        value_parser = setup::parse_size
+    )]
+    pub sizes: Vec<u64>,
+
+    /// Timed iterations per size [default: about 128 MiB per size, 4 to 200]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub iters: Option<u32>,
+
+    /// Untimed iterations per size after the checked one
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub warmup: u32,
+
+    /// Ping-pong sizes for the latency table, comma-separated (bytes; K, M, G suffixes)
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = LATENCY_SIZES,
+        value_parser = setup::parse_size
+    )]
+    pub latency_sizes: Vec<u64>,
+
+    /// Timed round trips per latency size, each timed alone
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub latency_iters: u32,
+
+    /// Untimed round trips per latency size after the checked one
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub latency_warmup: u32,
+
+    /// Connections set up at once between the ranks after the tables, timed and weighed
+    /// (0: none)
+    #[arg(long, value_name = "N", default_value_t = CONNECTIONS)]
+    pub connections: u32,
+
+    /// The plugin library: a path, or a name the dynamic loader looks up as NCCL does for
+    /// NCCL_NET_PLUGIN (`wasm` is libnccl-net-wasm.so, found through LD_LIBRARY_PATH)
+    /// [default: NCCL_NET_PLUGIN when set, else libnccl_net_wasm.so or libnccl-net-wasm.so next
+    /// to this binary]
+    #[arg(long, value_name = "SO|NAME")]
+    pub plugin: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub config: ConfigArgs,
+
+    /// Print the results as JSON (shape in host/cli/README.md)
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Where the plugin library, the default policy and the guests are: next to this binary.
+fn exe_dir() -> Result<PathBuf, Fail> {
+    std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+        .ok_or_else(|| Fail::trouble("cannot find this binary's directory"))
+}
+
+fn absolute(path: &Path) -> Result<PathBuf, Fail> {
+    std::path::absolute(path).map_err(|e| Fail::trouble(format!("{}: {e}", path.display())))
+}
+
+/// How to build the plugin where this binary looks for it: cargo's directory of its profile.
+const BUILD_PLUGIN: &str = if cfg!(debug_assertions) {
+    "cargo build -p ncclwasm-plugin"
+} else {
+    "cargo build --release -p ncclwasm-plugin"
+};
+
+/// `--plugin`, else `NCCL_NET_PLUGIN`, else the library next to this binary (nothing builds it
+/// as a side effect of building the CLI: it is its own package).
+///
+/// A value without `/` is a name, handed to `dlopen` as NCCL hands it (`X` becomes
+/// `libnccl-net-X.so` unless it is a `lib*.so` name already), so the dynamic loader searches
+/// `LD_LIBRARY_PATH` and its cache exactly as it does when NCCL loads the plugin: that is how an
+/// installed copy is tried in the job's environment. NCCL also tries a bare `X` verbatim first,
+/// which only a library file named like a plugin alias would answer; the bench does not.
+fn plugin_path(args: &Args) -> Result<PathBuf, Fail> {
+    let given = args.plugin.clone().map(|p| ("--plugin", p)).or_else(|| {
+        std::env::var_os("NCCL_NET_PLUGIN")
+            .filter(|v| !v.is_empty())
+            .map(|v| ("NCCL_NET_PLUGIN", PathBuf::from(v)))
+    });
+    let path = match given {
+        Some((_, p)) if !p.as_os_str().as_encoded_bytes().contains(&b'/') => {
+            let name = p.to_string_lossy();
+            return Ok(if name.starts_with("lib") && name.ends_with(".so") {
+                p
+            } else {
+                PathBuf::from(format!("libnccl-net-{name}.so"))
+            });
+        }
+        Some((_, p)) if p.is_file() => p,
+        Some((from, p)) => {
+            return Err(Fail::trouble(format!(
+                "{from} {} not found (to build the plugin: `{BUILD_PLUGIN}`)",
+                p.display()
+            )));
+        }
+        None => {
+            let dir = exe_dir()?;
+            ncclwasm_abi::load::built_library(&dir).ok_or_else(|| {
+                Fail::trouble(format!(
+                    "no plugin library next to this binary (libnccl_net_wasm.so or libnccl-net-wasm.so in {}): build it with `{BUILD_PLUGIN}`, or pass --plugin PATH",
+                    dir.display()
+                ))
+            })?
+        }
+    };
+    absolute(&path)
+}
+
+fn policy_arg(args: &Args) -> Result<PolicyArg, Fail> {
+    match &args.policy {
+        Some(PolicyArg::File(p)) => Ok(PolicyArg::File(absolute(p)?)),
+        Some(PolicyArg::Builtin) => Ok(PolicyArg::Builtin),
+        None => {
+            // cargo's `target/<profile>/ncclwasm` next to `target/guests/`, or the release
+            // tarball's `bin/ncclwasm` next to `policies/` (`cargo xtask dist`).
+            let dir = exe_dir()?;
+            let up = dir.parent().map_or(dir.clone(), Path::to_path_buf);
+            let built = up.join("guests/nccl-default.wasm");
+            let shipped = up.join("policies/nccl-default.wasm");
+            let path = [&built, &shipped].into_iter().find(|p| p.is_file());
+            let path = path.ok_or_else(|| {
+                Fail::trouble(format!(
+                    "{} not found: build the shipped policies with `cargo xtask guests`, or pass --policy FILE|builtin",
+                    built.display()
+                ))
+            })?;
+            Ok(PolicyArg::File(path.clone()))
+        }
+    }
+}
+
+/// `NCCL_WASM_FABRIC` as the plugin reads it (`ncclwasm_soft::FabricChoice`), with `auto` on a
+/// host without RDMA devices settled to the soft fabric, as `ncclwasm devices` shows it.
+fn fabric() -> Result<FabricView, Fail> {
+    let settled = FabricChoice::from_env().map_err(Fail::trouble)?.settle();
+    Ok(FabricView::new(settled))
+}
+
+/// `--topology`, else `NCCL_WASM_TOPOLOGY`, else the embedded loopback machine (`None`: the
+/// ranks use the plugin's own embedded copy).
+fn topology(args: &Args) -> Result<(Topology, Option<PathBuf>), Fail> {
+    let path = args
+        .topology
+        .clone()
+        .or_else(|| std::env::var_os("NCCL_WASM_TOPOLOGY").map(PathBuf::from));
+    match path {
+        Some(p) => Ok((Topology::load(&p)?, Some(absolute(&p)?))),
+        None => Ok((Topology::loopback(), None)),
+    }
+}
+
+pub fn run(args: &Args) -> Result<Outcome, Fail> {
+    if args.sizes.is_empty() || args.latency_sizes.is_empty() {
+        return Err(Fail::trouble(
+            "--sizes and --latency-sizes may not be empty",
+        ));
+    }
+    let lib = plugin_path(args)?;
+    let fabric = fabric()?;
+    let (topo, topo_path) = topology(args)?;
+    let policy = policy_arg(args)?;
+    let (host, view) = setup::host(setup::settings(&args.config)?, &policy)?;
+    // The device of `policy explain`'s sample connection: a vNIC when the policy accepts the
+    // sample fusion (the ranks then ask `makeVDevice` for it, as NCCL core does), else NCCL
+    // device 0 — always device 0 on the `ib` fabric, whose ports are discovered, not read.
+    let sample = if fabric.name == "soft" {
+        Some(report::evaluate(&host, view.clone(), &topo, None, &[])?)
+    } else {
+        None
+    };
+    drop(host);
+    let (device, fuse) = match sample
+        .as_ref()
+        .and_then(|p| p.connection.as_ref().map(|c| (p, c)))
+    {
+        Some((p, c)) => {
+            let fused = p
+                .vnic
+                .as_ref()
+                .filter(|v| !matches!(v.answer.value, VnicValue::Refuse));
+            let fuse = match fused {
+                Some(v) if c.device as usize >= p.nccl_devices.len() => v.request.clone(),
+                _ => Vec::new(),
+            };
+            (c.device as i32, fuse)
+        }
+        None => (0, Vec::new()),
+    };
+
+    let mut env: Vec<(String, Option<String>)> = vec![
+        ("NCCL_WASM_FABRIC".into(), Some(fabric.name.clone())),
+        (
+            "NCCL_WASM_TOPOLOGY".into(),
+            topo_path.map(|p| p.display().to_string()),
+        ),
+        (
+            "NCCL_WASM_POLICY".into(),
+            match &policy {
+                PolicyArg::File(p) => Some(p.display().to_string()),
+                PolicyArg::Builtin => None,
+            },
+        ),
+    ];
+    if let Some(c) = &args.config.config {
+        env.push(("NCCL_WASM_POLICY_CONFIG".into(), Some(c.clone())));
+    }
+    env.extend(
+        args.config
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), Some(v.clone()))),
+    );
+
+    let mut rank_args: Vec<String> = vec![
+        "--plugin".into(),
+        lib.display().to_string(),
+        "--device".into(),
+        device.to_string(),
+        "--warmup".into(),
+        args.warmup.to_string(),
+        "--sizes".into(),
+        list(&args.sizes),
+        "--latency-sizes".into(),
+        list(&args.latency_sizes),
+        "--latency-iters".into(),
+        args.latency_iters.to_string(),
+        "--latency-warmup".into(),
+        args.latency_warmup.to_string(),
+        "--connections".into(),
+        args.connections.to_string(),
+    ];
+    if !fuse.is_empty() {
+        rank_args.push("--fuse".into());
+        rank_args.push(list(&fuse));
+    }
+    if let Some(n) = args.iters {
+        rank_args.push("--iters".into());
+        rank_args.push(n.to_string());
+    }
+    let measured = Ranks::start(&rank_args, &env)?.drive(&Expected {
+        sizes: args.sizes.len(),
+        latency_sizes: args.latency_sizes.len(),
+        connections: args.connections,
+    })?;
+    let connections = connection_scale(args.connections, &measured.scale)?;
+    let rows = rows(&measured.plugin, &measured.tcp)?;
+    let latency = latency_rows(&measured.plugin_latency, &measured.tcp_latency)?;
+    let observed = measured
+        .observed
+        .ok_or_else(|| Fail::trouble("the sender did not report what its connection ran"))?;
+    let report = BenchReport {
+        plugin: PluginView {
+            path: lib.display().to_string(),
+            abi: measured.abi,
+        },
+        fabric,
+        policy: view,
+        topology: TopologyView::from(&topo),
+        device,
+        device_name: measured
+            .devices
+            .get(device as usize)
+            .map_or_else(String::new, |d| d.name.clone()),
+        devices: measured.devices,
+        fuse_request: fuse,
+        observed,
+        warmup: args.warmup,
+        large_message_ratio: large_ratio(&rows),
+        rows,
+        latency_warmup: args.latency_warmup,
+        latency,
+        connections,
+    };
+    let text = if args.json {
+        crate::json(&report)?
+    } else {
+        render(&report)
+    };
+    Ok(Outcome::success(text))
+}

@@ -1,0 +1,36 @@
+//! `ncclwasm bench`: two ranks (processes) send through the built plugin library exactly as NCCL
+//! drives it and, size by size, over a plain TCP socket, and two tables compare the two:
+//! bandwidth (a stream of messages) and latency (a ping-pong, one message each way).
+//!
+//! The parent process only orchestrates: it resolves the library, fabric, topology and policy,
+//! picks the device as `policy explain` picks its sample connection's (the vNIC of NCCL core's
+//! default fusion when the policy accepts it), starts the two ranks ([`rank`]) with the
+//! matching `NCCL_WASM_*` environment, relays the listen handles and the TCP port between them,
+//! and renders what the ranks timed and what the sender's connection reported it ran — the
+//! plan and the bytes per QP, from the plugin itself rather than recomputed here. A rank that
+//! dies or stalls fails the run with one line, never a hang.
+//!
+//! The modules, each using only those after it in this list (no circle):
+//! * [`driver`]: the parent — options, what to run, the report;
+//! * [`ranks`]: the rank processes as the parent sees them: started, read, relayed, reaped;
+//! * [`tables`]: the report's rows and how it prints;
+//! * [`rank`]: one rank — the plugin's half of each part, in order;
+//! * [`tcp`]: the TCP baseline's half;
+//! * [`scale`]: the connection-scale part;
+//! * [`workload`]: how many transfers and which bytes, and their check;
+//! * [`wait`]: every wait bounded, and how a rank gives up;
+//! * [`wire`]: what the parent and the ranks say to each other (command line and JSON lines).
+
+mod driver;
+mod rank;
+mod ranks;
+mod scale;
+mod tables;
+mod tcp;
+mod wait;
+mod wire;
+mod workload;
+
+pub use driver::{Args, run};
+pub use rank::run as run_rank;
+pub use wire::RankArgs;

@@ -1,0 +1,312 @@
+//! The two rank processes, from the parent's side: started as `ncclwasm bench-rank`, their JSON
+//! lines read and collected, the lines one rank has for the other relayed, both reaped — a rank
+//! that dies or stalls fails the run with one line, never a hang.
+
+use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use super::wait::STALL;
+use super::wire::{
+    DeviceLine, Msg, Observed, PLUGIN_DONE, ROLES, Role, RoundTrips, SCALE_DONE, Scale, Timing,
+};
+use crate::fail::Fail;
+use crate::render;
+
+/// What the ranks reported: the streams' timings from the receiver, the ping-pongs' from the
+/// sender.
+#[derive(Debug)]
+pub struct Measured {
+    pub abi: u32,
+    pub devices: Vec<DeviceLine>,
+    pub plugin: Vec<Timing>,
+    pub tcp: Vec<Timing>,
+    pub plugin_latency: Vec<RoundTrips>,
+    pub tcp_latency: Vec<RoundTrips>,
+    /// From the sender.
+    pub observed: Option<Observed>,
+    /// Each rank's connection-scale part and its close time, by rank.
+    pub scale: [Option<(Scale, Option<f64>)>; 2],
+}
+
+/// How many rows each table gets.
+#[derive(Debug)]
+pub struct Expected {
+    pub sizes: usize,
+    pub latency_sizes: usize,
+    pub connections: u32,
+}
+
+/// The two rank processes; killed (and reaped) on drop unless they finished.
+#[derive(Debug)]
+pub struct Ranks {
+    children: Vec<Child>,
+    /// Each rank's stdin: the peer's handle, the TCP port (the sender) and the end of the run
+    /// go there.
+    stdins: Vec<ChildStdin>,
+    events: mpsc::Receiver<(usize, Option<Msg>)>,
+    /// Each rank's stderr, read to the end.
+    errors: Vec<Option<std::thread::JoinHandle<String>>>,
+}
+
+/// How long a rank that is done (or failed) may take to exit: `finalize` stops the plugin's
+/// threads.
+const REAP: Duration = Duration::from_secs(10);
+
+impl Ranks {
+    pub fn start(rank_args: &[String], env: &[(String, Option<String>)]) -> Result<Ranks, Fail> {
+        let exe = std::env::current_exe()
+            .map_err(|e| Fail::trouble(format!("cannot re-run this binary: {e}")))?;
+        let (tx, events) = mpsc::channel();
+        let mut ranks = Ranks {
+            children: Vec::new(),
+            stdins: Vec::new(),
+            events,
+            errors: Vec::new(),
+        };
+        for (i, (role, _)) in ROLES.iter().enumerate() {
+            let mut cmd = Command::new(&exe);
+            cmd.arg("bench-rank")
+                .arg("--role")
+                .arg(if *role == Role::Recv { "recv" } else { "send" })
+                .args(rank_args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            for (k, v) in env {
+                match v {
+                    Some(v) => cmd.env(k, v),
+                    None => cmd.env_remove(k),
+                };
+            }
+            let mut child = cmd
+                .spawn()
+                .map_err(|e| Fail::trouble(format!("cannot start a rank: {e}")))?;
+            let stdout = child.stdout.take().expect("piped");
+            let mut stderr = child.stderr.take().expect("piped");
+            ranks.stdins.push(child.stdin.take().expect("piped"));
+            ranks.children.push(child);
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    // Anything else on stdout (a library printing) is not ours to interpret.
+                    let Ok(msg) = serde_json::from_str::<Msg>(&line) else {
+                        continue;
+                    };
+                    if tx.send((i, Some(msg))).is_err() {
+                        break;
+                    }
+                }
+                let _ = tx.send((i, None));
+            });
+            ranks.errors.push(Some(std::thread::spawn(move || {
+                let mut text = String::new();
+                let _ = stderr.read_to_string(&mut text);
+                text
+            })));
+        }
+        Ok(ranks)
+    }
+
+    /// Rank `i`'s exit status, waiting at most [`REAP`]; a rank still running then is killed.
+    fn reap(&mut self, i: usize) -> Option<std::process::ExitStatus> {
+        let child = &mut self.children[i];
+        let start = std::time::Instant::now();
+        while start.elapsed() < REAP {
+            match child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                Err(_) => break,
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    /// Why rank `i` stopped: its `error:` line, or its exit status.
+    fn failure(&mut self, i: usize) -> Fail {
+        let name = ROLES[i].1;
+        let status = self.reap(i);
+        let text = self.errors[i]
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default();
+        let line = text
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("error: "))
+            .map(|l| l.trim_start_matches("error: ").to_owned())
+            .or_else(|| {
+                text.lines()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .map(str::to_owned)
+            });
+        // The plugin WARNs on stderr when it has no NCCL logger: its last word says why.
+        let warn = text
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("WARN "))
+            .map_or(String::new(), |w| format!(" [{w}]"));
+        match (line, status) {
+            (Some(l), _) => Fail::trouble(format!("bench rank {i} ({name}) failed: {l}{warn}")),
+            (None, Some(s)) => Fail::trouble(format!("bench rank {i} ({name}) stopped ({s})")),
+            (None, None) => Fail::trouble(format!(
+                "bench rank {i} ({name}) stopped answering and was killed"
+            )),
+        }
+    }
+
+    /// One line to rank `i`.
+    fn relay(&mut self, i: usize, line: &str) -> Result<(), Fail> {
+        let to = &mut self.stdins[i];
+        if writeln!(to, "{line}").and_then(|()| to.flush()).is_err() {
+            return Err(self.failure(i));
+        }
+        Ok(())
+    }
+
+    /// Relays and collects until both ranks are done; every wait bounded.
+    pub fn drive(mut self, expected: &Expected) -> Result<Measured, Fail> {
+        let mut m = Measured {
+            abi: 0,
+            devices: Vec::new(),
+            plugin: Vec::new(),
+            tcp: Vec::new(),
+            plugin_latency: Vec::new(),
+            tcp_latency: Vec::new(),
+            observed: None,
+            scale: [None, None],
+        };
+        let progress = Progress::new();
+        let mut done = [false; 2];
+        let mut plugin_done = [false; 2];
+        // A rank gives up after its own stall limit; this one covers a rank that hangs anyway.
+        let limit = STALL + Duration::from_secs(30);
+        while !done.iter().all(|&d| d) {
+            let (i, msg) = match self.events.recv_timeout(limit) {
+                Ok(event) => event,
+                Err(_) => {
+                    return Err(Fail::trouble(format!(
+                        "the bench ranks made no progress for {} s",
+                        limit.as_secs()
+                    )));
+                }
+            };
+            match msg {
+                None if !done[i] => return Err(self.failure(i)),
+                None => {}
+                Some(Msg::Done) => done[i] = true,
+                // Both ranks load the same library; the receiver's view is shown.
+                Some(Msg::Hello { abi, devices }) if i == 0 => {
+                    m.abi = abi;
+                    m.devices = devices;
+                }
+                Some(Msg::Hello { .. }) => {}
+                Some(Msg::Observed(o)) => m.observed = Some(o),
+                // Each rank connects to the other's listener.
+                Some(Msg::Handle(h)) => self.relay(1 - i, &h)?,
+                Some(Msg::TcpPort(p)) => self.relay(1, &p.to_string())?,
+                Some(Msg::PluginDone) => {
+                    plugin_done[i] = true;
+                    if plugin_done.iter().all(|&d| d) {
+                        for r in 0..ROLES.len() {
+                            self.relay(r, PLUGIN_DONE)?;
+                        }
+                    }
+                }
+                Some(Msg::Plugin(t)) => {
+                    m.plugin.push(t);
+                    progress.show("plugin", t.size, m.plugin.len(), expected.sizes);
+                }
+                Some(Msg::PluginPingPong(r)) => {
+                    m.plugin_latency.push(r);
+                    let n = m.plugin_latency.len();
+                    progress.show("plugin ping-pong", r.size, n, expected.latency_sizes);
+                }
+                Some(Msg::Tcp(t)) => {
+                    m.tcp.push(t);
+                    progress.show("tcp", t.size, m.tcp.len(), expected.sizes);
+                }
+                Some(Msg::TcpPingPong(r)) => {
+                    m.tcp_latency.push(r);
+                    let n = m.tcp_latency.len();
+                    progress.show("tcp ping-pong", r.size, n, expected.latency_sizes);
+                    if n == expected.latency_sizes && expected.connections > 0 {
+                        progress.phase(&format!("{} connections", expected.connections));
+                    }
+                }
+                // The receiver's handles, to the sender.
+                Some(Msg::Handles(h)) => self.relay(1, &h.join(","))?,
+                Some(Msg::Scale(s)) => {
+                    m.scale[i] = Some((s, None));
+                    if m.scale.iter().all(Option::is_some) {
+                        for r in 0..ROLES.len() {
+                            self.relay(r, SCALE_DONE)?;
+                        }
+                    }
+                }
+                Some(Msg::ScaleClosed(secs)) => {
+                    if let Some((_, close)) = &mut m.scale[i] {
+                        *close = Some(secs);
+                    }
+                }
+            }
+        }
+        progress.clear();
+        for i in 0..self.children.len() {
+            if !self.reap(i).is_some_and(|s| s.success()) {
+                return Err(self.failure(i));
+            }
+        }
+        self.children.clear();
+        Ok(m)
+    }
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// One overwritten status line on stderr, only when it is a terminal.
+#[derive(Debug)]
+struct Progress {
+    tty: bool,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        Progress {
+            tty: std::io::stderr().is_terminal(),
+        }
+    }
+
+    fn show(&self, phase: &str, size: u64, n: usize, total: usize) {
+        if self.tty {
+            eprint!(
+                "\r\x1b[Kbench: {phase} {} ({n}/{total})",
+                render::size(size)
+            );
+        }
+    }
+
+    fn phase(&self, phase: &str) {
+        if self.tty {
+            eprint!("\r\x1b[Kbench: {phase}");
+        }
+    }
+
+    fn clear(&self) {
+        if self.tty {
+            eprint!("\r\x1b[K");
+        }
+    }
+}

@@ -1,0 +1,462 @@
+//! What `ncclwasm bench` prints: the report (its JSON shape is host/cli/README.md's), the rows
+//! computed from what the ranks timed, and the text tables — the plan the connection ran, the
+//! bandwidth and latency tables against TCP, the connection-scale part.
+
+use serde::Serialize;
+
+use super::wire::{DeviceLine, Footprint, Observed, ROLES, RoundTrips, Scale, Timing, list};
+use crate::fail::Fail;
+use crate::live::FabricView;
+use crate::render::{self, Table, field};
+use crate::report::{self, PolicyView, TopologyView};
+
+/// Sizes from here on count for the large-message ratio.
+const LARGE: u64 = 1 << 20;
+
+/// What the run measured, and everything needed to read it.
+#[derive(Debug, Serialize)]
+pub struct BenchReport {
+    pub plugin: PluginView,
+    pub fabric: FabricView,
+    pub policy: PolicyView,
+    pub topology: TopologyView,
+    /// The NCCL device both ranks used and its name.
+    pub device: i32,
+    pub device_name: String,
+    /// The devices as the plugin's `getProperties` reports them (after the fusion, if any).
+    pub devices: Vec<DeviceLine>,
+    /// The physical devices the ranks asked `makeVDevice` to fuse, as NCCL core would (empty:
+    /// none); `devices[device].children` is what the plugin made of the request.
+    pub fuse_request: Vec<u32>,
+    /// What the sender's connection ran and carried, as the plugin reports it.
+    pub observed: Observed,
+    pub warmup: u32,
+    /// The bandwidth table, one row per `--sizes`.
+    pub rows: Vec<Row>,
+    /// Mean of `ratio` over the sizes of 1 MiB and more.
+    pub large_message_ratio: Option<f64>,
+    pub latency_warmup: u32,
+    /// The latency table, one row per `--latency-sizes`.
+    pub latency: Vec<LatencyRow>,
+    /// The connection-scale part (`None` with `--connections 0`).
+    pub connections: Option<ConnectionScale>,
+}
+
+/// `--connections` set up at once: each rank's wall time and what the connections added to it.
+#[derive(Debug, PartialEq, Serialize)]
+pub struct ConnectionScale {
+    pub connections: u32,
+    /// The slower rank's setup time (first NCCL call to last comm established), per connection.
+    pub setup_us_per_connection: f64,
+    /// The slower rank's close time, per connection.
+    pub close_us_per_connection: f64,
+    /// The sending rank: one send comm per connection.
+    pub send: ScaleSide,
+    /// The receiving rank: one listen, accepted and closed, and one recv comm per connection.
+    pub recv: ScaleSide,
+}
+
+/// One rank's figures of the connection-scale part.
+#[derive(Debug, PartialEq, Serialize)]
+pub struct ScaleSide {
+    pub setup_secs: f64,
+    pub close_secs: f64,
+    pub before: Footprint,
+    pub after: Footprint,
+    /// Resident memory the connections added, per connection.
+    pub rss_kib_per_connection: f64,
+    pub threads_per_connection: f64,
+    pub fds_per_connection: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PluginView {
+    pub path: String,
+    /// The `ncclNetPlugin_vN` table used.
+    pub abi: u32,
+}
+
+#[derive(Debug, PartialEq, Serialize)]
+pub struct Row {
+    pub size: u64,
+    /// nccl-tests' count: 4-byte float elements.
+    pub count: u64,
+    pub iters: u32,
+    pub time_us: f64,
+    pub algbw_gbps: f64,
+    pub tcp_time_us: f64,
+    pub tcp_algbw_gbps: f64,
+    /// Plugin algbw / TCP algbw.
+    pub ratio: f64,
+    /// Bytes of the first transfer the receiver compared with the sender's pattern.
+    pub checked_bytes: u64,
+    pub tcp_checked_bytes: u64,
+}
+
+/// One size of the ping-pong: one-way latency, half the round trip the sender timed.
+#[derive(Debug, PartialEq, Serialize)]
+pub struct LatencyRow {
+    pub size: u64,
+    pub iters: u32,
+    /// Through the plugin: half the median round trip.
+    pub latency_us: f64,
+    /// Half the mean round trip.
+    pub mean_us: f64,
+    pub tcp_latency_us: f64,
+    pub tcp_mean_us: f64,
+    /// Plugin latency / TCP latency (medians): how many times the socket's time the plugin
+    /// takes (the inverse sense of the bandwidth ratio).
+    pub ratio: f64,
+    /// Bytes of the first exchange compared with the sender's pattern, both ways.
+    pub checked_bytes: u64,
+    pub tcp_checked_bytes: u64,
+}
+
+/// The table's rows: both runs of each size, in order.
+pub fn rows(plugin: &[Timing], tcp: &[Timing]) -> Result<Vec<Row>, Fail> {
+    if plugin.len() != tcp.len() {
+        return Err(Fail::trouble("the ranks reported an incomplete run"));
+    }
+    Ok(plugin
+        .iter()
+        .zip(tcp)
+        .map(|(p, t)| {
+            let per = |x: &Timing| x.secs / f64::from(x.iters.max(1));
+            let bw = |x: &Timing| x.size as f64 / per(x).max(1e-12) / 1e9;
+            Row {
+                size: p.size,
+                count: p.size / 4,
+                iters: p.iters,
+                time_us: per(p) * 1e6,
+                algbw_gbps: bw(p),
+                tcp_time_us: per(t) * 1e6,
+                tcp_algbw_gbps: bw(t),
+                ratio: bw(p) / bw(t),
+                checked_bytes: p.checked_bytes,
+                tcp_checked_bytes: t.checked_bytes,
+            }
+        })
+        .collect())
+}
+
+/// The latency table's rows: both ping-pongs of each size, in order.
+pub fn latency_rows(plugin: &[RoundTrips], tcp: &[RoundTrips]) -> Result<Vec<LatencyRow>, Fail> {
+    if plugin.len() != tcp.len() {
+        return Err(Fail::trouble("the ranks reported an incomplete ping-pong"));
+    }
+    Ok(plugin
+        .iter()
+        .zip(tcp)
+        .map(|(p, t)| LatencyRow {
+            size: p.size,
+            iters: p.iters,
+            latency_us: p.median_secs * 1e6,
+            mean_us: p.mean_secs * 1e6,
+            tcp_latency_us: t.median_secs * 1e6,
+            tcp_mean_us: t.mean_secs * 1e6,
+            ratio: p.median_secs / t.median_secs.max(1e-12),
+            checked_bytes: p.checked_bytes,
+            tcp_checked_bytes: t.checked_bytes,
+        })
+        .collect())
+}
+
+/// The connection-scale figures from both ranks' reports (`None` when none was asked for).
+pub fn connection_scale(
+    n: u32,
+    scale: &[Option<(Scale, Option<f64>)>; 2],
+) -> Result<Option<ConnectionScale>, Fail> {
+    if n == 0 {
+        return Ok(None);
+    }
+    let side = |i: usize| match &scale[i] {
+        Some((s, Some(close))) if s.connections == n && s.role == ROLES[i].0 => {
+            let per = |after: u64, before: u64| (after as f64 - before as f64) / f64::from(n);
+            Ok(ScaleSide {
+                setup_secs: s.setup_secs,
+                close_secs: *close,
+                before: s.before,
+                after: s.after,
+                rss_kib_per_connection: per(s.after.rss_kib, s.before.rss_kib),
+                threads_per_connection: per(s.after.threads, s.before.threads),
+                fds_per_connection: per(s.after.fds, s.before.fds),
+            })
+        }
+        _ => Err(Fail::trouble(format!(
+            "the {} did not report its {n} connections",
+            ROLES[i].1
+        ))),
+    };
+    let (recv, send) = (side(0)?, side(1)?);
+    let per = |a: f64, b: f64| a.max(b) / f64::from(n) * 1e6;
+    Ok(Some(ConnectionScale {
+        connections: n,
+        setup_us_per_connection: per(send.setup_secs, recv.setup_secs),
+        close_us_per_connection: per(send.close_secs, recv.close_secs),
+        send,
+        recv,
+    }))
+}
+
+/// The plan the sender's connection ran and the bytes each QP carried. The plan's fields are
+/// shown as `policy explain` shows them ([`report::plan_values`]), so a new one appears in both.
+fn observed_section(o: &Observed) -> String {
+    let mut out = field(
+        "plan",
+        &format!(
+            "as the sender's connection ran it (the plugin's ncclwasm_send_comm_stats): {} QP(s)",
+            o.qps.len()
+        ),
+    );
+    out += &field("  source", &o.source);
+    out += &field("  why", &o.plan.reason);
+    let mut t = Table::new(2, &["plan", "value"]);
+    // The QP count is in the line above and the QPs in the table below.
+    for (label, value) in report::plan_values(&o.plan).filter(|(label, _)| *label != "qps") {
+        t.row(vec![label.to_owned(), value]);
+    }
+    out += &t.render();
+    let mut t = Table::new(2, &["qp", "local", "remote", "weight", "bytes", "share"]);
+    for (i, (q, plan)) in o.qps.iter().zip(&o.plan.qps).enumerate() {
+        t.row(vec![
+            i.to_string(),
+            q.local.clone(),
+            q.remote.clone(),
+            plan.weight.to_string(),
+            q.bytes.to_string(),
+            format!("{:.1}%", q.share * 100.0),
+        ]);
+    }
+    out += &t.render();
+    out + &field(
+        "  bytes",
+        &format!(
+            "{} posted over the QPs; the sender's test reported {} sent",
+            o.posted_bytes, o.sent_bytes
+        ),
+    )
+}
+
+pub fn large_ratio(rows: &[Row]) -> Option<f64> {
+    let large: Vec<f64> = rows
+        .iter()
+        .filter(|r| r.size >= LARGE)
+        .map(|r| r.ratio)
+        .collect();
+    (!large.is_empty()).then(|| large.iter().sum::<f64>() / large.len() as f64)
+}
+
+/// The run for people: setup, the plan the connection ran, the nccl-tests-style bandwidth table,
+/// then the latency table.
+pub fn render(r: &BenchReport) -> String {
+    let mut out = field(
+        "bench",
+        &format!(
+            "2 ranks (processes) through {} (ncclNetPlugin_v{})",
+            r.plugin.path, r.plugin.abi
+        ),
+    );
+    out += &field("fabric", &format!("{}  ({})", r.fabric.name, r.fabric.why));
+    out += &field(
+        "policy",
+        &match &r.policy.origin {
+            Some(origin) => format!("{} {}  ({origin})", r.policy.name, r.policy.version),
+            None => "built-in default (NCCL's own decisions)".to_owned(),
+        },
+    );
+    out += &field(
+        "topology",
+        &format!("{}  ({})", r.topology.name, r.topology.origin),
+    );
+    out.push('\n');
+    out += &field("devices", "as the plugin's getProperties reports them");
+    let mut t = Table::new(2, &["dev", "name", "speed", "ports of"]);
+    for (i, d) in r.devices.iter().enumerate() {
+        t.row(vec![
+            i.to_string(),
+            d.name.clone(),
+            render::speed(u32::try_from(d.speed_mbps).unwrap_or(0)),
+            list(&d.children),
+        ]);
+    }
+    out += &t.render();
+    if !r.fuse_request.is_empty() {
+        out += &field(
+            "vnic",
+            &format!(
+                "makeVDevice of devices {}, as NCCL core asks by default: device {}",
+                list(&r.fuse_request),
+                r.device
+            ),
+        );
+    }
+    out.push('\n');
+    out += &observed_section(&r.observed);
+    out.push('\n');
+    out += &field(
+        "bandwidth",
+        &format!(
+            "device {} ({}); a stream, up to 8 messages in flight; the receiver's clock; {} warmup + the timed iterations per size; every byte of the first transfer of each size checked",
+            r.device, r.device_name, r.warmup
+        ),
+    );
+    out += &render::table(
+        2,
+        &[
+            "size",
+            "count",
+            "iters",
+            "time µs",
+            "algbw GB/s",
+            "tcp µs",
+            "tcp GB/s",
+            "ratio",
+        ],
+        &r.rows,
+        |row| {
+            vec![
+                row.size.to_string(),
+                row.count.to_string(),
+                row.iters.to_string(),
+                format!("{:.1}", row.time_us),
+                format!("{:.3}", row.algbw_gbps),
+                format!("{:.1}", row.tcp_time_us),
+                format!("{:.3}", row.tcp_algbw_gbps),
+                format!("{:.2}", row.ratio),
+            ]
+        },
+    );
+    out += &field(
+        "ratio",
+        &match r.large_message_ratio {
+            Some(x) => format!(
+                "{x:.2} for messages of 1 MiB and more (plugin algbw / raw TCP algbw, mean)"
+            ),
+            None => "no message of 1 MiB or more in --sizes".to_owned(),
+        },
+    );
+    out.push('\n');
+    out += &field(
+        "latency",
+        &format!(
+            "a ping-pong, one message each way (a send comm and a recv comm per rank; TCP: one connection, TCP_NODELAY); the sender's clock; one way = half the round trip; {} warmup + the timed round trips per size; every byte of the first exchange checked both ways",
+            r.latency_warmup
+        ),
+    );
+    out += &render::table(
+        2,
+        &[
+            "size",
+            "iters",
+            "median µs",
+            "mean µs",
+            "tcp median µs",
+            "tcp mean µs",
+            "ratio",
+        ],
+        &r.latency,
+        |row| {
+            vec![
+                row.size.to_string(),
+                row.iters.to_string(),
+                format!("{:.1}", row.latency_us),
+                format!("{:.1}", row.mean_us),
+                format!("{:.1}", row.tcp_latency_us),
+                format!("{:.1}", row.tcp_mean_us),
+                format!("{:.2}", row.ratio),
+            ]
+        },
+    );
+    out += &field(
+        "ratio",
+        "plugin median / raw TCP median: how many times the socket's latency the plugin takes",
+    );
+    if let Some(c) = &r.connections {
+        out.push('\n');
+        out += &scale_section(c);
+    }
+    out
+}
+
+/// The connection-scale part: time per connection, and what each rank's process grew by.
+fn scale_section(c: &ConnectionScale) -> String {
+    let mut out = field(
+        "connections",
+        &format!(
+            "{} set up at once between the ranks (the receiver listens and accepts each, the sender connects each; all advanced in one loop): {:.0} µs per connection (the slower rank), closed in {:.0} µs per connection",
+            c.connections, c.setup_us_per_connection, c.close_us_per_connection
+        ),
+    );
+    out += &render::table(
+        2,
+        &[
+            "rank",
+            "setup ms",
+            "close ms",
+            "RSS KiB/conn",
+            "threads/conn",
+            "fds/conn",
+        ],
+        &[("sender", &c.send), ("receiver", &c.recv)],
+        |(name, s)| {
+            vec![
+                (*name).to_owned(),
+                format!("{:.1}", s.setup_secs * 1e3),
+                format!("{:.1}", s.close_secs * 1e3),
+                format!("{:.1}", s.rss_kib_per_connection),
+                format!("{:.2}", s.threads_per_connection),
+                format!("{:.2}", s.fds_per_connection),
+            ]
+        },
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timing(size: u64, iters: u32, secs: f64) -> Timing {
+        Timing {
+            size,
+            iters,
+            secs,
+            checked_bytes: size,
+        }
+    }
+
+    #[test]
+    fn rows_divide_by_iterations_and_compare_to_tcp() {
+        let rows = rows(
+            &[timing(8, 4, 4e-6), timing(1 << 20, 2, 2e-3)],
+            &[timing(8, 4, 8e-6), timing(1 << 20, 2, 1e-3)],
+        )
+        .unwrap();
+        assert_eq!(rows[0].count, 2);
+        assert!((rows[0].time_us - 1.0).abs() < 1e-9);
+        assert!((rows[0].algbw_gbps - 0.008).abs() < 1e-9);
+        assert!((rows[0].ratio - 2.0).abs() < 1e-9);
+        assert!((rows[1].ratio - 0.5).abs() < 1e-9);
+        assert_eq!(large_ratio(&rows), Some(0.5));
+        assert_eq!(large_ratio(&rows[..1]), None);
+        assert!(super::rows(&[timing(8, 1, 1.0)], &[]).is_err());
+    }
+
+    #[test]
+    fn latency_rows_compare_medians_with_tcp() {
+        let trips = |median_secs: f64, mean_secs: f64| RoundTrips {
+            size: 8,
+            iters: 3,
+            median_secs,
+            mean_secs,
+            checked_bytes: 16,
+        };
+        let rows = latency_rows(&[trips(30e-6, 40e-6)], &[trips(10e-6, 11e-6)]).unwrap();
+        assert!((rows[0].latency_us - 30.0).abs() < 1e-9);
+        assert!((rows[0].mean_us - 40.0).abs() < 1e-9);
+        assert!((rows[0].tcp_latency_us - 10.0).abs() < 1e-9);
+        assert!((rows[0].ratio - 3.0).abs() < 1e-9);
+        assert_eq!((rows[0].checked_bytes, rows[0].tcp_checked_bytes), (16, 16));
+        assert!(latency_rows(&[trips(1.0, 1.0)], &[]).is_err());
+    }
+}

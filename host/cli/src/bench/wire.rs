@@ -1,0 +1,324 @@
+//! The bench's wire format: what the parent ([`super::driver`]) and its two rank processes
+//! ([`super::rank`]) say to each other. The parent starts each rank as `ncclwasm bench-rank`
+//! with [`RankArgs`]; a rank writes one JSON [`Msg`] per line on its stdout, and reads from its
+//! stdin the lines the parent relays (the peer's listen handle in hex, the TCP port, the
+//! connection-scale part's handles, comma-separated) and the parent's go-aheads
+//! ([`PLUGIN_DONE`], [`SCALE_DONE`]). A rank that fails says why in its last `error:` line on
+//! stderr.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::{Args as ClapArgs, ValueEnum};
+use ncclwasm_abi::SendStats;
+use ncclwasm_abi::load::HANDLE_BYTES;
+use ncclwasm_model::ConnPlan;
+use serde::{Deserialize, Serialize};
+
+use crate::fail::Fail;
+use crate::setup;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    Recv,
+    Send,
+}
+
+/// The ranks by index, as the parent starts them: the receiver first.
+pub const ROLES: [(Role, &str); 2] = [(Role::Recv, "receiver"), (Role::Send, "sender")];
+
+/// A rank's command line, as the parent builds it.
+#[derive(Debug, ClapArgs)]
+pub struct RankArgs {
+    #[arg(long)]
+    pub role: Role,
+    #[arg(long)]
+    pub plugin: PathBuf,
+    /// The NCCL device to use, after fusing `--fuse`.
+    #[arg(long)]
+    pub device: i32,
+    /// Physical devices to fuse with `makeVDevice` first, as NCCL core would.
+    #[arg(long, value_delimiter = ',')]
+    pub fuse: Vec<i32>,
+    #[arg(long, value_delimiter = ',', required = true, value_parser = setup::parse_size)]
+    pub sizes: Vec<u64>,
+    #[arg(long)]
+    pub iters: Option<u32>,
+    #[arg(long)]
+    pub warmup: u32,
+    /// The ping-pong's sizes.
+    #[arg(long, value_delimiter = ',', required = true, value_parser = setup::parse_size)]
+    pub latency_sizes: Vec<u64>,
+    #[arg(long)]
+    pub latency_iters: u32,
+    #[arg(long)]
+    pub latency_warmup: u32,
+    /// Connections for the connection-scale part (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub connections: u32,
+}
+
+/// One line from a rank to the parent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Msg {
+    /// After `init`: the ABI version and the devices as `getProperties` reports them.
+    Hello {
+        abi: u32,
+        devices: Vec<DeviceLine>,
+    },
+    /// This rank's listen handle, hex: the parent hands it to the other rank, which connects.
+    Handle(String),
+    /// The receiver's timing of one size streamed through the plugin.
+    Plugin(Timing),
+    /// The sender's ping-pong of one size through the plugin.
+    PluginPingPong(RoundTrips),
+    /// The sender's connection after its last send through the plugin.
+    Observed(Observed),
+    /// This rank's requests through the plugin are all done; it closes its comms when the
+    /// parent answers [`PLUGIN_DONE`], once both ranks said so.
+    PluginDone,
+    /// The receiver's TCP port for the baseline.
+    TcpPort(u16),
+    /// The receiver's timing of one size streamed over TCP.
+    Tcp(Timing),
+    /// The sender's ping-pong of one size over TCP.
+    TcpPingPong(RoundTrips),
+    /// The receiver's listen handles for the connection-scale part, hex: relayed to the sender
+    /// as one comma-separated line.
+    Handles(Vec<String>),
+    /// This rank's connection-scale part, all established.
+    Scale(Scale),
+    /// Seconds this rank took to close its connection-scale comms.
+    ScaleClosed(f64),
+    Done,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeviceLine {
+    pub name: String,
+    pub speed_mbps: i32,
+    /// The physical devices it is made of.
+    pub children: Vec<i32>,
+}
+
+/// What the sender's connection ran and carried, as the plugin reports it
+/// (`ncclwasm_send_comm_stats`): who made the plan, the plan itself — the model's [`ConnPlan`],
+/// so every field of it travels and prints without being named here — and the bytes of each QP.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Observed {
+    /// The policy (`name@version`), the built-in default, or the built-in default standing in
+    /// for a policy's plan the handshake refused.
+    pub source: String,
+    pub plan: ConnPlan,
+    /// One per QP of `plan`, in plan order.
+    pub qps: Vec<ObservedQp>,
+    /// The QPs' bytes, summed.
+    pub posted_bytes: u64,
+    /// The bytes the sender's `test` reported sent through the plugin, every transfer counted.
+    pub sent_bytes: u64,
+}
+
+/// One QP of the plan the connection ran: its ports by name, and what it carried.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ObservedQp {
+    /// `device:port` on this side and on the peer's.
+    pub local: String,
+    pub remote: String,
+    /// Payload bytes the plugin posted on it.
+    pub bytes: u64,
+    /// `bytes` / `posted_bytes` (0 when nothing was posted).
+    pub share: f64,
+}
+
+impl Observed {
+    pub fn new(stats: SendStats, sent_bytes: u64) -> Observed {
+        let posted_bytes = stats.posted.iter().sum();
+        let qps = (0..stats.plan.qps.len())
+            .map(|i| {
+                let (local, remote) = stats.ports(i);
+                let bytes = stats.posted.get(i).copied().unwrap_or(0);
+                ObservedQp {
+                    local: local.to_string(),
+                    remote: remote.to_string(),
+                    bytes,
+                    share: if posted_bytes == 0 {
+                        0.0
+                    } else {
+                        bytes as f64 / posted_bytes as f64
+                    },
+                }
+            })
+            .collect();
+        Observed {
+            source: stats.source,
+            plan: stats.plan,
+            qps,
+            posted_bytes,
+            sent_bytes,
+        }
+    }
+}
+
+/// `iters` timed transfers of `size` bytes took `secs`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Timing {
+    pub size: u64,
+    pub iters: u32,
+    pub secs: f64,
+    /// Bytes of the first transfer the receiver compared with the sender's pattern.
+    pub checked_bytes: u64,
+}
+
+impl Timing {
+    /// `iters` transfers of `size` bytes, timed from `start` until now; the first transfer's
+    /// bytes were checked.
+    pub fn since(size: usize, iters: u32, start: Instant) -> Timing {
+        Timing {
+            size: size as u64,
+            iters,
+            secs: start.elapsed().as_secs_f64(),
+            checked_bytes: size as u64,
+        }
+    }
+}
+
+/// `iters` round trips of `size` bytes each way, each timed alone by the rank that starts them
+/// (the sender), reported one way: half the round trip.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoundTrips {
+    pub size: u64,
+    pub iters: u32,
+    /// Half the median round trip: robust to the odd descheduled trip on a busy host.
+    pub median_secs: f64,
+    /// Half the mean round trip.
+    pub mean_secs: f64,
+    /// Bytes of the first exchange the sender compared with its pattern: the receiver echoes
+    /// what arrived, so both directions are checked (the receiver checks the ping as well).
+    pub checked_bytes: u64,
+}
+
+impl RoundTrips {
+    /// `trips` must not be empty (`--latency-iters` is at least 1).
+    pub fn new(size: usize, mut trips: Vec<Duration>) -> RoundTrips {
+        trips.sort_unstable();
+        let n = trips.len();
+        let median = (trips[(n - 1) / 2] + trips[n / 2]).as_secs_f64() / 2.0;
+        let mean = trips.iter().sum::<Duration>().as_secs_f64() / n as f64;
+        RoundTrips {
+            size: size as u64,
+            iters: n as u32,
+            median_secs: median / 2.0,
+            mean_secs: mean / 2.0,
+            checked_bytes: 2 * size as u64,
+        }
+    }
+}
+
+/// One rank's side of the connection-scale part.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Scale {
+    pub role: Role,
+    pub connections: u32,
+    /// From the first `listen`/`connect` to the last comm established.
+    pub setup_secs: f64,
+    pub before: Footprint,
+    pub after: Footprint,
+}
+
+/// What the process holds, from `/proc/self`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Footprint {
+    /// Resident memory (`VmRSS`).
+    pub rss_kib: u64,
+    pub threads: u64,
+    pub fds: u64,
+}
+
+/// What the parent tells both ranks once each has reported [`Msg::PluginDone`].
+pub const PLUGIN_DONE: &str = "plugin-done";
+
+/// What the parent tells both ranks once each has reported its [`Scale`]: close them now (each
+/// then reports the time its closes took, [`Msg::ScaleClosed`]).
+pub const SCALE_DONE: &str = "scale-done";
+
+/// One line to the parent.
+pub fn send(msg: &Msg) -> Result<(), Fail> {
+    let line = serde_json::to_string(msg).map_err(|e| Fail::trouble(format!("encode: {e}")))?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")
+        .and_then(|()| out.flush())
+        .map_err(|e| Fail::trouble(format!("the parent is gone: {e}")))
+}
+
+/// One line from the parent; EOF means it is gone.
+pub fn read_line(stdin: &mut impl BufRead, what: &str) -> Result<String, Fail> {
+    let mut line = String::new();
+    match stdin.read_line(&mut line) {
+        Ok(0) | Err(_) => Err(Fail::trouble(format!(
+            "the parent closed stdin before sending the {what}"
+        ))),
+        Ok(_) => Ok(line.trim().to_owned()),
+    }
+}
+
+/// The parent's next line must be `expected`.
+pub fn expect_line(stdin: &mut impl BufRead, expected: &str) -> Result<(), Fail> {
+    let line = read_line(stdin, expected)?;
+    if line != expected {
+        return Err(Fail::trouble(format!(
+            "expected {expected:?} from the parent, got {line:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// Comma-separated, as [`RankArgs`]' lists are parsed and the bench's tables print them.
+pub fn list<T: ToString>(items: &[T]) -> String {
+    items.iter().map(T::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// A listen handle as the parent relays it.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn unhex(text: &str) -> Option<[u8; HANDLE_BYTES]> {
+    let mut out = [0u8; HANDLE_BYTES];
+    if text.len() != 2 * HANDLE_BYTES || !text.is_ascii() {
+        return None;
+    }
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_round_trip_through_hex() {
+        let mut h = [0u8; HANDLE_BYTES];
+        h.iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = (i * 7) as u8);
+        assert_eq!(unhex(&hex(&h)), Some(h));
+        assert_eq!(unhex("00"), None);
+        assert_eq!(unhex(&"zz".repeat(HANDLE_BYTES)), None);
+    }
+
+    #[test]
+    fn round_trips_report_half_the_median_and_the_mean() {
+        let us = Duration::from_micros;
+        let odd = RoundTrips::new(8, vec![us(30), us(10), us(20)]);
+        assert!((odd.median_secs - 10e-6).abs() < 1e-12);
+        assert!((odd.mean_secs - 10e-6).abs() < 1e-12);
+        assert_eq!((odd.iters, odd.checked_bytes), (3, 16));
+        let even = RoundTrips::new(8, vec![us(40), us(10), us(20), us(1000)]);
+        assert!((even.median_secs - 15e-6).abs() < 1e-12);
+    }
+}

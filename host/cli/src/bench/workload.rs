@@ -1,0 +1,83 @@
+//! What the ranks send: how many timed transfers of each size, and the bytes of each checked
+//! one — a pattern per size and part, so a transfer that never arrived, or stale data from an
+//! earlier one, fails the check.
+
+use crate::fail::Fail;
+
+/// Timed iterations for `size`: `--iters`, or about 128 MiB per size (at least 4, at most 200)
+/// so a default run stays short on slow loopback.
+pub fn iterations(size: u64, iters: Option<u32>) -> u32 {
+    iters.unwrap_or_else(|| (((128u64 << 20) / size.max(1)).clamp(4, 200)) as u32)
+}
+
+/// The largest of `sizes`, as a buffer length (at least 1: a registration is never empty).
+pub fn largest(sizes: &[u64]) -> Result<usize, Fail> {
+    usize::try_from(sizes.iter().copied().max().unwrap_or(0).max(1))
+        .map_err(|_| Fail::trouble("a size does not fit in memory"))
+}
+
+/// The byte at `i` of the checked transfer of pattern number `k` (one per size and part): differs
+/// between them, so stale data from an earlier transfer cannot pass.
+fn pattern(i: usize, k: usize) -> u8 {
+    (i.wrapping_mul(131) ^ (i >> 11) ^ k.wrapping_mul(29)) as u8
+}
+
+pub fn fill(buf: &mut [u8], k: usize) {
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = pattern(i, k);
+    }
+}
+
+/// Bytes that cannot pass the check of pattern `k`: what a receive buffer holds before a checked
+/// transfer, so one that never arrived fails.
+pub fn spoil(buf: &mut [u8], k: usize) {
+    buf.fill(!pattern(0, k));
+}
+
+pub fn verify(buf: &[u8], k: usize, what: &str) -> Result<(), Fail> {
+    match buf.iter().enumerate().find(|&(i, &b)| b != pattern(i, k)) {
+        None => Ok(()),
+        Some((i, &b)) => Err(Fail::trouble(format!(
+            "{what}: byte {i} of {} is {b:#04x}, expected {:#04x}",
+            buf.len(),
+            pattern(i, k)
+        ))),
+    }
+}
+
+/// `sizes` with their pattern numbers, counted from `first`: the bandwidth part's from 0, the
+/// ping-pong's after them, so no two checked transfers of a run look alike.
+pub fn patterned(sizes: &[u64], first: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+    sizes
+        .iter()
+        .enumerate()
+        .map(move |(k, &size)| (size as usize, first + k))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_iterations_shrink_with_size() {
+        assert_eq!(iterations(8, None), 200);
+        assert_eq!(iterations(1 << 20, None), 128);
+        assert_eq!(iterations(64 << 20, None), 4);
+        assert_eq!(iterations(64 << 20, Some(2)), 2);
+    }
+
+    #[test]
+    fn the_check_catches_a_stale_or_wrong_byte() {
+        let mut buf = vec![0u8; 5000];
+        fill(&mut buf, 3);
+        assert!(verify(&buf, 3, "t").is_ok());
+        assert!(verify(&buf, 4, "t").is_err());
+        buf[4321] ^= 1;
+        assert!(
+            verify(&buf, 3, "t")
+                .unwrap_err()
+                .line()
+                .contains("byte 4321")
+        );
+    }
+}

@@ -1,0 +1,141 @@
+//! The process-wide context and its lifetime: `init` makes it (v8–v10 once per load, v11+ once
+//! per communicator, counted), the last `finalize` or the image's unload drops it, which stops
+//! every thread of ours (crate docs, "Lifetime").
+
+use std::ffi::c_void;
+use std::panic::catch_unwind;
+use std::sync::{Arc, Mutex};
+
+use ncclwasm_abi::*;
+use ncclwasm_policy::{PolicyCache, PolicyHost};
+use ncclwasm_transport::{CommConfig, Net, NetError};
+
+use crate::edge::{guard, null_arg};
+use crate::{fabric, log, pin};
+
+/// The process-wide context and how many v11+ contexts use it.
+struct Global {
+    net: Net,
+    contexts: usize,
+}
+
+static STATE: Mutex<Option<Global>> = Mutex::new(None);
+
+fn state() -> std::sync::MutexGuard<'static, Option<Global>> {
+    STATE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The live context, or an error if NCCL calls before `init`.
+pub(crate) fn net() -> Result<Net, NetError> {
+    state()
+        .as_ref()
+        .map(|g| g.net.clone())
+        .ok_or_else(|| NetError::Usage("the plugin is not initialised (call init first)".into()))
+}
+
+/// Makes (or, for v11+, reuses) the context; `contexts` counts v11+ communicators.
+///
+/// v8–v10 call `init` once per load and have no `finalize`, and `dlclose` need not unload this
+/// image (a Rust library with thread-local destructors stays mapped), so their `init` may find
+/// the state of an earlier load: it is replaced, so each load starts from what the machine is
+/// now, not with the earlier load's virtual NICs.
+pub(crate) fn init_net(
+    logger: Logger,
+    max_devs_per_nic: usize,
+    context: bool,
+) -> Result<(), NetError> {
+    log::install(logger);
+    let mut st = state();
+    if !context {
+        drop(st.take());
+    }
+    if st.is_none() {
+        let choice = fabric::choice()?;
+        let decisions = Arc::new(PolicyHost::from_env(max_devs_per_nic)?);
+        if decisions.settings().cache != PolicyCache::Off
+            && let Err(why) = pin::pin_image()
+        {
+            log::emit(
+                LOG_WARN,
+                &format!(
+                    "NET/WASM: {why}; NCCL's dlclose may unmap this library under the policy cache's worker thread"
+                ),
+            );
+        }
+        let net = Net::new(fabric::config(choice, max_devs_per_nic, decisions)?)
+            .map_err(|e| fabric::hint(choice, e))?;
+        *st = Some(Global { net, contexts: 0 });
+    }
+    if context && let Some(g) = st.as_mut() {
+        g.contexts += 1;
+    }
+    Ok(())
+}
+
+/// A v11+ per-communicator context.
+pub(crate) struct Ctx {
+    pub(crate) comm: CommConfig,
+}
+
+pub(crate) fn init_ctx(
+    ctx: *mut *mut c_void,
+    comm_id: u64,
+    config: *mut CommConfigC,
+    logger: Logger,
+    max_devs: usize,
+) -> NcclResult {
+    guard("init", || {
+        // SAFETY: NCCL passes a valid out-pointer.
+        let out = unsafe { ctx.as_mut() }.ok_or_else(|| null_arg("ctx"))?;
+        *out = std::ptr::null_mut();
+        init_net(logger, max_devs, true)?;
+        // SAFETY: NULL or NCCL's config.
+        let tc = unsafe { config.as_ref() }.map_or(-1, |c| c.traffic_class);
+        tracing::info!("NET/WASM: init comm {comm_id:#x} traffic class {tc}");
+        *out = Box::into_raw(Box::new(Ctx {
+            comm: CommConfig {
+                comm_id,
+                traffic_class: tc,
+            },
+        }))
+        .cast();
+        Ok(())
+    })
+}
+
+/// `finalize`: the last context drops the process-wide state, stopping every thread.
+pub(crate) unsafe extern "C" fn finalize(ctx: *mut c_void) -> NcclResult {
+    guard("finalize", || {
+        if !ctx.is_null() {
+            // SAFETY: a context from init, finalized once.
+            drop(unsafe { Box::from_raw(ctx.cast::<Ctx>()) });
+        }
+        let last = {
+            let mut st = state();
+            match st.as_mut() {
+                Some(g) => {
+                    g.contexts = g.contexts.saturating_sub(1);
+                    if g.contexts == 0 { st.take() } else { None }
+                }
+                None => None,
+            }
+        };
+        drop(last);
+        Ok(())
+    })
+}
+
+/// Drops the process-wide state when the image is unloaded without `finalize` (ABI v8–v10 have
+/// none), so no thread of ours outlives the code it runs.
+extern "C" fn unload() {
+    let _ = catch_unwind(|| {
+        // At process exit another thread may hold the lock mid-call: then leave it be.
+        if let Ok(mut st) = STATE.try_lock() {
+            drop(st.take());
+        }
+    });
+}
+
+#[used]
+#[unsafe(link_section = ".fini_array")]
+static UNLOAD: extern "C" fn() = unload;
