@@ -1,5 +1,7 @@
 //! Developer tasks that need more than one `cargo` invocation: `cargo xtask <command>`.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 

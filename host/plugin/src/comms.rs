@@ -14,6 +14,11 @@ use crate::context::net;
 use crate::edge::{as_handle, guard, key, not_a, null_arg};
 use crate::handles::{Handles, Requests};
 
+/// What a communicator handle names.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per communicator, each in its own Arc: boxing would add an indirection to every call"
+)]
 pub(crate) enum Endpoint {
     Send {
         comm: SendComm,

@@ -197,12 +197,13 @@ impl Loaded {
     }
 }
 
+/// The caller's own check of a policy's answer (the transport's: does the plan fit this
+/// connection?), `Err` saying why not.
+type Fits<'a, T> = &'a dyn Fn(&T) -> Result<(), String>;
+
 /// A policy's answer must also pass `fits`, the caller's own check, when there is one: one that
 /// does not is an invalid answer.
-fn fitting<T>(
-    asked: Asked<T>,
-    fits: Option<&dyn Fn(&T) -> Result<(), String>>,
-) -> Result<Asked<T>, Fault> {
+fn fitting<T>(asked: Asked<T>, fits: Option<Fits<'_, T>>) -> Result<Asked<T>, Fault> {
     match (asked, fits) {
         (Asked::Answer(v), Some(fits)) => match fits(&v) {
             Ok(()) => Ok(Asked::Answer(v)),
@@ -457,7 +458,7 @@ impl Shared {
         &self,
         hook: Hook,
         log: bool,
-        fits: Option<&dyn Fn(&T) -> Result<(), String>>,
+        fits: Option<Fits<'_, T>>,
         builtin: impl FnOnce() -> T,
         reason: impl FnOnce(&T, &Source) -> String,
         ask: impl FnOnce(&Loaded) -> Result<Asked<T>, Fault>,

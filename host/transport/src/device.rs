@@ -162,14 +162,14 @@ impl DevCtx {
     /// once here). `None` otherwise.
     pub(crate) fn data_direct(&self) -> Option<String> {
         let (_, gpu) = self.data_direct_support();
-        if gpu.data_direct.value.is_none() {
-            if let Some(path) = &self.data_direct_path {
-                tracing::info!(
-                    "NET/WASM: {}: {} ({path})",
-                    self.name(),
-                    gpu.data_direct.reason
-                );
-            }
+        if gpu.data_direct.value.is_none()
+            && let Some(path) = &self.data_direct_path
+        {
+            tracing::info!(
+                "NET/WASM: {}: {} ({path})",
+                self.name(),
+                gpu.data_direct.reason
+            );
         }
         gpu.data_direct.value
     }

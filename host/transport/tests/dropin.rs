@@ -63,11 +63,10 @@ fn a_gid_index_some_ports_lack_fails_only_their_connections() {
     let net = net();
     assert_eq!(net.device_count(), 2, "init keeps both ports, as NCCL");
     let (_s, _r) = connect(&net, 0, 0);
-    let e = net
-        .listen(1)
-        .err()
-        .expect("soft_1 has no GID 2")
-        .to_string();
+    let Err(e) = net.listen(1) else {
+        panic!("soft_1 has no GID 2: listen must fail");
+    };
+    let e = e.to_string();
     assert!(
         e.contains("soft_1:1: GID index 2 is not a configured entry"),
         "{e}"
