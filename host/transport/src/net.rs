@@ -162,8 +162,16 @@ impl Net {
             .iter()
             .filter_map(|&i| ports.iter().find(|p| p.index == i).cloned())
             .collect();
-        if selected.is_empty() {
-            // As NCCL's IB transport: init succeeds with no device, and NCCL falls back.
+        if ports.is_empty() {
+            // No RDMA port at all (`auto` on a host without NICs): nothing to select from, and
+            // NCCL falls back to another transport when `init` says so.
+            return Err(NetError::NoDevice(format!(
+                "fabric {} has no port",
+                fabric.name()
+            )));
+        } else if selected.is_empty() {
+            // Ports exist but the selection (NCCL_IB_HCA, or a policy) took none of them: as
+            // NCCL's IB transport, init succeeds with no device, and NCCL falls back.
             tracing::warn!(
                 "NET/WASM: no device: 0 of {} port(s) selected ({})",
                 ports.len(),
