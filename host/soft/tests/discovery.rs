@@ -7,8 +7,9 @@ use std::time::Instant;
 
 const DEVICES: usize = 10_000;
 
-/// A machine of `n` single-port RoCE devices on loopback. Each GID table is 4 slots long instead of mlx5's 256: the soft fabric
-/// lays out sysfs files for every slot, and this test is about the device list, not GID tables.
+/// A machine of `n` single-port RoCE devices on loopback. Each GID table is 4 slots long instead
+/// of mlx5's 256: the soft fabric lays out sysfs files for every slot, and this test is about the
+/// device list, not GID tables.
 fn machine(n: usize) -> String {
     let mut t = String::from("name = \"many\"\ndescription = \"discovery scaling\"\n");
     for i in 0..n {
