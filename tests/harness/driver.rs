@@ -71,9 +71,13 @@ fn every_abi_version_across_two_processes() {
             "{stdout}"
         );
         if version != 9 {
-            // Versions with a logger see the policy's decisions at INFO, with their reasons.
+            // Versions with a logger see the policy's decisions at INFO, with their reasons,
+            // and one line per connection and side, each at the Rust line that logged it.
             assert!(stderr.contains("select-devices"), "v{version}:\n{stderr}");
-            assert!(stderr.contains("plan for comm"), "v{version}:\n{stderr}");
+            assert!(
+                stderr.contains("transport/src/send.rs:") && stderr.contains(" connected "),
+                "v{version}:\n{stderr}"
+            );
         }
         if version >= 11 {
             assert!(

@@ -67,11 +67,11 @@ static const char *role = "recv";
 
 static void logger(int level, unsigned long flags, const char *file, int line, const char *fmt,
                    ...) {
-  (void)flags, (void)file, (void)line;
+  (void)flags;
   if (level > 3 || getenv("HARNESS_QUIET")) return;
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "[v%d %s %s] ", V, role, level == 2 ? "WARN" : "INFO");
+  fprintf(stderr, "[v%d %s %s %s:%d] ", V, role, level == 2 ? "WARN" : "INFO", file, line);
   vfprintf(stderr, fmt, ap);
   fputc('\n', stderr);
   va_end(ap);

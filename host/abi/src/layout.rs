@@ -17,6 +17,7 @@ pub const NCCL_REMOTE_ERROR: NcclResult = 6;
 /// `ncclDebugLogLevel` values.
 pub const LOG_WARN: c_int = 2;
 pub const LOG_INFO: c_int = 3;
+pub const LOG_TRACE: c_int = 5;
 /// `ncclDebugLogSubSys` flags.
 pub const NCCL_NET: c_ulong = 0x10;
 pub const NCCL_ALL: c_ulong = !0;
@@ -24,6 +25,10 @@ pub const NCCL_ALL: c_ulong = !0;
 pub const NCCL_PTR_HOST: c_int = 0x1;
 /// `NCCL_NET_ID_UNDEF`.
 pub const ID_UNDEF: i16 = -1;
+/// `NCCL_MAX_NET_SIZE_BYTES`: the largest `maxP2pBytes`/`maxCollBytes` NCCL accepts (1 TiB).
+pub const NCCL_MAX_NET_SIZE_BYTES: usize = 1 << 40;
+/// `MAX_COLLNET_SIZE`: the `maxCollBytes` net_ib reports (512 MiB).
+pub const MAX_COLLNET_SIZE: usize = 512 << 20;
 
 /// `ncclDebugLogger_t`: variadic; called with `"%s"` and a preformatted string.
 pub type Logger = Option<

@@ -252,10 +252,7 @@ impl SendStats {
 
 /// Copies `s` into `dst` with its NUL, cut at a character boundary if it does not fit.
 pub fn write_c_str<const N: usize>(dst: &mut [c_char; N], s: &str) {
-    let mut len = s.len().min(N.saturating_sub(1));
-    while !s.is_char_boundary(len) {
-        len -= 1;
-    }
+    let len = s.floor_char_boundary(N.saturating_sub(1));
     for (d, &b) in dst.iter_mut().zip(&s.as_bytes()[..len]) {
         *d = b as c_char;
     }
@@ -292,6 +289,8 @@ mod tests {
         assert_eq!(read_c_str(&unterminated), "xxxx");
     }
 
+    // Every field set apart from its default; a new plan field takes its default here.
+    #[allow(clippy::needless_update)]
     fn plan(qps: usize, reason: &str) -> ConnPlan {
         ConnPlan {
             qps: (0..qps)
@@ -312,6 +311,7 @@ mod tests {
             timeout: 20,
             retry_cnt: 7,
             reason: reason.into(),
+            ..ConnPlan::default()
         }
     }
 

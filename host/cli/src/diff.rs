@@ -2,7 +2,7 @@
 //! each side with its value, reason and source. Exit status 0 when they agree, 1 when they differ
 //! (as diff(1)), 2 on trouble.
 //!
-//! Both reports are flattened into the same list of named decisions ([`items`]) and compared by
+//! Both reports are flattened into the same list of named decisions (explain's [`items`]) and compared by
 //! value: the same decision for a different reason, or from a different source, is no difference
 //! (a wasm build of the built-in default must show none). The exception is a fault: a decision
 //! one side made only by falling back is that policy's failure, and is shown.
@@ -10,9 +10,10 @@
 use clap::Args as ClapArgs;
 use serde::Serialize;
 
+use crate::explain::{Item, items};
 use crate::fail::{Exit, Fail, Outcome};
 use crate::render::field;
-use crate::report::{self, PolicyView, Report, SourceView, TopologyView, VnicValue};
+use crate::report::{self, PolicyView, Report, TopologyView};
 use crate::setup::{self, ConfigArgs, MachineArgs, PolicyArg};
 
 #[derive(Debug, ClapArgs)]
@@ -71,20 +72,6 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
     Ok(Outcome { text, exit })
 }
 
-/// One named decision of a report, as compared.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Item {
-    /// What was decided, e.g. `devices`, `gid mlx5_0:1`, `plan qps`.
-    #[serde(skip)]
-    pub decision: String,
-    pub value: String,
-    pub reason: String,
-    /// Short label: `policy`, `built-in`, `built-in (no opinion)`, `fallback (trap)`, …
-    pub source: String,
-    /// When the policy faulted and the built-in default decided instead: `cause: detail`.
-    pub fault: Option<String>,
-}
-
 /// A decision the two sides make differently; a side that did not make it at all (a port only
 /// one of them selected) is `None`.
 #[derive(Clone, Debug, Serialize)]
@@ -139,125 +126,6 @@ pub fn compare(a: &Report, b: &Report) -> Diff {
         equal: differences.is_empty(),
         differences,
     }
-}
-
-fn item(decision: impl Into<String>, value: String, reason: &str, source: &SourceView) -> Item {
-    Item {
-        decision: decision.into(),
-        value,
-        reason: reason.to_owned(),
-        source: source.label(),
-        fault: fault(source),
-    }
-}
-
-fn fault(s: &SourceView) -> Option<String> {
-    let cause = s.cause.as_deref()?;
-    Some(format!("{cause}: {}", s.detail.as_deref().unwrap_or("")))
-}
-
-/// Every decision of a report under a stable name.
-pub fn items(r: &Report) -> Vec<Item> {
-    let mut out = Vec::new();
-    let mut machine =
-        |prefix: &str, d: &report::Decided<Vec<report::DeviceView>>, gids: &[report::PortGid]| {
-            let names: Vec<&str> = d.value.iter().map(|v| v.name.as_str()).collect();
-            out.push(item(
-                format!("{prefix}devices"),
-                names.join(" "),
-                &d.reason,
-                &d.source,
-            ));
-            for g in gids {
-                out.push(item(
-                    format!("{prefix}gid {}", g.name),
-                    format!("index {} ({})", g.index, g.address),
-                    &g.reason,
-                    &g.source,
-                ));
-            }
-        };
-    machine("", &r.devices, &r.gids);
-    if let Some(p) = &r.peer {
-        machine("peer ", &p.devices, &p.gids);
-    }
-    let groups: Vec<String> = r
-        .groups
-        .value
-        .iter()
-        .map(|g| format!("{}=[{}]", g.name, g.members.join(" ")))
-        .collect();
-    out.push(item(
-        "fused",
-        if groups.is_empty() {
-            "none".to_owned()
-        } else {
-            groups.join(" ")
-        },
-        &r.groups.reason,
-        &r.groups.source,
-    ));
-    if let Some(v) = &r.vnic {
-        let answer = match &v.answer.value {
-            VnicValue::Accept => "accept".to_owned(),
-            VnicValue::Reshape { devices } => format!("reshape to {devices:?}"),
-            VnicValue::Refuse => "refuse".to_owned(),
-        };
-        out.push(item(
-            "vnic",
-            format!("fuse {}? {answer}", v.members.join("+")),
-            &v.answer.reason,
-            &v.answer.source,
-        ));
-    }
-    if let Some(c) = &r.connection {
-        let plan = &c.plan.decided.value;
-        let weighted = plan.qps.iter().any(|q| q.weight != 1);
-        let name = |list: &[report::EndpointView], k: u32| {
-            list.get(k as usize)
-                .map_or(format!("#{k}"), |e| e.name.clone())
-        };
-        let qps: Vec<String> = plan
-            .qps
-            .iter()
-            .map(|q| {
-                let w = if weighted {
-                    format!(" x{}", q.weight)
-                } else {
-                    String::new()
-                };
-                format!("{}>{}{w}", name(&c.local, q.local), name(&c.peer, q.remote))
-            })
-            .collect();
-        for row in report::plan_rows(&c.plan) {
-            let value = if row.label == "qps" {
-                format!("{}: {}", row.value, qps.join(" "))
-            } else {
-                row.value
-            };
-            out.push(Item {
-                decision: format!("plan {}", row.label),
-                value,
-                reason: row.reason,
-                source: row.source,
-                fault: None,
-            });
-        }
-        // A fault replaces the whole plan: one item for it rather than one per row.
-        let source = &c.plan.decided.source;
-        let value = if source.kind == "fallback" {
-            "built-in plan, after a fault"
-        } else {
-            "planned"
-        };
-        out.push(item(
-            "plan-connection",
-            value.to_owned(),
-            &c.plan.decided.reason,
-            source,
-        ));
-    }
-    out
 }
 
 pub fn render(d: &Diff) -> String {

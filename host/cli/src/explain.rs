@@ -3,6 +3,7 @@
 
 use clap::Args as ClapArgs;
 use ncclwasm_model::{PortAnswer, PortChange};
+use serde::Serialize;
 
 use crate::fail::{Fail, Outcome};
 use crate::render::{self, Table, field};
@@ -83,12 +84,16 @@ pub fn render(r: &Report) -> String {
     out
 }
 
-fn vnic_section(v: &report::VnicView) -> String {
-    let answer = match &v.answer.value {
+fn vnic_answer(v: &report::VnicView) -> String {
+    match &v.answer.value {
         VnicValue::Accept => "accept".to_owned(),
         VnicValue::Reshape { devices } => format!("reshape to devices {}", list(devices)),
         VnicValue::Refuse => "refuse".to_owned(),
-    };
+    }
+}
+
+fn vnic_section(v: &report::VnicView) -> String {
+    let answer = vnic_answer(v);
     let mut out = field(
         "vnic",
         &format!(
@@ -230,9 +235,14 @@ fn fused_section(r: &Report) -> String {
         }
         out += &t.render();
         out += &field("  nccl sees", "");
-        let mut t = Table::new(2, &["dev", "name", "ports"]);
+        let mut t = Table::new(2, &["dev", "name", "port", "ports"]);
         for d in &r.nccl_devices {
-            t.row(vec![d.device.to_string(), d.name.clone(), list(&d.ports)]);
+            t.row(vec![
+                d.device.to_string(),
+                d.name.clone(),
+                d.port.to_string(),
+                list(&d.ports),
+            ]);
         }
         out += &t.render();
     }
@@ -354,6 +364,135 @@ fn striping_section(r: &Report) -> String {
     out + &t.render()
 }
 
+/// One named decision of a report, as compared.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Item {
+    /// What was decided, e.g. `devices`, `gid mlx5_0:1`, `plan qps`.
+    #[serde(skip)]
+    pub decision: String,
+    pub value: String,
+    pub reason: String,
+    /// Short label: `policy`, `built-in`, `built-in (no opinion)`, `fallback (trap)`, …
+    pub source: String,
+    /// When the policy faulted and the built-in default decided instead: `cause: detail`.
+    pub fault: Option<String>,
+}
+
+fn item(decision: impl Into<String>, value: String, reason: &str, source: &SourceView) -> Item {
+    Item {
+        decision: decision.into(),
+        value,
+        reason: reason.to_owned(),
+        source: source.label(),
+        fault: fault(source),
+    }
+}
+
+fn fault(s: &SourceView) -> Option<String> {
+    let cause = s.cause.as_deref()?;
+    Some(format!("{cause}: {}", s.detail.as_deref().unwrap_or("")))
+}
+
+/// Every decision of a report under a stable name, its value worded as explain words it:
+/// what `policy diff` compares. A new hook's decision is one more item here.
+pub fn items(r: &Report) -> Vec<Item> {
+    let mut out = Vec::new();
+    let mut machine =
+        |prefix: &str, d: &report::Decided<Vec<report::DeviceView>>, gids: &[report::PortGid]| {
+            let names: Vec<&str> = d.value.iter().map(|v| v.name.as_str()).collect();
+            out.push(item(
+                format!("{prefix}devices"),
+                names.join(" "),
+                &d.reason,
+                &d.source,
+            ));
+            for g in gids {
+                out.push(item(
+                    format!("{prefix}gid {}", g.name),
+                    format!("index {} ({})", g.index, g.address),
+                    &g.reason,
+                    &g.source,
+                ));
+            }
+        };
+    machine("", &r.devices, &r.gids);
+    if let Some(p) = &r.peer {
+        machine("peer ", &p.devices, &p.gids);
+    }
+    let groups: Vec<String> = r
+        .groups
+        .value
+        .iter()
+        .map(|g| format!("{}=[{}]", g.name, g.members.join(" ")))
+        .collect();
+    out.push(item(
+        "fused",
+        if groups.is_empty() {
+            "none".to_owned()
+        } else {
+            groups.join(" ")
+        },
+        &r.groups.reason,
+        &r.groups.source,
+    ));
+    if let Some(v) = &r.vnic {
+        out.push(item(
+            "vnic",
+            format!("fuse {}? {}", v.members.join("+"), vnic_answer(v)),
+            &v.answer.reason,
+            &v.answer.source,
+        ));
+    }
+    if let Some(c) = &r.connection {
+        let plan = &c.plan.decided.value;
+        let weighted = plan.qps.iter().any(|q| q.weight != 1);
+        let name = |list: &[report::EndpointView], k: u32| {
+            list.get(k as usize)
+                .map_or(format!("#{k}"), |e| e.name.clone())
+        };
+        let qps: Vec<String> = plan
+            .qps
+            .iter()
+            .map(|q| {
+                let w = if weighted {
+                    format!(" x{}", q.weight)
+                } else {
+                    String::new()
+                };
+                format!("{}>{}{w}", name(&c.local, q.local), name(&c.peer, q.remote))
+            })
+            .collect();
+        for row in report::plan_rows(&c.plan) {
+            let value = if row.label == "qps" {
+                format!("{}: {}", row.value, qps.join(" "))
+            } else {
+                row.value
+            };
+            out.push(Item {
+                decision: format!("plan {}", row.label),
+                value,
+                reason: row.reason,
+                source: row.source,
+                fault: None,
+            });
+        }
+        // A fault replaces the whole plan: one item for it rather than one per row.
+        let source = &c.plan.decided.source;
+        let value = if source.kind == "fallback" {
+            "built-in plan, after a fault"
+        } else {
+            "planned"
+        };
+        out.push(item(
+            "plan-connection",
+            value.to_owned(),
+            &c.plan.decided.reason,
+            source,
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -410,6 +549,7 @@ mod tests {
         r.nccl_devices = vec![NcclDevice {
             device: 0,
             name: "mlx5_0+mlx5_1".into(),
+            port: 1,
             ports: vec![0, 1],
         }];
         let text = render(&r);
@@ -418,6 +558,6 @@ mod tests {
             text.contains("  mlx5_0+mlx5_1  mlx5_0:1 mlx5_1:1  one card\n"),
             "{text}"
         );
-        assert!(text.contains("  0    mlx5_0+mlx5_1  0,1\n"), "{text}");
+        assert!(text.contains("  0    mlx5_0+mlx5_1  1     0,1\n"), "{text}");
     }
 }

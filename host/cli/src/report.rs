@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ncclwasm_default::IbConfig;
-use ncclwasm_model::device_table::{DeviceTable, TableDevice};
+use ncclwasm_model::device_table::{DeviceTable, TableDevice, TableEnv};
 use ncclwasm_model::{
     ConnPlan, Connection, DeviceGroup, Endpoint, GidType, LinkLayer, Port, PortAnswer, PortChange,
     PortEvent, PortEventCause, PortState, QpPlan, Topology, VnicAnswer,
@@ -274,6 +274,8 @@ pub struct GroupView {
 pub struct NcclDevice {
     pub device: u32,
     pub name: String,
+    /// `props.port`: see [`ncclwasm_model::device_table`].
+    pub port: u8,
     pub ports: Vec<u32>,
 }
 
@@ -435,10 +437,11 @@ fn choose(host: &PolicyHost, ports: &[Port]) -> Result<Chosen, PolicyError> {
     })
 }
 
-/// The device table the plugin makes of these decisions. A topology file does not say which
-/// NICs have an mlx5 Data Direct function, so there are no `<dev>_dma` twins.
+/// The device table the plugin makes of these decisions under NCCL's defaults (the topology's
+/// PCI paths are merged with `NCCL_IB_MERGE_VFS=1`). A topology file does not say which NICs
+/// have an mlx5 Data Direct function, so there are no `<dev>_dma` twins.
 fn device_table(selected: &[Port], groups: &[DeviceGroup]) -> DeviceTable {
-    DeviceTable::new(selected, groups, &BTreeMap::new())
+    DeviceTable::new(selected, groups, &BTreeMap::new(), TableEnv::default())
 }
 
 /// Device `device` of the table, its ports named by `port.index`.
@@ -446,6 +449,7 @@ fn nccl_device(device: usize, d: &TableDevice, selected: &[Port]) -> NcclDevice 
     NcclDevice {
         device: device as u32,
         name: d.name.clone(),
+        port: d.port,
         ports: d
             .members
             .iter()

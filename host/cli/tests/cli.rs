@@ -272,20 +272,26 @@ fn explain_shows_policy_no_opinion_and_fallback_sources() {
 
 #[test]
 fn verbose_logs_decisions_to_stderr() {
-    let o = run(&[
-        "-v",
-        "policy",
-        "explain",
-        "builtin",
-        "-t",
-        &topology("loopback"),
-    ]);
-    assert_ok(&o);
-    let err = stderr(&o);
+    let explain = |v: &str| {
+        let o = run(&[
+            v,
+            "policy",
+            "explain",
+            "builtin",
+            "-t",
+            &topology("loopback"),
+        ]);
+        assert_ok(&o);
+        stderr(&o)
+    };
+    // -v: the decisions made once per process; a connection's plan is debug, as in the plugin.
+    let err = explain("-v");
     assert!(
-        err.contains("hook=select-devices") && err.contains("hook=plan-connection"),
+        err.contains("hook=select-devices") && !err.contains("hook=plan-connection"),
         "{err}"
     );
+    let err = explain("-vv");
+    assert!(err.contains("hook=plan-connection"), "{err}");
     assert!(
         !err.contains('\u{1b}'),
         "no colours when stderr is not a terminal"

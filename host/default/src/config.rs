@@ -131,10 +131,7 @@ impl HcaFilter {
         } in list.entries
         {
             if name.len() > MAX_NAME {
-                let mut cut = MAX_NAME;
-                while !name.is_char_boundary(cut) {
-                    cut -= 1;
-                }
+                let cut = name.floor_char_boundary(MAX_NAME);
                 notes.push(format!(
                     "entry {name:?} is longer than the {MAX_NAME} bytes NCCL keeps of a name; cut to {:?}",
                     &name[..cut]

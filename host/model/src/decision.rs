@@ -44,36 +44,105 @@ pub struct QpPlan {
     pub weight: u32,
 }
 
-/// A complete connection plan: what the data path executes for every message.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ConnPlan {
-    pub qps: Vec<QpPlan>,
-    pub stripe_width: u32,
-    pub align: u32,
-    pub adaptive_routing: bool,
-    pub ar_threshold: u64,
-    pub tc: u8,
-    pub sl: u8,
-    pub fifo_tc: u8,
-    pub ece: bool,
-    pub timeout: u8,
-    pub retry_cnt: u8,
-    pub reason: String,
+/// The connection plan's fields besides `qps` and `reason`, in the handshake's wire order: each
+/// one's doc, name, type and WIT name. Everything that handles the fields one by one is made from
+/// this list — [`ConnPlan`] and [`PlanPatch`] themselves, [`PlanPatch::apply`],
+/// [`ConnPlan::changed_fields`], a whole plan as a patch, the handshake's encoding
+/// (`ncclwasm-proto`'s `message.rs`) and the WIT conversions of the host (`ncclwasm-policy`) and
+/// of the guest SDK — so a new field is one entry here (docs/architecture.md, "How to add a plan
+/// field"). `$callback` is a macro taking the entries as
+/// `$( $(#[$doc:meta])* $field:ident : $ty:ty = $wit:literal; )*`.
+#[macro_export]
+macro_rules! for_each_plan_field {
+    ($callback:ident) => {
+        $callback! {
+            /// How many consecutive QPs (from a rotating start) one message is striped over.
+            stripe_width: u32 = "stripe-width";
+            /// Stripes are multiples of this many bytes.
+            align: u32 = "align";
+            /// Messages above `ar_threshold` go as RDMA WRITE plus a zero-byte WRITE_WITH_IMM.
+            adaptive_routing: bool = "adaptive-routing";
+            ar_threshold: u64 = "ar-threshold";
+            /// Traffic class and service level of the data QPs, traffic class of the CTS FIFO.
+            tc: u8 = "tc";
+            sl: u8 = "sl";
+            fifo_tc: u8 = "fifo-tc";
+            /// Enhanced connection establishment.
+            ece: bool = "ece";
+            /// QP timeout exponent (4.096 µs × 2^timeout) and retry count.
+            timeout: u8 = "timeout";
+            retry_cnt: u8 = "retry-cnt";
+        }
+    };
 }
 
-/// A policy's partial plan: `None` fields keep the built-in default's value.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PlanPatch {
-    pub qps: Option<Vec<QpPlan>>,
-    pub stripe_width: Option<u32>,
-    pub align: Option<u32>,
-    pub adaptive_routing: Option<bool>,
-    pub ar_threshold: Option<u64>,
-    pub tc: Option<u8>,
-    pub sl: Option<u8>,
-    pub fifo_tc: Option<u8>,
-    pub ece: Option<bool>,
-    pub timeout: Option<u8>,
-    pub retry_cnt: Option<u8>,
-    pub reason: String,
+macro_rules! plan_types {
+    ($( $(#[$doc:meta])* $field:ident : $ty:ty = $wit:literal; )*) => {
+        /// A complete connection plan: what the data path executes for every message.
+        #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+        pub struct ConnPlan {
+            pub qps: Vec<QpPlan>,
+            $( $(#[$doc])* pub $field: $ty, )*
+            pub reason: String,
+        }
+
+        /// A policy's partial plan: `None` fields keep the built-in default's value.
+        #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+        pub struct PlanPatch {
+            pub qps: Option<Vec<QpPlan>>,
+            $( $(#[$doc])* pub $field: Option<$ty>, )*
+            pub reason: String,
+        }
+
+        impl ConnPlan {
+            /// Every field a policy may set (WIT names, `qps` first).
+            pub const FIELDS: &[&str] = &["qps", $($wit),*];
+
+            /// The fields (WIT names, `qps` first) whose values differ between two plans.
+            pub fn changed_fields(&self, other: &ConnPlan) -> Vec<&'static str> {
+                let mut changed = Vec::new();
+                if self.qps != other.qps {
+                    changed.push("qps");
+                }
+                $( if self.$field != other.$field {
+                    changed.push($wit);
+                } )*
+                changed
+            }
+        }
+
+        impl PlanPatch {
+            /// `base` with this patch's `Some` fields, its reason kept; and the WIT names of
+            /// the fields the patch set, `qps` first.
+            pub(crate) fn overlay(self, base: ConnPlan) -> (ConnPlan, Vec<&'static str>) {
+                let mut set = Vec::new();
+                let mut pick = |name: &'static str, some: bool| {
+                    if some {
+                        set.push(name);
+                    }
+                };
+                pick("qps", self.qps.is_some());
+                $( pick($wit, self.$field.is_some()); )*
+                let plan = ConnPlan {
+                    qps: self.qps.unwrap_or(base.qps),
+                    $( $field: self.$field.unwrap_or(base.$field), )*
+                    reason: base.reason,
+                };
+                (plan, set)
+            }
+        }
+
+        /// Every field set: a policy answering with a whole plan.
+        impl From<ConnPlan> for PlanPatch {
+            fn from(plan: ConnPlan) -> PlanPatch {
+                PlanPatch {
+                    qps: Some(plan.qps),
+                    $( $field: Some(plan.$field), )*
+                    reason: plan.reason,
+                }
+            }
+        }
+    };
 }
+
+for_each_plan_field!(plan_types);

@@ -5,8 +5,8 @@
 //! each of NCCL core's `makeVDevice` requests), called by the transport (what the plugin tells
 //! NCCL in `devices` and `getProperties`) and by the CLI (what `policy explain`, `devices` and
 //! `bench` show), so the two cannot disagree. Every rule of NCCL's device list lives here:
-//! where each device stands, and its name and port number ([`names_and_ports`] for the physical
-//! devices, [`DeviceTable::fuse`] for vNICs), so following another NCCL version's naming is an
+//! where each device stands, its name and its port number ([`real_ports`] for the physical
+//! devices, [`DeviceTable::fuse`] for vNICs), so following another NCCL version's rules is an
 //! edit of this file alone.
 //!
 //! # Where a device stands
@@ -18,9 +18,22 @@
 //! ports in any order and validation does not refuse one; the two orders mean different things
 //! and neither overrides the other.
 //!
-//! After that, as net_ib's list: each device made of one port whose NIC has an mlx5 Data Direct
-//! function is followed by that function's own device, `<dev>_dma` (a fused device gets none).
-//! NCCL core's fusions (`makeVDevice`) are appended last, in the order NCCL asked.
+//! After that, as net_ib's list (NCCL ≥ 2.28): a device made of one port whose NIC has an mlx5
+//! Data Direct function is replaced by that function's own device, `<dev>_dma`, or followed by
+//! it with `NCCL_IB_DATA_DIRECT=2` (a fused device gets none). NCCL core's fusions
+//! (`makeVDevice`) are appended last, in the order NCCL asked.
+//!
+//! # Names and port numbers, as net_ib 2.30 reports them
+//! A device is named after its NIC (`mlx5_1`), `<dev>_dma`, its group's name or its members'
+//! names joined by `+`; a vNIC joins its children's names with `+`. Names are not made unique:
+//! both verbs ports of one NIC are `mlx5_1`, and fusing them gives `mlx5_1+mlx5_1`, as net_ib
+//! names them. (NCCL core keys its topology XML on the name, so two such devices share one
+//! node there — with NCCL's own transport as with this plugin; ports of today's NICs are PCI
+//! functions of their own, with names of their own.) `props.port` is the verbs port plus the
+//! number of earlier physical devices on the same card (`ncclIbGetRealPort`): the two
+//! functions of a dual-port card report ports 1 and 2, and the second verbs port of a NIC
+//! that already has a device reports 3. NCCL writes it into its topology and matches
+//! `NCCL_NET_FORCE_MERGE` entries on (name, port).
 
 use std::collections::BTreeMap;
 
@@ -39,7 +52,8 @@ pub struct Member {
 pub struct TableDevice {
     /// Unique across the table (`props.name`).
     pub name: String,
-    /// `props.port`: the first member's port number.
+    /// `props.port`: the first member's verbs port plus the number of earlier physical devices
+    /// on the same card (see the module doc).
     pub port: u8,
     /// `props.pciPath`: the first member's, its Data Direct function's for a twin.
     pub pci_path: String,
@@ -59,6 +73,26 @@ pub enum FuseError {
     Empty,
 }
 
+/// NCCL's variables the table follows; `Default` is NCCL's defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableEnv {
+    /// `NCCL_IB_MERGE_VFS` (default 1): virtual functions of one card count as one card when
+    /// ports are numbered. The ports' PCI paths were merged with the same value.
+    pub merge_vfs: bool,
+    /// `NCCL_IB_DATA_DIRECT=2`: a NIC with a Data Direct function shows both its devices; by
+    /// default only `<dev>_dma`.
+    pub data_direct_both: bool,
+}
+
+impl Default for TableEnv {
+    fn default() -> Self {
+        TableEnv {
+            merge_vfs: true,
+            data_direct_both: false,
+        }
+    }
+}
+
 /// The numbered devices NCCL sees: physical ones first, then vNICs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceTable {
@@ -74,12 +108,13 @@ pub fn data_direct_name(device: &str) -> String {
 impl DeviceTable {
     /// The physical devices: the ports `selected` (in NCCL order), fused as `groups` say (a
     /// group of fewer than two ports, or ports not selected, fuses nothing), with a Data
-    /// Direct twin after each single-port device whose NIC is a key of `data_direct` (NIC name
+    /// Direct twin for each single-port device whose NIC is a key of `data_direct` (NIC name
     /// → the PCI path NCCL sees for its Data Direct function). See the module doc for the order.
     pub fn new(
         selected: &[Port],
         groups: &[DeviceGroup],
         data_direct: &BTreeMap<String, String>,
+        env: TableEnv,
     ) -> DeviceTable {
         let mut placed = vec![false; selected.len()];
         let mut devices: Vec<(Vec<usize>, Option<&str>)> = Vec::new();
@@ -122,7 +157,7 @@ impl DeviceTable {
                 }),
                 _ => None,
             };
-            table.push(TableDevice {
+            let own = TableDevice {
                 name: group_name.map_or_else(
                     || {
                         members
@@ -143,10 +178,13 @@ impl DeviceTable {
                     })
                     .collect(),
                 children: Vec::new(),
-            });
+            };
+            if twin.is_none() || env.data_direct_both {
+                table.push(own);
+            }
             table.extend(twin);
         }
-        names_and_ports(&mut table);
+        real_ports(&mut table, env.merge_vfs);
         for (i, d) in table.iter_mut().enumerate() {
             d.children = vec![i as u32];
         }
@@ -177,9 +215,8 @@ impl DeviceTable {
     }
 
     /// `makeVDevice`: appends the vNIC fusing the physical devices `children`, in that order,
-    /// and returns its number. Its name joins theirs with `+`, with `#2`, `#3`, … when that name
-    /// is taken (NCCL may ask for the same fusion twice); its port and PCI path are its first
-    /// member's.
+    /// and returns its number. Its name joins theirs with `+` (asked twice, the same fusion
+    /// gets the same name again, as from net_ib); its port and PCI path are its first member's.
     pub fn fuse(&mut self, children: &[u32]) -> Result<u32, FuseError> {
         let first = *children.first().ok_or(FuseError::Empty)?;
         let mut members = Vec::new();
@@ -189,14 +226,7 @@ impl DeviceTable {
             members.extend_from_slice(&d.members);
             names.push(d.name.as_str());
         }
-        let base = names.join("+");
-        let taken = |n: &str| self.devices.iter().any(|d| d.name == n);
-        let name = if taken(&base) {
-            let k = (2..).find(|k| !taken(&format!("{base}#{k}"))).unwrap_or(2);
-            format!("{base}#{k}")
-        } else {
-            base
-        };
+        let name = names.join("+");
         let first = &self.devices[first as usize];
         let device = TableDevice {
             name,
@@ -210,29 +240,35 @@ impl DeviceTable {
     }
 }
 
-/// `props.name` and `props.port` of the physical devices, from the names and port numbers they
-/// were made with (a port's NIC, a group's name or its NICs joined by `+`, `<dev>_dma`; the
-/// first member's verbs port). The ports stay; names must be unique, as they key NCCL's
-/// topology: among the devices sharing a name, every one but the last gets its port number,
-/// `name:port` (checked in table order, against the names as renamed so far) — first among the
-/// devices of the selection, then again with the Data Direct twins.
-fn names_and_ports(table: &mut [TableDevice]) {
-    let twin = |d: &TableDevice| d.members.iter().any(|m| m.data_direct);
-    let selection: Vec<usize> = (0..table.len()).filter(|&i| !twin(&table[i])).collect();
-    uniquify(table, &selection);
-    let all: Vec<usize> = (0..table.len()).collect();
-    uniquify(table, &all);
+/// `props.port` of the physical devices: each one's verbs port plus the number of devices
+/// before it on the same card ([`same_card`]), as `ncclIbGetRealPort` counts after sorting.
+fn real_ports(table: &mut [TableDevice], merge_vfs: bool) {
+    for i in 0..table.len() {
+        let (earlier, rest) = table.split_at_mut(i);
+        let d = &mut rest[0];
+        let on_card = earlier
+            .iter()
+            .filter(|e| same_card(&d.pci_path, &e.pci_path, merge_vfs))
+            .count();
+        d.port = d
+            .port
+            .saturating_add(u8::try_from(on_card).unwrap_or(u8::MAX));
+    }
 }
 
-fn uniquify(table: &mut [TableDevice], among: &[usize]) {
-    for &i in among {
-        let dup = among
-            .iter()
-            .any(|&j| j != i && table[j].name == table[i].name);
-        if dup {
-            let d = &mut table[i];
-            d.name = format!("{}:{}", d.name, d.port);
-        }
+/// net_ib's test that the device at (merged) PCI path `path` sits on the card of the device at
+/// `other` (`ncclIbMatchVfPath`): `other` begins with `path` less its last four characters (the
+/// `dd.f` of `bb:dd.f`) with `NCCL_IB_MERGE_VFS`, less its function digit without. A device
+/// without a path (sysfs had none) shares no card.
+fn same_card(path: &str, other: &str, merge_vfs: bool) -> bool {
+    if path.is_empty() || other.is_empty() {
+        return false;
+    }
+    let tail = if merge_vfs { 4 } else { 1 };
+    match path.len().checked_sub(tail) {
+        Some(n) => other.as_bytes().starts_with(&path.as_bytes()[..n]),
+        // Shorter than that tail: NCCL's length underflows and it compares whole strings.
+        None => other == path,
     }
 }
 

@@ -119,53 +119,25 @@ impl PlanPatch {
     /// base's, each `None` keeps it. The reason says what the policy changed and why, then why the
     /// rest is what it is, since `explain` and the INFO log show only this one string.
     pub fn apply(self, base: ConnPlan) -> ConnPlan {
-        let mut changed: Vec<&'static str> = Vec::new();
-        let ch = &mut changed;
-        let plan = ConnPlan {
-            qps: take(ch, "qps", self.qps, base.qps),
-            stripe_width: take(ch, "stripe-width", self.stripe_width, base.stripe_width),
-            align: take(ch, "align", self.align, base.align),
-            adaptive_routing: take(
-                ch,
-                "adaptive-routing",
-                self.adaptive_routing,
-                base.adaptive_routing,
-            ),
-            ar_threshold: take(ch, "ar-threshold", self.ar_threshold, base.ar_threshold),
-            tc: take(ch, "tc", self.tc, base.tc),
-            sl: take(ch, "sl", self.sl, base.sl),
-            fifo_tc: take(ch, "fifo-tc", self.fifo_tc, base.fifo_tc),
-            ece: take(ch, "ece", self.ece, base.ece),
-            timeout: take(ch, "timeout", self.timeout, base.timeout),
-            retry_cnt: take(ch, "retry-cnt", self.retry_cnt, base.retry_cnt),
-            reason: String::new(),
-        };
-        let reason = if changed.is_empty() {
-            base.reason
+        let why = if self.reason.is_empty() {
+            "no reason given".to_owned()
         } else {
-            let why = if self.reason.is_empty() {
-                "no reason given"
-            } else {
-                &self.reason
-            };
+            self.reason.clone()
+        };
+        let (plan, changed) = self.overlay(base);
+        let reason = if changed.is_empty() {
+            return plan;
+        } else if changed.len() == ConnPlan::FIELDS.len() {
+            // Nothing is left to the built-in default, so its reason would only repeat.
+            format!("policy set every field: {why}")
+        } else {
             format!(
                 "policy set {}: {why}; built-in default for the rest: {}",
                 changed.join(", "),
-                base.reason
+                plan.reason
             )
         };
         ConnPlan { reason, ..plan }
-    }
-}
-
-/// `patch` if the policy gave one (noting `name` as changed), else `base`.
-fn take<T>(changed: &mut Vec<&'static str>, name: &'static str, patch: Option<T>, base: T) -> T {
-    match patch {
-        Some(v) => {
-            changed.push(name);
-            v
-        }
-        None => base,
     }
 }
 
@@ -186,15 +158,12 @@ mod tests {
                 .collect(),
             stripe_width,
             align,
-            adaptive_routing: false,
             ar_threshold: 8192,
-            tc: 0,
-            sl: 0,
-            fifo_tc: 0,
             ece: true,
             timeout: 20,
             retry_cnt: 7,
             reason: "default".into(),
+            ..ConnPlan::default()
         }
     }
 
@@ -360,12 +329,20 @@ mod tests {
             qps: Some(qps.clone()),
             ..PlanPatch::default()
         }
-        .apply(base);
+        .apply(base.clone());
         assert_eq!(patched.qps, qps);
         assert!(
             patched
                 .reason
                 .starts_with("policy set qps: no reason given")
         );
+        // A whole plan leaves nothing to the built-in default: its reason is not repeated.
+        let whole = PlanPatch::from(ConnPlan {
+            reason: "all mine".into(),
+            ..base.clone()
+        })
+        .apply(base);
+        assert_eq!(whole.reason, "policy set every field: all mine");
+        assert_eq!(ConnPlan::FIELDS.len(), 11);
     }
 }

@@ -478,15 +478,10 @@ mod tests {
                 .collect(),
             stripe_width: 1,
             align: 128,
-            adaptive_routing: false,
             ar_threshold: 8192,
-            tc: 0,
-            sl: 0,
-            fifo_tc: 0,
-            ece: false,
             timeout: 20,
             retry_cnt: 7,
-            reason: String::new(),
+            ..ConnPlan::default()
         }
     }
 

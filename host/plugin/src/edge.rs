@@ -30,18 +30,28 @@ pub(crate) fn code(class: ErrorClass) -> NcclResult {
 }
 
 /// Runs one entry point: errors become a WARN and their NCCL result, panics a WARN and
-/// `ncclInternalError`; nothing unwinds into C.
+/// `ncclInternalError`; nothing unwinds into C. The WARN is located at the entry point that
+/// called this.
+#[track_caller]
 pub(crate) fn guard(entry: &str, f: impl FnOnce() -> Result<(), NetError>) -> NcclResult {
+    let at = std::panic::Location::caller();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => NCCL_SUCCESS,
         Ok(Err(e)) => {
-            log::emit(LOG_WARN, &format!("NET/WASM: {entry}: {e}"));
+            log::emit_at(
+                LOG_WARN,
+                at.file(),
+                at.line(),
+                &format!("NET/WASM: {entry}: {e}"),
+            );
             code(e.class())
         }
         Err(panic) => {
             let what = ncclwasm_verbs::panic_message(panic.as_ref());
-            log::emit(
+            log::emit_at(
                 LOG_WARN,
+                at.file(),
+                at.line(),
                 &format!("NET/WASM: {entry}: internal error (panic: {what}); please report it"),
             );
             NCCL_INTERNAL_ERROR

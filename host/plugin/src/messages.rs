@@ -27,7 +27,7 @@ pub(crate) fn isend_impl(
         *out = std::ptr::null_mut();
         if size > MAX_BYTES {
             return Err(NetError::Argument(format!(
-                "isend of {size} bytes; maxP2pBytes is {MAX_BYTES}"
+                "isend of {size} bytes; a message is at most {MAX_BYTES} bytes (`test` reports sizes as int)"
             )));
         }
         let mr = mem(mh)?;

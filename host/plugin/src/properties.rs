@@ -7,7 +7,7 @@ use ncclwasm_abi::*;
 use ncclwasm_transport::{DeviceProps, MAX_RECVS, NetError};
 
 use crate::context::net;
-use crate::edge::{MAX_BYTES, c_string, guard, null_arg};
+use crate::edge::{c_string, guard, null_arg};
 
 pub(crate) unsafe extern "C" fn devices(ndev: *mut c_int) -> NcclResult {
     guard("devices", || {
@@ -70,8 +70,10 @@ pub(crate) fn props_v9(p: &DeviceProps) -> PropsV9 {
         net_device_type: 0,
         net_device_version: 0,
         vprops: VDevPropsV9 { ndevs, devs },
-        max_p2p_bytes: MAX_BYTES,
-        max_coll_bytes: MAX_BYTES,
+        // net_ib's values. NCCL core (2.24–2.30) only checks maxP2pBytes and never hands a net
+        // operation more than 1 GiB (`NCCL_MAX_NET_SIZE`), which `isend` takes.
+        max_p2p_bytes: NCCL_MAX_NET_SIZE_BYTES,
+        max_coll_bytes: MAX_COLLNET_SIZE,
     }
 }
 

@@ -91,7 +91,14 @@ fn one_message(version: u32) {
     let p = plugin.properties(0).unwrap();
     // Host memory, and dma-bufs: the soft fabric registers any mappable fd as one.
     assert_eq!((p.ptr_support, p.children.clone()), (1 | 4, vec![0]));
-    assert!(p.max_p2p_bytes > 0);
+    // net_ib's figures: NCCL's 1 TiB bound (v8: NCCL's own 1 GiB shim value), and the GUID as
+    // verbs reads it, in network byte order (loopback.toml's soft_0 is 0x02005e0000000001).
+    let max = if version >= 9 { 1 << 40 } else { 1 << 30 };
+    assert_eq!(p.max_p2p_bytes, max);
+    assert_eq!(
+        p.guid.to_ne_bytes(),
+        0x0200_5e00_0000_0001_u64.to_be_bytes()
+    );
     if version >= 9 {
         let v = plugin.make_vdevice(&[0, 1]).unwrap();
         assert_eq!(v, n);

@@ -10,16 +10,12 @@ use crate::engine::wit;
 use wit::ncclwasm::policy::types as t;
 
 /// Longest reason kept, in bytes: room for the built-in default's own reasons (up to ~600
-/// bytes, the wasm `nccl-default` repeats them) but not for a flood.
+/// bytes, which the wasm `nccl-default` hands back) but not for a flood.
 const REASON_MAX: usize = 1024;
 
 pub(crate) fn reason(mut r: String) -> String {
     if r.len() > REASON_MAX {
-        let mut end = REASON_MAX;
-        while !r.is_char_boundary(end) {
-            end -= 1;
-        }
-        r.truncate(end);
+        r.truncate(r.floor_char_boundary(REASON_MAX));
         r.push('…');
     }
     r
@@ -145,28 +141,26 @@ pub(crate) fn vnic(v: t::VnicAnswer) -> m::VnicAnswer {
 }
 
 pub(crate) fn patch(p: t::ConnPlan) -> m::PlanPatch {
-    m::PlanPatch {
-        qps: p.qps.map(|qs| {
-            qs.into_iter()
-                .map(|q| m::QpPlan {
-                    local: q.local,
-                    remote: q.remote,
-                    weight: q.weight,
-                })
-                .collect()
-        }),
-        stripe_width: p.stripe_width,
-        align: p.align,
-        adaptive_routing: p.adaptive_routing,
-        ar_threshold: p.ar_threshold,
-        tc: p.tc,
-        sl: p.sl,
-        fifo_tc: p.fifo_tc,
-        ece: p.ece,
-        timeout: p.timeout,
-        retry_cnt: p.retry_cnt,
-        reason: reason(p.reason),
+    let qps = p.qps.map(|qs| {
+        qs.into_iter()
+            .map(|q| m::QpPlan {
+                local: q.local,
+                remote: q.remote,
+                weight: q.weight,
+            })
+            .collect()
+    });
+    // The WIT record's options have the plan's own types, field for field.
+    macro_rules! patch {
+        ($( $(#[$doc:meta])* $field:ident : $ty:ty = $wit:literal; )*) => {
+            m::PlanPatch {
+                qps,
+                $( $field: p.$field, )*
+                reason: reason(p.reason),
+            }
+        };
     }
+    m::for_each_plan_field!(patch)
 }
 
 pub(crate) fn port_event(e: &m::PortEvent) -> t::PortEvent {

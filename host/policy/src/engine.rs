@@ -151,11 +151,7 @@ impl wit::PolicyImports for HostState {
         }
         self.log_left -= 1;
         if message.len() > LOG_LINE_MAX {
-            let mut end = LOG_LINE_MAX;
-            while !message.is_char_boundary(end) {
-                end -= 1;
-            }
-            message.truncate(end);
+            message.truncate(message.floor_char_boundary(LOG_LINE_MAX));
             message.push('…');
         }
         let policy = &*self.label;

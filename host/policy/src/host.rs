@@ -496,7 +496,14 @@ impl Shared {
         };
         let reason = reason(&value, &source);
         if log {
-            tracing::info!(target: LOG_TARGET, %hook, source = %source, "{reason}");
+            // A plan is decided per connection: its full reason goes to TRACE (and `explain`),
+            // and the transport's one INFO line per connection says who decided. The
+            // decisions made once per process stay at INFO.
+            if hook == Hook::PlanConnection {
+                tracing::debug!(target: LOG_TARGET, %hook, source = %source, "{reason}");
+            } else {
+                tracing::info!(target: LOG_TARGET, %hook, source = %source, "{reason}");
+            }
         }
         Ok(Decision {
             value,

@@ -153,3 +153,25 @@ impl Writer {
         self.raw(s.as_bytes());
     }
 }
+
+/// A value carried as one fixed-width field, so that code made from a list of fields (the plan's,
+/// `ncclwasm_model::for_each_plan_field!`) encodes each by its type alone.
+pub(crate) trait Field: Sized {
+    fn put(self, w: &mut Writer);
+    fn get(r: &mut Reader<'_>, field: &str) -> Result<Self, ProtoError>;
+}
+
+macro_rules! fields {
+    ($($t:ident),*) => {
+        $(impl Field for $t {
+            fn put(self, w: &mut Writer) {
+                w.$t(self)
+            }
+            fn get(r: &mut Reader<'_>, field: &str) -> Result<Self, ProtoError> {
+                r.$t(field)
+            }
+        })*
+    };
+}
+
+fields!(u8, u16, u32, u64, bool);

@@ -733,15 +733,12 @@ mod tests {
             qps: plan_on(&[0, 1, 0, 1]),
             stripe_width: 4,
             align: 128,
-            adaptive_routing: false,
             ar_threshold: 8192,
-            tc: 0,
-            sl: 0,
-            fifo_tc: 0,
             ece: true,
             timeout: 20,
             retry_cnt: 7,
             reason: "r".into(),
+            ..ConnPlan::default()
         };
         let (p, kept) = surviving_plan(&plan, &[1]);
         assert_eq!(kept, [1, 3]);

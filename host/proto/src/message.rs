@@ -24,7 +24,7 @@
 use ncclwasm_model::validate::MAX_NAME_LEN;
 use ncclwasm_model::{ConnPlan, Endpoint, Gid, GidType, LinkLayer, QpPlan};
 
-use super::codec::{Reader, Writer};
+use super::codec::{Field, Reader, Writer};
 use super::{MAX_ENDPOINTS, MAX_QPS, PROTOCOL_VERSION};
 use crate::error::ProtoError;
 
@@ -411,11 +411,7 @@ fn get_endpoints(r: &mut Reader<'_>) -> Result<Vec<Endpoint>, ProtoError> {
 
 /// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
 fn cut(s: &str, max: usize) -> &str {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
+    &s[..s.floor_char_boundary(max)]
 }
 
 fn put_plan(w: &mut Writer, p: &ConnPlan) -> Result<(), ProtoError> {
@@ -428,16 +424,12 @@ fn put_plan(w: &mut Writer, p: &ConnPlan) -> Result<(), ProtoError> {
         w.u32(q.remote);
         w.u32(q.weight);
     }
-    w.u32(p.stripe_width);
-    w.u32(p.align);
-    w.bool(p.adaptive_routing);
-    w.u64(p.ar_threshold);
-    w.u8(p.tc);
-    w.u8(p.sl);
-    w.u8(p.fifo_tc);
-    w.bool(p.ece);
-    w.u8(p.timeout);
-    w.u8(p.retry_cnt);
+    macro_rules! put {
+        ($( $(#[$doc:meta])* $field:ident : $ty:ty = $wit:literal; )*) => {
+            $( p.$field.put(w); )*
+        };
+    }
+    ncclwasm_model::for_each_plan_field!(put);
     w.string(cut(&p.reason, MAX_REASON_LEN));
     Ok(())
 }
@@ -452,20 +444,16 @@ fn get_plan(r: &mut Reader<'_>) -> Result<ConnPlan, ProtoError> {
             weight: r.u32("qp weight")?,
         });
     }
-    Ok(ConnPlan {
-        qps,
-        stripe_width: r.u32("stripe width")?,
-        align: r.u32("align")?,
-        adaptive_routing: r.bool("adaptive routing")?,
-        ar_threshold: r.u64("ar threshold")?,
-        tc: r.u8("tc")?,
-        sl: r.u8("sl")?,
-        fifo_tc: r.u8("fifo tc")?,
-        ece: r.bool("ece")?,
-        timeout: r.u8("timeout")?,
-        retry_cnt: r.u8("retry count")?,
-        reason: r.string("reason", MAX_REASON_LEN)?,
-    })
+    macro_rules! get {
+        ($( $(#[$doc:meta])* $field:ident : $ty:ty = $wit:literal; )*) => {
+            ConnPlan {
+                qps,
+                $( $field: Field::get(r, $wit)?, )*
+                reason: r.string("reason", MAX_REASON_LEN)?,
+            }
+        };
+    }
+    Ok(ncclwasm_model::for_each_plan_field!(get))
 }
 
 fn put_qps(w: &mut Writer, qps: &[QpInfo]) -> Result<(), ProtoError> {
@@ -583,6 +571,9 @@ pub(crate) mod tests {
         }
     }
 
+    // Every field set apart from its default, so a round trip shows each one; a new plan field
+    // takes its default here until this sets it too.
+    #[allow(clippy::needless_update)]
     pub(crate) fn plan(qps: &[(u32, u32, u32)], stripe_width: u32) -> ConnPlan {
         ConnPlan {
             qps: qps
@@ -604,6 +595,7 @@ pub(crate) mod tests {
             timeout: 20,
             retry_cnt: 7,
             reason: "rail-aligned: one QP per rail ✓".to_owned(),
+            ..ConnPlan::default()
         }
     }
 

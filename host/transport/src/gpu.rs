@@ -76,8 +76,10 @@ pub(crate) struct GpuEnv {
     pub(crate) relaxed_ordering: RelaxedOrderingMode,
     /// `NCCL_IB_GDR_FLUSH_DISABLE` (default 0).
     pub(crate) flush_disable: bool,
-    /// `NCCL_IB_DATA_DIRECT` (default 1).
+    /// `NCCL_IB_DATA_DIRECT` (default 1) is not 0.
     pub(crate) data_direct: bool,
+    /// `NCCL_IB_DATA_DIRECT=2`: a Data Direct NIC keeps its own device beside `<dev>_dma`.
+    pub(crate) data_direct_both: bool,
 }
 
 /// NCCL's defaults.
@@ -87,6 +89,7 @@ impl Default for GpuEnv {
             relaxed_ordering: RelaxedOrderingMode::Auto,
             flush_disable: false,
             data_direct: true,
+            data_direct_both: false,
         }
     }
 }
@@ -118,10 +121,12 @@ impl GpuEnv {
             Some(v) => RelaxedOrderingMode::parse(&v).map_err(|p| bad(RO, &v, p))?,
             None => RelaxedOrderingMode::Auto,
         };
+        let data_direct = int("NCCL_IB_DATA_DIRECT")?;
         Ok(GpuEnv {
             relaxed_ordering,
             flush_disable: int("NCCL_IB_GDR_FLUSH_DISABLE")?.is_some_and(|v| v != 0),
-            data_direct: int("NCCL_IB_DATA_DIRECT")?.is_none_or(|v| v != 0),
+            data_direct: data_direct.is_none_or(|v| v != 0),
+            data_direct_both: data_direct == Some(2),
         })
     }
 }
@@ -216,6 +221,7 @@ mod tests {
                 relaxed_ordering: RelaxedOrderingMode::Auto,
                 flush_disable: false,
                 data_direct: true,
+                data_direct_both: false,
             }
         );
         assert_eq!(env(&[]).unwrap(), GpuEnv::default());
@@ -225,8 +231,10 @@ mod tests {
             ("NCCL_IB_PCI_RELAXED_ORDERING", "0"),
         ])
         .unwrap();
-        assert!(e.flush_disable && !e.data_direct);
+        assert!(e.flush_disable && !e.data_direct && !e.data_direct_both);
         assert_eq!(e.relaxed_ordering, RelaxedOrderingMode::Off);
+        let both = env(&[("NCCL_IB_DATA_DIRECT", "2")]).unwrap();
+        assert!(both.data_direct && both.data_direct_both);
         for (k, v) in [
             ("NCCL_IB_GDR_FLUSH_DISABLE", "yes"),
             ("NCCL_IB_DATA_DIRECT", "on"),

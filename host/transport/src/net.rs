@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
-use ncclwasm_model::device_table::{DeviceTable, TableDevice, data_direct_name};
+use ncclwasm_model::device_table::{DeviceTable, TableDevice, TableEnv, data_direct_name};
 use ncclwasm_model::{LinkLayer, Port, PortState, VnicAnswer};
 use ncclwasm_verbs::Fabric;
 
@@ -74,13 +74,17 @@ impl Default for CommConfig {
 /// One device as NCCL sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceProps {
-    /// Unique across the table (vNICs: children joined by `+`).
+    /// As net_ib names it, not necessarily unique (vNICs: children joined by `+`); see
+    /// [`ncclwasm_model::device_table`].
     pub name: String,
     /// Empty when unknown (virtual devices).
     pub pci_path: String,
+    /// The first port's `sys_image_guid` as verbs returns it (network byte order), which is
+    /// what net_ib reports; [`ncclwasm_model::Port::guid`] holds it in host order.
     pub guid: u64,
     pub speed_mbps: u32,
-    /// Port number of the first port.
+    /// The device table's port number: the first port's verbs port plus its earlier devices
+    /// on the same card.
     pub port: u8,
     /// Connections the device can carry (its QP limit).
     pub max_comms: u32,
@@ -142,7 +146,8 @@ impl Net {
         let oob = choose_on_host(&config.oob)?;
         announce(&oob);
         let fabric = config.fabric;
-        let ports = fabric.discover(ncclwasm_verbs::merge_vfs_from_env());
+        let merge_vfs = ncclwasm_verbs::merge_vfs_from_env();
+        let ports = fabric.discover(merge_vfs);
         tracing::info!(
             "NET/WASM: fabric {} has {} port(s)",
             fabric.name(),
@@ -235,15 +240,20 @@ impl Net {
                 data_direct.insert(p.port.device.clone(), path);
             }
         }
-        let table = DeviceTable::new(&selected, &groups.value, &data_direct);
+        let env = TableEnv {
+            merge_vfs,
+            data_direct_both: gpu_env.data_direct_both,
+        };
+        let table = DeviceTable::new(&selected, &groups.value, &data_direct, env);
         let net = physical_devices(&table, &mut port_ctxs)?;
         for (i, d) in net.iter().enumerate() {
             tracing::info!(
-                "NET/WASM: device {i}: {} ({} Mb/s, {} port(s), guid {:#x})",
+                "NET/WASM: device {i}: {} port {} ({} Mb/s, {} port(s), guid {:#018x})",
                 d.props.name,
+                d.props.port,
                 d.props.speed_mbps,
                 d.ports.len(),
-                d.props.guid
+                port_ctxs[d.ports[0]].port.guid
             );
         }
         Ok(Net {
@@ -498,7 +508,8 @@ fn props_of(ports: &[PortCtx], members: &[usize], device: &TableDevice) -> Devic
     DeviceProps {
         name: device.name.clone(),
         pci_path: device.pci_path.clone(),
-        guid: first.guid,
+        // As verbs reads it, in network byte order: net_ib hands NCCL `sys_image_guid` as is.
+        guid: first.guid.to_be(),
         speed_mbps: members.iter().map(|&m| ports[m].port.speed_mbps).sum(),
         port: device.port,
         max_comms: members

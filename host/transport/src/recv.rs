@@ -12,7 +12,7 @@ use crate::failover::recv::prefill;
 use crate::failover::{ControlLink, PortWatch};
 use crate::net_error::NetError;
 use crate::qp::{self, ConnQp};
-use crate::send::describe;
+use crate::send::{describe, summary};
 use crate::socket::Stream;
 use ncclwasm_proto::datapath::{CtsWrite, PostedRecv, Receiver};
 use ncclwasm_proto::fifo::{
@@ -168,7 +168,11 @@ impl Accepting {
             .take()
             .ok_or_else(|| NetError::Internal("established without FIFOs".into()))?;
         let desc = describe(&setup.peer, &setup.local);
-        tracing::info!("NET/WASM: accepted {desc}: {} QP(s)", setup.plan.qps.len());
+        // The connection's one INFO line on this side.
+        tracing::info!(
+            "NET/WASM: accepted {desc}: {}; plan by the peer",
+            summary(&setup.plan, setup.failover)
+        );
         let qps = std::mem::take(&mut self.qps);
         let mut qpns: Vec<(u64, u32)> = qps.iter().map(ConnQp::ids).collect();
         if let Some(f) = &regions.flush {

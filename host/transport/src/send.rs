@@ -99,27 +99,21 @@ impl Connecting {
         let machine = &self.machine;
         let fits = |p: &ncclwasm_model::ConnPlan| machine.check_plan(p).map_err(|e| e.to_string());
         let d = self.decisions.plan_connection(conn, &fits)?;
-        tracing::info!(
-            "NET/WASM: plan for comm {:#x} dev {} ({}) -> {} peer port(s): {} QP(s), stripe {}, \
-             AR {} above {} B, TC {} SL {}: {} [{}]",
+        // The reason was logged with the decision (TRACE); the INFO line is `establish`'s.
+        tracing::debug!(
+            "NET/WASM: plan for comm {:#x} dev {} ({}) -> {} peer port(s): {} [{}]",
             conn.comm_id,
             conn.device,
             conn.device_name,
             conn.peer.len(),
-            d.value.qps.len(),
-            d.value.stripe_width,
-            d.value.adaptive_routing,
-            d.value.ar_threshold,
-            d.value.tc,
-            d.value.sl,
-            d.reason,
+            summary(&d.value, false),
             d.source
         );
         self.ece = d.value.ece;
         self.source = d.source;
         let failover = crate::failover::prepared(&*self.decisions, conn, &d.value);
         if failover {
-            tracing::info!(
+            tracing::debug!(
                 "NET/WASM: comm {:#x}: prepared for rail failover (the policy would move a \
                  failed port's traffic): tagged slices, receives posted ahead",
                 conn.comm_id
@@ -172,7 +166,14 @@ impl Connecting {
             .take()
             .ok_or_else(|| NetError::Internal("established without a plan".into()))?;
         let desc = describe(&setup.local, &setup.peer);
-        tracing::info!("NET/WASM: connected {desc}: {} QP(s)", setup.plan.qps.len());
+        // The connection's one INFO line on this side: short, as a job makes thousands.
+        tracing::info!(
+            "NET/WASM: comm {:#x} dev {} connected {desc}: {}; by {}",
+            conn.comm_id,
+            conn.device,
+            summary(&setup.plan, setup.failover),
+            cut(&self.source, 60)
+        );
         let qps = std::mem::take(&mut self.qps);
         let side = Side {
             qpns: qps.iter().map(ConnQp::ids).collect(),
@@ -211,6 +212,31 @@ pub(crate) fn describe(
             .join("+")
     };
     format!("{} -> {}", names(local), names(peer))
+}
+
+/// A plan in a few words for a log line: "4 QP(s), stripe 2, TC 106 SL 3, AR off".
+pub(crate) fn summary(plan: &ncclwasm_model::ConnPlan, failover: bool) -> String {
+    let ar = if plan.adaptive_routing {
+        format!("AR above {} B", plan.ar_threshold)
+    } else {
+        "AR off".to_owned()
+    };
+    format!(
+        "{} QP(s), stripe {}, TC {} SL {}, {ar}{}",
+        plan.qps.len(),
+        plan.stripe_count(),
+        plan.tc,
+        plan.sl,
+        if failover { ", failover-ready" } else { "" }
+    )
+}
+
+/// `text`, cut to at most `max` bytes with "…" when longer.
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    format!("{}…", &text[..text.floor_char_boundary(max)])
 }
 
 /// The longest chain one QP gets for one slot: a write per grouped send and the

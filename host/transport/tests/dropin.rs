@@ -72,3 +72,51 @@ fn a_gid_index_some_ports_lack_fails_only_their_connections() {
         "{e}"
     );
 }
+
+/// Points 2 and 3: names and `props.port` as net_ib 2.30 reports them, in its PCI order (the
+/// down port of `mixed-ib-roce`'s `mlx5_3` is not a device). The
+/// two functions of a dual-port card, and a physical and a virtual function of one card, are
+/// ports 1 and 2; the second verbs port of `mlx4_0` keeps the NIC's name and is port 3 (its
+/// port 2 plus the earlier device on the card). (A vNIC's name: `device_table`'s tests.)
+#[test]
+fn devices_are_named_and_numbered_as_net_ib_reports_them() {
+    const TEST: &str = "devices_are_named_and_numbered_as_net_ib_reports_them";
+    let cases: [(&str, &[(&str, u8)]); 3] = [
+        ("dual-port.toml", &[("mlx5_0", 1), ("mlx5_1", 2)]),
+        ("pf-vf.toml", &[("mlx5_0", 1), ("mlx5_2", 2)]),
+        (
+            "mixed-ib-roce.toml",
+            &[
+                ("mlx5_0", 1),
+                ("mlx5_1", 1),
+                ("mlx5_2", 1),
+                ("mlx4_0", 1),
+                ("mlx4_0", 3),
+            ],
+        ),
+    ];
+    for (file, _) in cases {
+        let path = ncclwasm_testkit::topology(file);
+        let path = path.to_str().expect("a UTF-8 path");
+        if rerun_with_env(TEST, &[("NCCL_WASM_TOPOLOGY", path)]) {
+            continue;
+        }
+        // The child: the case its environment names.
+        let topology = std::env::var("NCCL_WASM_TOPOLOGY").expect("set by the parent");
+        let (file, expected) = cases
+            .into_iter()
+            .find(|(f, _)| std::path::Path::new(&topology).ends_with(f))
+            .expect("one of the cases");
+        let net = net();
+        let got: Vec<(String, u8)> = (0..net.device_count() as i64)
+            .map(|d| {
+                let p = net.properties(d).expect("a device");
+                (p.name, p.port)
+            })
+            .collect();
+        let expected: Vec<(String, u8)> =
+            expected.iter().map(|&(n, p)| (n.to_owned(), p)).collect();
+        assert_eq!(got, expected, "{file}");
+        return;
+    }
+}

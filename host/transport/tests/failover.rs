@@ -194,7 +194,7 @@ fn a_port_down_mid_transfer_moves_its_traffic_and_loses_nothing() {
     ) {
         return;
     }
-    capture_logs();
+    capture_logs(tracing_subscriber::filter::LevelFilter::INFO);
     let net = net();
     let v = i64::from(net.make_vdevice(&[0, 1]).unwrap());
     let (s, r) = connect(&net, v, v);

@@ -13,11 +13,11 @@ use std::time::Duration;
 use common::*;
 use ncclwasm_testkit::guest;
 
-/// The logged plan lines, in order.
+/// The sending side's INFO line of each connection, in order (it says who made the plan).
 fn plan_lines() -> Vec<String> {
     logged()
         .lines()
-        .filter(|l| l.contains("NET/WASM: plan for comm"))
+        .filter(|l| l.contains("INFO") && l.contains(" connected "))
         .map(str::to_owned)
         .collect()
 }
@@ -44,7 +44,7 @@ fn swapping_the_policy_file_changes_only_new_connections() {
     }
     let live = PathBuf::from(std::env::var_os("NCCL_WASM_POLICY").unwrap());
     let dir = live.parent().unwrap().to_path_buf();
-    capture_logs();
+    capture_logs(tracing_subscriber::filter::LevelFilter::INFO);
     let (net, policy) = net_and_policy();
     let first = policy.policy().expect("nccl-default loaded");
     assert_eq!(first.name, "nccl-default");

@@ -135,9 +135,10 @@ fn fused_vnic_stripes_over_both_ports() {
     let props = net.properties(i64::from(v)).unwrap();
     assert_eq!(props.children, vec![0, 1]);
     assert!(props.name.contains('+'), "{}", props.name);
-    // A second identical request gets a unique name.
+    // A second identical request is a device of its own, named alike (as net_ib names it).
     let v2 = net.make_vdevice(&[0, 1]).unwrap();
-    assert_ne!(net.properties(i64::from(v2)).unwrap().name, props.name);
+    assert_ne!(v2, v);
+    assert_eq!(net.properties(i64::from(v2)).unwrap().name, props.name);
 
     let (s, r) = connect(&net, i64::from(v), i64::from(v));
     assert_eq!(s.plan().qps.len(), 2, "one QP per port: {:?}", s.plan());
@@ -205,5 +206,59 @@ fn messages_make_no_policy_calls() {
         policy.stats().calls,
         before.calls,
         "200 messages made policy calls"
+    );
+}
+
+/// NCCL's INFO log at a thousand connections: each connection gets one INFO line per side, of
+/// at most 200 bytes (ports, QPs, stripe, TC/SL, who decided), and the plan's full reason is
+/// logged once, at DEBUG (NCCL's TRACE). With the wasm `nccl-default`, whose plan sets every
+/// field, the built-in default's reason is not repeated inside it.
+#[test]
+fn a_connection_logs_one_short_info_line_per_side() {
+    const TEST: &str = "a_connection_logs_one_short_info_line_per_side";
+    let policy = ncclwasm_testkit::guest("nccl-default");
+    let policy = policy.to_str().expect("a UTF-8 path");
+    if rerun_with_env(TEST, &[("NCCL_WASM_POLICY", policy)]) {
+        return;
+    }
+    capture_logs(tracing_subscriber::filter::LevelFilter::DEBUG);
+    let net = net();
+    let before = logged().len();
+    let (s, _r) = connect(&net, 0, 1);
+    let log = logged()[before..].to_owned();
+    // The message of each line: what NCCL's logger gets (after fmt's time, level and target).
+    let messages = |level: &str| -> Vec<String> {
+        log.lines()
+            .filter(|l| l.contains(&format!(" {level} ")))
+            .filter_map(|l| l.find("NET/WASM").map(|at| l[at..].to_owned()))
+            .collect()
+    };
+    let info = messages("INFO");
+    assert_eq!(info.len(), 2, "one line per side: {info:#?}");
+    assert!(info.iter().any(|l| l.contains(" connected ")), "{info:#?}");
+    assert!(info.iter().any(|l| l.contains("accepted ")), "{info:#?}");
+    for line in &info {
+        assert!(line.len() <= 200, "{} bytes: {line}", line.len());
+    }
+    assert!(
+        info[0..]
+            .iter()
+            .any(|l| l.contains("by policy nccl-default@")),
+        "{info:#?}"
+    );
+    let reason = &s.plan().reason;
+    assert!(
+        reason.starts_with("policy set every field: ") && !reason.contains("for the rest"),
+        "{reason}"
+    );
+    let why = reason.trim_start_matches("policy set every field: ");
+    // The policy host's lines carry its target, not the "NET/WASM" prefix the plugin adds.
+    let debug: Vec<&str> = log.lines().filter(|l| l.contains(" DEBUG ")).collect();
+    let told = debug.iter().filter(|l| l.contains(why)).count();
+    assert_eq!(told, 1, "the reason once, at DEBUG: {debug:#?}");
+    assert!(info.iter().all(|l| !l.contains(why)), "{info:#?}");
+    println!(
+        "INFO bytes for one connection, both sides: {}",
+        info.iter().map(String::len).sum::<usize>()
     );
 }

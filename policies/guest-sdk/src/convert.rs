@@ -157,20 +157,17 @@ impl From<model::QpPlan> for wit::QpPlan {
 
 impl From<model::PlanPatch> for wit::ConnPlan {
     fn from(p: model::PlanPatch) -> Self {
-        wit::ConnPlan {
-            qps: p.qps.map(|qps| qps.into_iter().map(Into::into).collect()),
-            stripe_width: p.stripe_width,
-            align: p.align,
-            adaptive_routing: p.adaptive_routing,
-            ar_threshold: p.ar_threshold,
-            tc: p.tc,
-            sl: p.sl,
-            fifo_tc: p.fifo_tc,
-            ece: p.ece,
-            timeout: p.timeout,
-            retry_cnt: p.retry_cnt,
-            reason: p.reason,
+        // The WIT record's options have the plan's own types, field for field.
+        macro_rules! plan {
+            ($( $(#[$doc:meta])* $field:ident : $ty:ty = $wit:literal; )*) => {
+                wit::ConnPlan {
+                    qps: p.qps.map(|qps| qps.into_iter().map(Into::into).collect()),
+                    $( $field: p.$field, )*
+                    reason: p.reason,
+                }
+            };
         }
+        model::for_each_plan_field!(plan)
     }
 }
 

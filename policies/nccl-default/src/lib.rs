@@ -10,7 +10,6 @@
 //! name, as the native default refuses it.
 
 use ncclwasm_default::IbConfig;
-use ncclwasm_guest::model::ConnPlan;
 use ncclwasm_guest::{
     Config, Connection, DeviceGroup, DeviceSelection, GidChoice, Hooks, PlanPatch, Policy, Port,
     PortAnswer, PortEvent, PortState, QpPlan, VnicAnswer,
@@ -57,7 +56,8 @@ impl Policy for NcclDefault {
     }
 
     fn plan_connection(&mut self, conn: &Connection) -> Option<PlanPatch> {
-        Some(whole(ncclwasm_default::plan_connection(&self.ib, conn)))
+        // Every field set: the complete built-in plan.
+        Some(ncclwasm_default::plan_connection(&self.ib, conn).into())
     }
 
     fn on_port_event(
@@ -75,27 +75,10 @@ impl Policy for NcclDefault {
 
 ncclwasm_guest::export_policy!(NcclDefault);
 
-/// A patch setting every field: the complete built-in plan.
-fn whole(plan: ConnPlan) -> PlanPatch {
-    PlanPatch {
-        qps: Some(plan.qps),
-        stripe_width: Some(plan.stripe_width),
-        align: Some(plan.align),
-        adaptive_routing: Some(plan.adaptive_routing),
-        ar_threshold: Some(plan.ar_threshold),
-        tc: Some(plan.tc),
-        sl: Some(plan.sl),
-        fifo_tc: Some(plan.fifo_tc),
-        ece: Some(plan.ece),
-        timeout: Some(plan.timeout),
-        retry_cnt: Some(plan.retry_cnt),
-        reason: plan.reason,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ncclwasm_guest::model::ConnPlan;
     use ncclwasm_guest::testing::{connection, endpoint, port, topology};
 
     const CORPUS: [&str; 7] = [

@@ -8,25 +8,34 @@ use ncclwasm_policy::{Decision, Source};
 use super::{PlanView, decided};
 
 /// The plan with field attribution. `PlanPatch::apply` words a policy's plan reason as
-/// `policy set <fields>: <why>; built-in default for the rest: <base reason>`; that is read back
-/// here (the format is pinned by a test below). Should it not parse, the fields that differ from
-/// the built-in plan are taken as the policy's, with the whole reason.
+/// `policy set <fields>: <why>; built-in default for the rest: <base reason>`, or `policy set
+/// every field: <why>`; that is read back here (the format is pinned by a test below). Should it
+/// not parse, the fields that differ from the built-in plan are taken as the policy's, with the
+/// whole reason.
 pub(super) fn plan_view(plan: Decision<ConnPlan>, base: &ConnPlan) -> PlanView {
     let by_policy = matches!(plan.source, Source::Policy(_));
-    let parsed = plan
-        .reason
-        .strip_suffix(&format!("; built-in default for the rest: {}", base.reason))
-        .and_then(|r| r.strip_prefix("policy set "))
-        .and_then(|r| r.split_once(": "))
-        .map(|(fields, why)| {
-            let fields = fields.split(", ").map(str::to_owned).collect::<Vec<_>>();
-            (fields, why.to_owned())
-        });
+    let every = |why: &str| {
+        let fields = ConnPlan::FIELDS.iter().map(|f| (*f).to_owned()).collect();
+        (fields, why.to_owned())
+    };
+    let parsed = match plan.reason.strip_prefix("policy set every field: ") {
+        Some(why) => Some(every(why)),
+        None => plan
+            .reason
+            .strip_suffix(&format!("; built-in default for the rest: {}", base.reason))
+            .and_then(|r| r.strip_prefix("policy set "))
+            .and_then(|r| r.split_once(": "))
+            .map(|(fields, why)| {
+                let fields = fields.split(", ").map(str::to_owned).collect::<Vec<_>>();
+                (fields, why.to_owned())
+            }),
+    };
     let (policy_set, policy_reason) = match (by_policy, parsed) {
         (false, _) => (Vec::new(), None),
         (true, Some((fields, why))) => (fields, Some(why)),
         (true, None) => (
-            changed_fields(&plan.value, base)
+            plan.value
+                .changed_fields(base)
                 .into_iter()
                 .map(str::to_owned)
                 .collect(),
@@ -39,26 +48,6 @@ pub(super) fn plan_view(plan: Decision<ConnPlan>, base: &ConnPlan) -> PlanView {
         policy_reason,
         builtin_reason: base.reason.clone(),
     }
-}
-
-/// The plan fields (named as in the WIT) whose values differ between two plans.
-fn changed_fields(a: &ConnPlan, b: &ConnPlan) -> Vec<&'static str> {
-    [
-        ("qps", a.qps != b.qps),
-        ("stripe-width", a.stripe_width != b.stripe_width),
-        ("align", a.align != b.align),
-        ("adaptive-routing", a.adaptive_routing != b.adaptive_routing),
-        ("ar-threshold", a.ar_threshold != b.ar_threshold),
-        ("tc", a.tc != b.tc),
-        ("sl", a.sl != b.sl),
-        ("fifo-tc", a.fifo_tc != b.fifo_tc),
-        ("ece", a.ece != b.ece),
-        ("timeout", a.timeout != b.timeout),
-        ("retry-cnt", a.retry_cnt != b.retry_cnt),
-    ]
-    .into_iter()
-    .filter_map(|(name, differs)| differs.then_some(name))
-    .collect()
 }
 
 /// One line of a plan as `explain` and `diff` show it: a few related fields, their values, and

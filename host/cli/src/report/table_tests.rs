@@ -36,9 +36,9 @@ fn host(policy: Option<PathBuf>) -> PolicyHost {
     PolicyHost::new(s).expect("the policy loads")
 }
 
-/// One device as a line: its name and its ports (`port.index` values).
-fn line(name: &str, ports: &[u32]) -> String {
-    format!("{name} {ports:?}")
+/// One device as a line: its name, `props.port` and its ports (`port.index` values).
+fn line(name: &str, port: u8, ports: &[u32]) -> String {
+    format!("{name} port {port} {ports:?}")
 }
 
 /// The transport's table on the machine `NCCL_WASM_TOPOLOGY` names, or why there is none.
@@ -53,8 +53,9 @@ fn transport_table(decisions: Arc<dyn Decisions>) -> Vec<String> {
     match net {
         Ok(net) => (0..net.device_count() as i64)
             .map(|d| {
-                let name = net.properties(d).expect("a device of the table").name;
-                line(&name, &net.device_ports(d).expect("a device of the table"))
+                let props = net.properties(d).expect("a device of the table");
+                let ports = net.device_ports(d).expect("a device of the table");
+                line(&props.name, props.port, &ports)
             })
             .collect(),
         Err(e) => vec![format!("no device: {e}")],
@@ -63,7 +64,10 @@ fn transport_table(decisions: Arc<dyn Decisions>) -> Vec<String> {
 
 /// The report's table: the same lines.
 fn report_table(devices: &[NcclDevice]) -> Vec<String> {
-    devices.iter().map(|d| line(&d.name, &d.ports)).collect()
+    devices
+        .iter()
+        .map(|d| line(&d.name, d.port, &d.ports))
+        .collect()
 }
 
 /// Runs `test`'s child side on `topology`; returns the protocol lines it printed, by key.
@@ -207,5 +211,5 @@ fn a_group_listed_out_of_selection_order_stands_in_one_place() {
     let report = report_table(&nccl_devices(&table, &selected));
     assert_eq!(*transport, report);
     // Where the rule puts it: at the first selected port, which the group lists last.
-    assert_eq!(report[0], line("mlx5_2+mlx5_0", &[2, 0]), "{report:?}");
+    assert_eq!(report[0], line("mlx5_2+mlx5_0", 1, &[2, 0]), "{report:?}");
 }

@@ -33,10 +33,25 @@ fn selected(t: &DeviceTable) -> Vec<Vec<usize>> {
         .collect()
 }
 
+/// The PCI path of a card of its own on bus `bus`.
+fn pci(bus: u32) -> String {
+    format!("/pci0000:00/0000:{bus:02x}:00.0")
+}
+
 fn four() -> Vec<Port> {
     (0..4)
-        .map(|i| port(i, &format!("mlx5_{i}"), 1, &format!("/pci/{i}")))
+        .map(|i| port(i, &format!("mlx5_{i}"), 1, &pci(i)))
         .collect()
+}
+
+/// NCCL's defaults: `NCCL_IB_MERGE_VFS=1`, `NCCL_IB_DATA_DIRECT=1`.
+const NCCL: TableEnv = TableEnv {
+    merge_vfs: true,
+    data_direct_both: false,
+};
+
+fn ports_of(t: &DeviceTable) -> Vec<u8> {
+    t.devices().iter().map(|d| d.port).collect()
 }
 
 fn no_dd() -> BTreeMap<String, String> {
@@ -47,7 +62,7 @@ fn no_dd() -> BTreeMap<String, String> {
 fn selected_ports_are_devices_in_selection_order() {
     let mut ports = four();
     ports.reverse();
-    let t = DeviceTable::new(&ports, &[], &no_dd());
+    let t = DeviceTable::new(&ports, &[], &no_dd(), NCCL);
     assert_eq!(names(&t), ["mlx5_3", "mlx5_2", "mlx5_1", "mlx5_0"]);
     assert_eq!(selected(&t), [[0], [1], [2], [3]]);
     assert_eq!(t.physical_count(), 4);
@@ -66,16 +81,16 @@ fn selected_ports_are_devices_in_selection_order() {
 #[test]
 fn a_group_stands_at_its_first_selected_member_and_keeps_its_own_order() {
     let ports = four();
-    let t = DeviceTable::new(&ports, &[group(&[2, 0], None)], &no_dd());
+    let t = DeviceTable::new(&ports, &[group(&[2, 0], None)], &no_dd(), NCCL);
     assert_eq!(names(&t), ["mlx5_2+mlx5_0", "mlx5_1", "mlx5_3"]);
     assert_eq!(selected(&t), [vec![2, 0], vec![1], vec![3]]);
     let fused = &t.devices()[0];
     assert_eq!(
         (fused.pci_path.as_str(), fused.children.as_slice()),
-        ("/pci/2", &[0][..])
+        (pci(2).as_str(), &[0][..])
     );
 
-    let named = DeviceTable::new(&ports, &[group(&[3, 1], Some("rail"))], &no_dd());
+    let named = DeviceTable::new(&ports, &[group(&[3, 1], Some("rail"))], &no_dd(), NCCL);
     assert_eq!(names(&named), ["mlx5_0", "rail", "mlx5_2"]);
     assert_eq!(selected(&named), [vec![0], vec![3, 1], vec![2]]);
 }
@@ -87,52 +102,97 @@ fn groups_fuse_only_selected_ports_and_at_least_two() {
         &ports[..3],
         &[group(&[1], None), group(&[2, 3], None)],
         &no_dd(),
+        NCCL,
     );
     // Port 3 is not selected: the "group" of 2 and 3 is port 2 alone.
     assert_eq!(names(&t), ["mlx5_0", "mlx5_1", "mlx5_2"]);
     assert_eq!(selected(&t), [[0], [1], [2]]);
 }
 
-/// Today's rule, pinned until the plugin follows NCCL 2.30's: the earlier devices of a shared
-/// name get `:port`, the last keeps the plain name.
+/// net_ib 2.30's names: both verbs ports of `mlx4_0` are `mlx4_0`, and their port numbers
+/// tell them apart (1, then 2 + the one earlier device on the card = 3).
 #[test]
-fn ports_of_one_nic_are_told_apart_by_port_number() {
+fn ports_of_one_nic_share_its_name_and_count_up_their_port_numbers() {
     let ports = [
-        port(0, "mlx4_0", 1, "/pci/4"),
-        port(1, "mlx4_0", 2, "/pci/4"),
-        port(2, "mlx5_0", 1, "/pci/5"),
+        port(0, "mlx4_0", 1, "/pci0000:00/0000:04:00.0"),
+        port(1, "mlx4_0", 2, "/pci0000:00/0000:04:00.0"),
+        port(2, "mlx5_0", 1, "/pci0000:00/0000:05:00.0"),
     ];
-    let t = DeviceTable::new(&ports, &[], &no_dd());
-    assert_eq!(names(&t), ["mlx4_0:1", "mlx4_0", "mlx5_0"]);
-    assert_eq!(t.devices()[1].port, 2);
+    let mut t = DeviceTable::new(&ports, &[], &no_dd(), NCCL);
+    assert_eq!(names(&t), ["mlx4_0", "mlx4_0", "mlx5_0"]);
+    assert_eq!(ports_of(&t), [1, 3, 1]);
+    // A vNIC of the two: net_ib's name, and its first child's port.
+    let v = t.fuse(&[0, 1]).unwrap();
+    assert_eq!(t.devices()[v as usize].name, "mlx4_0+mlx4_0");
+    assert_eq!(t.devices()[v as usize].port, 1);
+    // Asked again (another communicator), the same fusion gets the same name.
+    let again = t.fuse(&[0, 1]).unwrap();
+    assert_eq!(t.devices()[again as usize].name, "mlx4_0+mlx4_0");
 }
 
+/// `ncclIbGetRealPort`: the functions of a dual-port card (one merged PCI path) report ports 1
+/// and 2; its virtual functions count as the card with `NCCL_IB_MERGE_VFS=1` (their paths were
+/// merged to the card's by discovery) and as cards of their own without; devices on another
+/// bus, and devices without a PCI path, count nothing.
 #[test]
-fn data_direct_twins_follow_single_port_devices_only() {
+fn port_numbers_count_earlier_devices_on_the_same_card() {
+    let card = "/pci0000:00/0000:3b:00.0";
     let ports = [
-        port(0, "mlx5_0", 1, "/pci/0"),
-        port(1, "mlx5_0", 2, "/pci/0"),
-        port(2, "mlx5_1", 1, "/pci/1"),
-        port(3, "mlx5_2", 1, "/pci/2"),
-        port(4, "mlx5_3", 1, "/pci/3"),
+        port(0, "mlx5_0", 1, card),
+        port(1, "mlx5_1", 1, card),
+        port(2, "mlx5_2", 1, "/pci0000:00/0000:5e:00.0"),
+        port(3, "mlx5_3", 1, ""),
+        port(4, "mlx5_4", 1, ""),
+        port(5, "mlx5_5", 1, card),
+    ];
+    let t = DeviceTable::new(&ports, &[], &no_dd(), NCCL);
+    assert_eq!(ports_of(&t), [1, 2, 1, 1, 1, 3]);
+
+    // Two virtual functions of one card, paths as discovery merges them without MERGE_VFS.
+    let vfs = [
+        port(0, "mlx5_6", 1, "/pci0000:00/0000:3b:02.0"),
+        port(1, "mlx5_7", 1, "/pci0000:00/0000:3b:03.0"),
+    ];
+    let separate = TableEnv {
+        merge_vfs: false,
+        ..NCCL
+    };
+    assert_eq!(
+        ports_of(&DeviceTable::new(&vfs, &[], &no_dd(), separate)),
+        [1, 1]
+    );
+    // With it, net_ib compares up to the bus: the same card.
+    assert_eq!(
+        ports_of(&DeviceTable::new(&vfs, &[], &no_dd(), NCCL)),
+        [1, 2]
+    );
+}
+
+/// A single-port device of a Data Direct NIC is its `<dev>_dma` twin (NCCL ≥ 2.28's default),
+/// or is followed by it with `NCCL_IB_DATA_DIRECT=2`; a group gets none. Twins number their
+/// ports on the Data Direct function's own path.
+#[test]
+fn data_direct_twins_replace_or_follow_single_port_devices() {
+    let ports = [
+        port(0, "mlx5_0", 1, &pci(0)),
+        port(1, "mlx5_0", 2, &pci(0)),
+        port(2, "mlx5_1", 1, &pci(1)),
+        port(3, "mlx5_2", 1, &pci(2)),
+        port(4, "mlx5_3", 1, &pci(3)),
     ];
     let dd: BTreeMap<String, String> = ["mlx5_0", "mlx5_1", "mlx5_2"]
         .iter()
-        .map(|d| ((*d).to_owned(), format!("/sys/dd/{d}")))
+        .zip(0xa0..)
+        .map(|(d, bus)| ((*d).to_owned(), pci(bus).replace(".0", ".1")))
         .collect();
-    let t = DeviceTable::new(&ports, &[group(&[2, 3], None)], &dd);
+    let groups = [group(&[2, 3], None)];
+    let t = DeviceTable::new(&ports, &groups, &dd, NCCL);
     assert_eq!(
         names(&t),
-        [
-            "mlx5_0:1",
-            "mlx5_0_dma:1",
-            "mlx5_0",
-            "mlx5_0_dma",
-            "mlx5_1+mlx5_2",
-            "mlx5_3"
-        ]
+        ["mlx5_0_dma", "mlx5_0_dma", "mlx5_1+mlx5_2", "mlx5_3"]
     );
-    let twin = &t.devices()[3];
+    assert_eq!(ports_of(&t), [1, 3, 1, 1]);
+    let twin = &t.devices()[1];
     assert_eq!(
         twin.members,
         [Member {
@@ -140,26 +200,46 @@ fn data_direct_twins_follow_single_port_devices_only() {
             data_direct: true
         }]
     );
-    assert_eq!((twin.port, twin.pci_path.as_str()), (2, "/sys/dd/mlx5_0"));
-    assert_eq!(twin.children, [3]);
-    assert_eq!(t.physical_count(), 6);
+    assert_eq!(twin.pci_path, dd["mlx5_0"]);
+    assert_eq!(twin.children, [1]);
+    assert_eq!(t.physical_count(), 4);
+
+    let both = TableEnv {
+        data_direct_both: true,
+        ..NCCL
+    };
+    let t = DeviceTable::new(&ports, &groups, &dd, both);
+    assert_eq!(
+        names(&t),
+        [
+            "mlx5_0",
+            "mlx5_0_dma",
+            "mlx5_0",
+            "mlx5_0_dma",
+            "mlx5_1+mlx5_2",
+            "mlx5_3"
+        ]
+    );
+    assert_eq!(ports_of(&t), [1, 1, 3, 3, 1, 1]);
+    assert!(!t.devices()[2].members[0].data_direct);
+    assert!(t.devices()[3].members[0].data_direct);
 }
 
 #[test]
 fn fusions_are_appended_named_after_their_children() {
-    let mut t = DeviceTable::new(&four(), &[group(&[2, 3], None)], &no_dd());
+    let mut t = DeviceTable::new(&four(), &[group(&[2, 3], None)], &no_dd(), NCCL);
     assert_eq!(t.fuse(&[2, 0]), Ok(3));
     assert_eq!(t.fuse(&[2, 0]), Ok(4));
     assert_eq!(t.fuse(&[1]), Ok(5));
     assert_eq!(
         names(&t)[3..],
-        ["mlx5_2+mlx5_3+mlx5_0", "mlx5_2+mlx5_3+mlx5_0#2", "mlx5_1#2"]
+        ["mlx5_2+mlx5_3+mlx5_0", "mlx5_2+mlx5_3+mlx5_0", "mlx5_1"]
     );
     let v = &t.devices()[3];
     assert_eq!(selected(&t)[3], [2, 3, 0]);
     assert_eq!(
         (v.children.as_slice(), v.pci_path.as_str()),
-        (&[2, 0][..], "/pci/2")
+        (&[2, 0][..], pci(2).as_str())
     );
     assert_eq!(t.physical_count(), 3);
     assert_eq!(

@@ -31,11 +31,12 @@ impl std::io::Write for Capture {
     }
 }
 
-/// Sends this process's log lines (INFO and up) to a buffer [`logged`] returns.
-pub fn capture_logs() {
+/// Sends this process's log lines at `level` and up to a buffer [`logged`] returns.
+pub fn capture_logs(level: tracing_subscriber::filter::LevelFilter) {
     tracing_subscriber::fmt()
         .with_writer(|| Capture)
         .with_ansi(false)
+        .with_max_level(level)
         .init();
 }
 
