@@ -182,3 +182,90 @@ fn open_refuses_what_is_not_a_plugin() {
         "{libc}"
     );
 }
+
+/// Connection churn with requests in flight, as NCCL plugins are commonly tested: 4 threads at
+/// once (each with its own v12 context, as communicators have), each 10 times over and on every
+/// device — listen, connect and accept, register 1 MiB buffers, post 8 receives and 8 sends,
+/// deregister the buffers while those requests are in flight, then `closeSend`, `closeRecv` and
+/// `closeListen` with the requests never tested, and again on fresh listen comms. Half the
+/// rounds close the receiving side first. Nothing may hang.
+#[test]
+fn churn_with_requests_in_flight_never_hangs() {
+    const TEST: &str = "churn_with_requests_in_flight_never_hangs";
+    if !ncclwasm_testkit::child::enter(TEST) {
+        print!("{}", in_child(TEST, &[]));
+        return;
+    }
+    const THREADS: usize = 4;
+    const ROUNDS: usize = 10;
+    const SIZE: usize = 1 << 20;
+    const BATCH: usize = 8;
+    let started = std::time::Instant::now();
+    let (done, finished) = std::sync::mpsc::channel();
+    for t in 0..THREADS {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut plugin = Plugin::open_as(&library(), 12).unwrap();
+            plugin.init().unwrap();
+            let devices = plugin.devices().unwrap();
+            for round in 0..ROUNDS {
+                for dev in 0..devices {
+                    let (listen, mut handle) = plugin.listen(dev).unwrap();
+                    let (mut send, mut recv) = (None, None);
+                    ncclwasm_testkit::wait_until("connect and accept", TIMEOUT, || {
+                        if send.is_none() {
+                            send = plugin.connect(dev, &mut handle).unwrap();
+                        }
+                        if recv.is_none() {
+                            recv = listen.accept().unwrap();
+                        }
+                        send.is_some() && recv.is_some()
+                    });
+                    let (send, recv) = (send.unwrap(), recv.unwrap());
+                    let out = send.reg_mr(SIZE).unwrap();
+                    let into = recv.reg_mr(SIZE).unwrap();
+                    let chunk = SIZE / BATCH;
+                    for k in 0..BATCH {
+                        let range = k * chunk..(k + 1) * chunk;
+                        let r = recv
+                            .irecv(&into, range, 1)
+                            .unwrap()
+                            .expect("a receive slot");
+                        // Never tested: the library keeps what it needs of the request.
+                        std::mem::forget(r);
+                    }
+                    let mut sent = 0;
+                    ncclwasm_testkit::wait_until("the sends post", TIMEOUT, || {
+                        if let Some(s) = send
+                            .isend(&out, sent * chunk..(sent + 1) * chunk, 1)
+                            .unwrap()
+                        {
+                            std::mem::forget(s);
+                            sent += 1;
+                        }
+                        sent == BATCH
+                    });
+                    // deregMr with the requests in flight (the bytes are leaked, not freed).
+                    drop((out, into));
+                    if (round + t) % 2 == 0 {
+                        drop((send, recv));
+                    } else {
+                        drop((recv, send));
+                    }
+                    drop(listen);
+                }
+            }
+            let _ = done.send(t);
+        });
+    }
+    for _ in 0..THREADS {
+        let left = TIMEOUT.saturating_sub(started.elapsed());
+        finished
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("a thread hung (or failed) after {:?}", started.elapsed()));
+    }
+    println!(
+        "churn: {THREADS} threads x {ROUNDS} rounds x every device in {:?}",
+        started.elapsed()
+    );
+}
