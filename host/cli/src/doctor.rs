@@ -9,10 +9,10 @@ use clap::Args as ClapArgs;
 use ncclwasm_default::IbConfig;
 use ncclwasm_model::file::{self, Limit};
 use ncclwasm_model::{LinkLayer, PortState};
-use ncclwasm_policy::Settings;
+use ncclwasm_policy::{Settings, WASM_VARIABLES};
 use ncclwasm_soft::{ENV_FABRIC, FabricChoice};
 use ncclwasm_transport::{GpuSupport, Net};
-use ncclwasm_verbs::{ENV_SYSFS_ROOT, Fabric, IbOptions};
+use ncclwasm_verbs::{Fabric, IbOptions};
 use serde::Serialize;
 
 use crate::fail::{Exit, Fail, Outcome};
@@ -496,22 +496,6 @@ fn policy() -> Check {
     }
 }
 
-/// Every `NCCL_WASM_*` the plugin reads; anything else with the prefix is likely a typo.
-const WASM_VARIABLES: &[&str] = &[
-    ncclwasm_policy::ENV_POLICY,
-    ncclwasm_policy::ENV_CONFIG,
-    ncclwasm_policy::ENV_RELOAD_MS,
-    ncclwasm_policy::ENV_TIMEOUT_MS,
-    ncclwasm_policy::ENV_MEMORY_MB,
-    ncclwasm_policy::ENV_FAILURE,
-    ncclwasm_policy::ENV_CACHE_DIR,
-    ENV_FABRIC,
-    "NCCL_WASM_TOPOLOGY",
-    ncclwasm_verbs::ib::PATH_ENV,
-    ENV_SYSFS_ROOT,
-    ncclwasm_default::STRICT_CONFIG,
-];
-
 /// One WARN per `NCCL_IB_*` value accepted as NCCL accepts it but read other than it reads
 /// (`ConfigWarning`): the plugin WARNs the same at `init`.
 fn config_warnings(host: &Host) -> Vec<Check> {
@@ -572,15 +556,9 @@ fn settings(host: &Host) -> Check {
                 .map(|(k, v)| format!("{k}={v} (environment, read by the transport)")),
         );
     }
-    let mut unknown = Vec::new();
     for (k, v) in std::env::vars() {
-        if !k.starts_with("NCCL_WASM_") {
-            continue;
-        }
         if WASM_VARIABLES.contains(&k.as_str()) {
             set.push(format!("{k}={v} (environment)"));
-        } else {
-            unknown.push(k);
         }
     }
     set.sort();
@@ -589,18 +567,17 @@ fn settings(host: &Host) -> Check {
     } else {
         format!("{}; {defaults} NCCL_IB_* at defaults", set.join(", "))
     };
+    let unknown = Settings::from_env()
+        .map(|s| s.unknown_warnings())
+        .unwrap_or_default();
     if unknown.is_empty() {
         Check::ok(NAME, summary)
     } else {
-        unknown.sort();
         Check::bad(
             NAME,
             Status::Warn,
-            format!("{summary}; not read by the plugin: {}", unknown.join(", ")),
-            format!(
-                "check the spelling; the plugin reads {}",
-                WASM_VARIABLES.join(", ")
-            ),
+            format!("{summary}; {}", unknown.join("; ")),
+            "correct the spelling, or unset the variable",
         )
     }
 }
@@ -608,6 +585,20 @@ fn settings(host: &Host) -> Check {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The policy crate lists every `NCCL_WASM_*` name by hand for the parts it does not
+    /// depend on; they must be the names those parts read.
+    #[test]
+    fn the_known_wasm_variables_are_the_ones_each_part_reads() {
+        for name in [
+            ENV_FABRIC,
+            ncclwasm_verbs::ENV_SYSFS_ROOT,
+            ncclwasm_verbs::ib::PATH_ENV,
+            ncclwasm_default::STRICT_CONFIG,
+        ] {
+            assert!(WASM_VARIABLES.contains(&name), "{name}");
+        }
+    }
 
     /// Issue 21, point 5: each value accepted as NCCL accepts it is one WARN line naming the
     /// variable and what was done.

@@ -145,6 +145,9 @@ fn header(r: &Report) -> String {
     } else {
         out += &field("settings", &set.join(" "));
     }
+    for w in &r.settings.warnings {
+        out += &field("warning", w);
+    }
     if let Some(config) = &r.settings.config {
         out += &field("config", config);
     }

@@ -114,8 +114,12 @@ pub struct SettingsView {
     pub config: Option<String>,
     /// Every variable the built-in default reads, with its value and where it came from.
     pub ib: Vec<SettingView>,
-    /// `NCCL_IB_*` pairs given that the built-in default does not read (the transport may).
+    /// `NCCL_IB_*` pairs given that NCCL reads and the built-in default does not (the
+    /// transport may).
     pub ignored: Vec<SettingView>,
+    /// Values read other than written, and names NCCL does not read at all (misspelt ones, with
+    /// the name meant): what the plugin WARNs at `init`.
+    pub warnings: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -151,6 +155,7 @@ impl SettingsView {
                     source: "environment",
                 })
                 .collect(),
+            warnings: ib.warnings().iter().map(ToString::to_string).collect(),
         }
     }
 }

@@ -1026,3 +1026,47 @@ fn explain_shows_the_answer_to_a_port_failure_and_its_return() {
     assert_eq!(events[1]["answer"]["value"]["kind"], "stay");
     assert_eq!(events[1]["answer"]["source"]["kind"], "builtin");
 }
+
+/// Issue 18, point 8: a misspelt `NCCL_IB_*` is no setting — `explain` shows it as a warning with
+/// the name meant (and not among the settings), `doctor` WARNs it and a misspelt `NCCL_WASM_*`,
+/// each with the closest known name.
+#[test]
+fn misspelt_variables_are_warned_with_the_name_meant() {
+    let mut env = mlx5_env(true);
+    env.push(("NCCL_IB_HCAA", "mlx5_0".to_owned()));
+    env.push(("NCCL_WASM_POLCY", "x.wasm".to_owned()));
+    let o = run_owned(
+        &["policy", "explain", "builtin", "-t", &topology("loopback")],
+        &env,
+    );
+    assert_ok(&o);
+    let out = stdout(&o);
+    assert!(
+        line(&out, "warning")
+            .contains("NCCL_IB_HCAA=mlx5_0: not a variable NCCL reads (did you mean NCCL_IB_HCA?)"),
+        "{out}"
+    );
+    assert!(!line(&out, "settings").contains("HCAA"), "{out}");
+    let v = json(&run_owned(&["doctor", "--json"], &env));
+    let config = v["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .filter(|c| c["name"] == "config")
+        .map(|c| c["detail"].as_str().unwrap_or_default().to_owned())
+        .collect::<Vec<_>>();
+    assert!(
+        config
+            .iter()
+            .any(|d| d.contains("did you mean NCCL_IB_HCA?")),
+        "{config:?}"
+    );
+    let settings = check(&v, "settings");
+    assert_eq!(settings["status"], "WARN", "{settings}");
+    assert!(
+        settings["detail"].as_str().unwrap().contains(
+            "NCCL_WASM_POLCY: not a variable the plugin reads (did you mean NCCL_WASM_POLICY?)"
+        ),
+        "{settings}"
+    );
+}

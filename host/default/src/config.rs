@@ -51,6 +51,20 @@ pub struct ConfigWarning {
     pub action: String,
 }
 
+/// The warning for an `NCCL_IB_*` name NCCL does not read: NCCL ignores it silently.
+fn unknown_variable(name: &str, value: &str) -> ConfigWarning {
+    let problem = match ncclwasm_model::spelling::closest(name, NCCL_IB_VARIABLES) {
+        Some(meant) => format!("not a variable NCCL reads (did you mean {meant}?)"),
+        None => "not a variable NCCL reads".to_owned(),
+    };
+    ConfigWarning {
+        name: name.to_owned(),
+        value: value.to_owned(),
+        problem,
+        action: "ignored, as NCCL ignores it".to_owned(),
+    }
+}
+
 /// `NCCL_WASM_STRICT_CONFIG=1`: refuse every value [`IbConfig`] would otherwise accept with a
 /// [`ConfigWarning`]. Read from the same pairs (so a wasm policy's `init` sees it too).
 pub const STRICT_CONFIG: &str = "NCCL_WASM_STRICT_CONFIG";
@@ -322,6 +336,59 @@ const KNOWN: [(&str, &str); 20] = [
     ("NCCL_IB_DEVICE_PCI_ORDER", "1"),
 ];
 
+/// Every `NCCL_IB_*` variable NCCL 2.30 reads (its IB transport and core): a name outside
+/// this list is no setting at all, most likely a misspelt one, and gets a [`ConfigWarning`]
+/// naming the closest of these.
+pub const NCCL_IB_VARIABLES: &[&str] = &[
+    "NCCL_IB_ADAPTIVE_ROUTING",
+    "NCCL_IB_ADDR_FAMILY",
+    "NCCL_IB_ADDR_RANGE",
+    "NCCL_IB_AR_THRESHOLD",
+    "NCCL_IB_DATA_DIRECT",
+    "NCCL_IB_DEVICE_PCI_ORDER",
+    "NCCL_IB_DISABLE",
+    "NCCL_IB_ECE_ENABLE",
+    "NCCL_IB_FIFO_TC",
+    "NCCL_IB_GDR_FLUSH_DISABLE",
+    "NCCL_IB_GID_INDEX",
+    "NCCL_IB_HCA",
+    "NCCL_IB_MERGE_NICS",
+    "NCCL_IB_MERGE_VFS",
+    "NCCL_IB_MQP_RETRY_ALL",
+    "NCCL_IB_MQP_RETRY_CNT",
+    "NCCL_IB_MQP_RETRY_SLEEP_MSEC",
+    "NCCL_IB_OOO_RQ",
+    "NCCL_IB_PCI_RELAXED_ORDERING",
+    "NCCL_IB_PKEY",
+    "NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS",
+    "NCCL_IB_QPS_PER_CONNECTION",
+    "NCCL_IB_QUERY_PORT_SPEED",
+    "NCCL_IB_RECEIVER_SIDE_MATCHING_SCHEME",
+    "NCCL_IB_RESILIENCY_PORT_FAILOVER",
+    "NCCL_IB_RESILIENCY_PORT_FAILOVER_MAX_ATTEMPTS",
+    "NCCL_IB_RESILIENCY_PORT_FAILOVER_PROBE_DELAY",
+    "NCCL_IB_RESILIENCY_PORT_RECOVERY",
+    "NCCL_IB_RESILIENCY_PORT_RECOVERY_ACK_TIMEOUT",
+    "NCCL_IB_RESILIENCY_PORT_RECOVERY_ALIVE_MSG_BATCH_INTERVAL",
+    "NCCL_IB_RESILIENCY_PORT_RECOVERY_ALIVE_MSG_BATCH_SIZE",
+    "NCCL_IB_RESILIENCY_PORT_RECOVERY_ALIVE_MSG_SEQUENCE_SIZE",
+    "NCCL_IB_RESILIENCY_PORT_RECOVERY_ALIVE_MSG_TIMEOUT",
+    "NCCL_IB_RESILIENCY_PORT_RECOVERY_ATTEMPTS_MAX",
+    "NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY",
+    "NCCL_IB_RETRY_CNT",
+    "NCCL_IB_RETURN_ASYNC_EVENTS",
+    "NCCL_IB_ROCE_VERSION_NUM",
+    "NCCL_IB_ROUTABLE_FLID_GID_INDEX",
+    "NCCL_IB_SL",
+    "NCCL_IB_SPLIT_DATA_ON_QPS",
+    "NCCL_IB_SUBNET_AWARE_ROUTING",
+    "NCCL_IB_SUBNET_PREFIX_LEN",
+    "NCCL_IB_TC",
+    "NCCL_IB_TIMEOUT",
+    "NCCL_IB_USE_INLINE",
+    "NCCL_IB_WARN_RAIL_LOCAL",
+];
+
 /// The bytes of a name NCCL keeps (`netIf::prefix` is 64 bytes with the NUL).
 const MAX_NAME: usize = 63;
 
@@ -387,9 +454,13 @@ impl IbConfig {
                     given.retain(|(n, _)| *n != name);
                     given.push((name, value));
                 }
-                None => {
+                None if NCCL_IB_VARIABLES.contains(&key.as_str()) => {
                     cfg.ignored.retain(|(k, _)| k != key);
                     cfg.ignored.push((key.clone(), value.clone()));
+                }
+                None => {
+                    cfg.warnings.retain(|w| w.name != *key);
+                    cfg.warnings.push(unknown_variable(key, value));
                 }
             }
         }
@@ -413,7 +484,7 @@ impl IbConfig {
                 default: KNOWN
                     .iter()
                     .find(|(n, _)| *n == w.name)
-                    .map_or("", |(_, d)| d),
+                    .map_or("none, NCCL does not read it", |(_, d)| d),
             }),
             _ => Ok(cfg),
         }
@@ -431,8 +502,9 @@ impl IbConfig {
         &self.sources
     }
 
-    /// `NCCL_IB_*` pairs given but not read by the built-in default (the transport reads some of
-    /// them itself, e.g. `NCCL_IB_PKEY`, `NCCL_IB_USE_INLINE`, `NCCL_IB_GDR_FLUSH_DISABLE`).
+    /// `NCCL_IB_*` pairs NCCL reads but the built-in default does not (the transport reads some
+    /// of them itself, e.g. `NCCL_IB_MERGE_VFS`, `NCCL_IB_GDR_FLUSH_DISABLE`). A name NCCL does
+    /// not read at all is a [`ConfigWarning`] instead ([`NCCL_IB_VARIABLES`]).
     pub fn ignored(&self) -> &[(String, String)] {
         &self.ignored
     }
@@ -780,7 +852,7 @@ mod tests {
     }
 
     #[test]
-    fn empty_values_unset_later_pairs_win_and_unknown_keys_are_kept() {
+    fn empty_values_unset_later_pairs_win_and_other_keys_are_kept_or_warned() {
         let c = cfg(&[
             ("NCCL_IB_TIMEOUT", "12"),
             ("NCCL_IB_TIMEOUT", "14"),
@@ -792,10 +864,10 @@ mod tests {
         ]);
         assert_eq!((c.timeout, c.tc), (14, None));
         assert!(!c.is_set("NCCL_IB_TC"));
-        assert_eq!(
-            c.ignored(),
-            &owned(&[("NCCL_IB_PKEY", "1"), ("NCCL_IB_FUTURE_KNOB", "x")])[..]
-        );
+        assert_eq!(c.ignored(), &owned(&[("NCCL_IB_PKEY", "1")])[..]);
+        // A name NCCL does not read is a warning, not a setting.
+        assert_eq!(c.warnings().len(), 1);
+        assert_eq!(c.warnings()[0].name, "NCCL_IB_FUTURE_KNOB");
     }
 
     #[test]
@@ -843,6 +915,39 @@ mod tests {
             let e = refused(name, value);
             assert!(e.starts_with(&format!("{name}={value}: {why}")), "{e}");
         }
+    }
+
+    /// Issue 18, point 8: a name NCCL does not read is a warning naming the closest one it
+    /// does; a variable NCCL reads and the built-in default does not stays quietly ignored.
+    #[test]
+    fn a_misspelt_variable_is_a_warning_naming_the_one_meant() {
+        let c = cfg(&[("NCCL_IB_HCAA", "mlx5_0"), ("NCCL_IB_PKEY", "1")]);
+        assert!(
+            c.hca.entries.is_empty(),
+            "the misspelt filter applies nothing"
+        );
+        assert_eq!(c.ignored(), [("NCCL_IB_PKEY".into(), "1".into())]);
+        let w: Vec<String> = c.warnings().iter().map(ToString::to_string).collect();
+        assert_eq!(
+            w,
+            [
+                "NCCL_IB_HCAA=mlx5_0: not a variable NCCL reads (did you mean NCCL_IB_HCA?); \
+              ignored, as NCCL ignores it"
+            ]
+        );
+        let far = cfg(&[("NCCL_IB_SOMETHING_NEW", "1")]);
+        assert_eq!(
+            far.warnings()[0].problem,
+            "not a variable NCCL reads",
+            "no suggestion when nothing is close"
+        );
+        let strict = IbConfig::from_pairs(&[
+            ("NCCL_IB_HCAA".into(), "mlx5_0".into()),
+            (STRICT_CONFIG.into(), "1".into()),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(strict.contains("did you mean NCCL_IB_HCA?"), "{strict}");
     }
 
     #[test]

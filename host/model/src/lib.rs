@@ -21,6 +21,7 @@ mod plan;
 mod port;
 #[cfg(unix)]
 pub mod private_dir;
+pub mod spelling;
 pub mod topology;
 pub mod validate;
 

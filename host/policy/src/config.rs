@@ -25,6 +25,26 @@ pub const ENV_FAILURE: &str = "NCCL_WASM_POLICY_FAILURE";
 /// directory, `off` = in memory only, anything else = that directory.
 pub const ENV_CACHE_DIR: &str = "NCCL_WASM_POLICY_CACHE_DIR";
 
+/// Every `NCCL_WASM_*` variable the plugin reads, whichever part reads it: the engine's above,
+/// the fabric choice and the soft fabric's machine (`ncclwasm-soft`), the library the `ib`
+/// fabric opens and the sysfs root (`ncclwasm-verbs`), and strict configuration
+/// (`ncclwasm-default`). Any other name with the prefix is most likely misspelt: the host WARNs
+/// it with the closest of these, and `ncclwasm doctor` lists it.
+pub const WASM_VARIABLES: &[&str] = &[
+    ENV_POLICY,
+    ENV_CONFIG,
+    ENV_RELOAD_MS,
+    ENV_TIMEOUT_MS,
+    ENV_MEMORY_MB,
+    ENV_FAILURE,
+    ENV_CACHE_DIR,
+    "NCCL_WASM_FABRIC",
+    "NCCL_WASM_TOPOLOGY",
+    "NCCL_WASM_IBVERBS_PATH",
+    "NCCL_WASM_SYSFS_ROOT",
+    ncclwasm_default::STRICT_CONFIG,
+];
+
 const TIMEOUT_RANGE_MS: (u64, u64) = (1, 60_000);
 const MEMORY_RANGE_MB: (u64, u64) = (1, 4096);
 const RELOAD_RANGE_MS: (u64, u64) = (0, 3_600_000);
@@ -95,6 +115,8 @@ pub struct Settings {
     /// How many devices one vNIC or group may fuse (NCCL's `maxDevsPerNic`: 4 before 2.30, 8
     /// after); the plugin sets it from the NCCL version it was loaded by.
     pub max_devs_per_nic: usize,
+    /// `NCCL_WASM_*` names set that no part of the plugin reads, sorted ([`WASM_VARIABLES`]).
+    pub unknown: Vec<String>,
 }
 
 impl Default for Settings {
@@ -109,6 +131,7 @@ impl Default for Settings {
             ib: Vec::new(),
             cache: PolicyCache::PerUser,
             max_devs_per_nic: 4,
+            unknown: Vec::new(),
         }
     }
 }
@@ -167,11 +190,27 @@ impl Settings {
                 _ if name.starts_with("NCCL_IB_") || name == ncclwasm_default::STRICT_CONFIG => {
                     s.ib.push((name, value))
                 }
+                _ if name.starts_with("NCCL_WASM_") && !WASM_VARIABLES.contains(&name.as_str()) => {
+                    s.unknown.push(name)
+                }
                 _ => {}
             }
         }
         s.ib.sort();
+        s.unknown.sort();
         Ok(s)
+    }
+
+    /// One line per [`Settings::unknown`] name, with the known name it most likely meant.
+    pub fn unknown_warnings(&self) -> Vec<String> {
+        self.unknown
+            .iter()
+            .map(|name| {
+                let meant = ncclwasm_model::spelling::closest(name, WASM_VARIABLES)
+                    .map_or(String::new(), |m| format!(" (did you mean {m}?)"));
+                format!("{name}: not a variable the plugin reads{meant}; ignored")
+            })
+            .collect()
     }
 
     /// Log every value in effect once, so an operator can see what the engine runs with.
@@ -246,6 +285,26 @@ mod tests {
 
     fn vars(pairs: &[(&str, &str)]) -> Result<Settings, PolicyError> {
         Settings::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+    }
+
+    /// A misspelt `NCCL_WASM_*` is kept aside and warned with the name meant (the host WARNs
+    /// these lines at start); known names of other parts are not.
+    #[test]
+    fn unknown_wasm_variables_are_named_with_the_one_meant() {
+        let s = vars(&[
+            ("NCCL_WASM_POLCY", "x.wasm"),
+            ("NCCL_WASM_FABRIC", "soft"),
+            ("NCCL_WASM_ZZZ", "1"),
+        ])
+        .unwrap();
+        assert_eq!(s.policy, None);
+        assert_eq!(
+            s.unknown_warnings(),
+            [
+                "NCCL_WASM_POLCY: not a variable the plugin reads (did you mean NCCL_WASM_POLICY?); ignored",
+                "NCCL_WASM_ZZZ: not a variable the plugin reads; ignored",
+            ]
+        );
     }
 
     #[test]

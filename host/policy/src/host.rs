@@ -329,6 +329,9 @@ impl PolicyHost {
         for w in ib.warnings() {
             tracing::warn!(target: LOG_TARGET, "{w}");
         }
+        for w in settings.unknown_warnings() {
+            tracing::warn!(target: LOG_TARGET, "{w}");
+        }
         let engine = PolicyEngine::new(&settings)?;
         let shared = Arc::new(Shared {
             ib,

@@ -38,7 +38,7 @@ mod watch;
 
 pub use config::{
     ENV_CACHE_DIR, ENV_CONFIG, ENV_FAILURE, ENV_MEMORY_MB, ENV_POLICY, ENV_RELOAD_MS,
-    ENV_TIMEOUT_MS, FailureMode, PolicyCache, Settings,
+    ENV_TIMEOUT_MS, FailureMode, PolicyCache, Settings, WASM_VARIABLES,
 };
 pub use error::{FailureCause, Hook, PolicyError};
 pub use host::{Decision, PolicyHost, PolicyId, Source, Stats};
