@@ -5,7 +5,7 @@ use clap::Args as ClapArgs;
 use ncclwasm_model::{PortAnswer, PortChange};
 use serde::Serialize;
 
-use crate::fail::{Fail, Outcome};
+use crate::fail::{Exit, Fail, Outcome};
 use crate::render::{self, Table, field};
 use crate::report::{self, PortGid, Report, SourceView, VnicValue};
 use crate::setup::{self, ConfigArgs, DEFAULT_SIZES, MachineArgs, PolicyArg};
@@ -42,12 +42,31 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
     let settings = setup::settings(&args.config)?;
     let (host, policy) = setup::host(settings, &args.policy)?;
     let report = report::evaluate(&host, policy, &local, peer.as_ref(), &args.sizes)?;
-    let text = if args.json {
+    // A decision the built-in default made because the policy faulted is not the policy's: the
+    // report shows it, and the exit status says so to a script.
+    let faulted: Vec<String> = items(&report)
+        .into_iter()
+        .filter(|i| i.fault.is_some())
+        .map(|i| i.decision)
+        .collect();
+    let mut text = if args.json {
         crate::json(&report)?
     } else {
         render(&report)
     };
-    Ok(Outcome::success(text))
+    if !faulted.is_empty() && !args.json {
+        text += &format!(
+            "\n{} decision(s) fell back to the built-in default after a policy fault: {}\n",
+            faulted.len(),
+            faulted.join(", ")
+        );
+    }
+    let exit = if faulted.is_empty() {
+        Exit::Success
+    } else {
+        Exit::No
+    };
+    Ok(Outcome { text, exit })
 }
 
 /// The report for people: one section per decision, aligned columns, reasons last.

@@ -34,7 +34,7 @@ const EXIT_STATUS: &str = "\
 Exit status:
   0  done; for `diff`, the decisions are equal
   1  `diff`: the decisions differ; `check`: the file is not a usable policy; `doctor`: a
-     check FAILed
+     check FAILed; `explain`: a hook of the policy faulted (the built-in default decided)
   2  invalid arguments or settings (e.g. an NCCL_IB_* value), unreadable topology, a
      policy `explain`/`diff` cannot load, or a `bench` rank that failed
 

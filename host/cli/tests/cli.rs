@@ -264,10 +264,15 @@ fn explain_shows_policy_no_opinion_and_fallback_sources() {
         "-t",
         &topology("k8s-pod"),
     ]);
-    assert_ok(&o);
+    // Every hook trapped: the report is whole (the built-in default decided), exit status 1.
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(out.contains("fallback: hostile-trap"), "{out}");
     assert!(out.contains("failed with trap"), "{out}");
+    assert!(
+        out.contains("fell back to the built-in default after a policy fault: devices, gid "),
+        "{out}"
+    );
 }
 
 #[test]

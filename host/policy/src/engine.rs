@@ -58,6 +58,29 @@ const ALLOWED_IMPORTS: [&str; 5] = [
     "wasi:random/",
 ];
 
+/// Core instances, linear memories and tables one policy's store may create. Generous: a
+/// component is several core modules (a Rust std guest: its own and WASI's adapter; a
+/// componentize-py guest: 38 instances), and what bounds a guest is its memory, counted over
+/// all its memories together (`NCCL_WASM_POLICY_MEMORY_MB`), and its time per call. These only
+/// stop a component from being built of thousands of pieces.
+const MAX_INSTANCES: usize = 100;
+const MAX_MEMORIES: usize = 16;
+const MAX_TABLES: usize = 100;
+
+/// Which of the structural limits above an instantiation error is about, if any (wasmtime's
+/// "instance count too high at 101", and the same for memories and tables).
+fn structural_limit(e: &wasmtime::Error) -> Option<&'static str> {
+    let text = format!("{e:#}");
+    [
+        ("instance count too high", "core instances"),
+        ("memory count too high", "memories"),
+        ("table count too high", "tables"),
+    ]
+    .into_iter()
+    .find(|(needle, _)| text.contains(needle))
+    .map(|(_, what)| what)
+}
+
 /// What one store holds: the empty WASI context, the limits and the `log` budget.
 pub(crate) struct HostState {
     wasi: WasiCtx,
@@ -65,6 +88,9 @@ pub(crate) struct HostState {
     limits: StoreLimits,
     /// Set when the limiter refused a growth, so the trap that follows is reported as OOM.
     memory_refused: bool,
+    /// Bytes of all the store's linear memories together, and their bound.
+    memory_total: usize,
+    memory_cap: usize,
     /// `name@version` (or the file name before `init` said), for log lines.
     label: Arc<str>,
     log_left: u32,
@@ -73,20 +99,22 @@ pub(crate) struct HostState {
 
 impl HostState {
     fn new(memory_mb: u32, label: Arc<str>) -> Self {
+        let memory_cap = usize::try_from(u64::from(memory_mb) << 20).unwrap_or(usize::MAX);
         HostState {
             // Empty on purpose: no preopens, env, args or sockets; stdio reads EOF and writes nowhere.
             wasi: WasiCtx::builder().build(),
             table: ResourceTable::new(),
             limits: StoreLimitsBuilder::new()
-                .memory_size(usize::try_from(u64::from(memory_mb) << 20).unwrap_or(usize::MAX))
-                // One component instantiates several core instances (a std guest: its own, WASI's adapter).
-                .instances(16)
-                .memories(8)
-                .tables(16)
+                .memory_size(memory_cap)
+                .instances(MAX_INSTANCES)
+                .memories(MAX_MEMORIES)
+                .tables(MAX_TABLES)
                 .table_elements(1 << 20)
                 .trap_on_grow_failure(true)
                 .build(),
             memory_refused: false,
+            memory_total: 0,
+            memory_cap,
             label,
             log_left: LOG_LINES_PER_CALL,
             log_dropped: 0,
@@ -110,9 +138,24 @@ impl ResourceLimiter for HostState {
         desired: usize,
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        let verdict = self.limits.memory_growing(current, desired, maximum);
-        if !matches!(verdict, Ok(true)) {
-            self.memory_refused = true;
+        // Memories are created through here too (from 0), so the total counts every one.
+        let total = self
+            .memory_total
+            .saturating_sub(current)
+            .saturating_add(desired);
+        let verdict = match self.limits.memory_growing(current, desired, maximum) {
+            // The bound is for the guest, however many memories it spreads over.
+            Ok(true) if total > self.memory_cap => Err(wasmtime::Error::msg(format!(
+                "the guest's memories would hold {total} bytes together, over its {} bytes",
+                self.memory_cap
+            ))),
+            other => other,
+        };
+        match verdict {
+            // Past the memory's own maximum the growth fails after all: nothing to count.
+            Ok(true) if maximum.is_some_and(|m| desired > m) => {}
+            Ok(true) => self.memory_total = total,
+            _ => self.memory_refused = true,
         }
         verdict
     }
@@ -563,9 +606,44 @@ impl Pool {
                 FailureCause::Timeout,
                 format!("still running after NCCL_WASM_POLICY_TIMEOUT_MS={ms} ms; interrupted"),
             )
+        } else if let Some(what) = structural_limit(e) {
+            (
+                FailureCause::Trap,
+                format!(
+                    "the component needs more {what} than the engine allows one policy \
+                     ({MAX_INSTANCES} core instances, {MAX_MEMORIES} memories, {MAX_TABLES} \
+                     tables): {}",
+                    one_line(e)
+                ),
+            )
         } else {
             (FailureCause::Trap, one_line(e))
         };
         Fault { cause, detail }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `NCCL_WASM_POLICY_MEMORY_MB` bounds the guest, not each of its memories: a second memory
+    /// that would take the total past the bound is refused, and the refusal is reported as the
+    /// guest running out of memory.
+    #[test]
+    fn the_memory_bound_counts_every_memory_together() {
+        const PAGE: usize = 64 << 10;
+        let mut h = HostState::new(1, "t".into());
+        assert!(h.memory_growing(0, 10 * PAGE, None).unwrap());
+        assert!(h.memory_growing(10 * PAGE, 12 * PAGE, None).unwrap());
+        assert!(!h.memory_refused);
+        // 12 pages in the first memory; 4 more fit in a second, 5 do not (16 pages = 1 MiB).
+        assert!(h.memory_growing(0, 5 * PAGE, None).is_err());
+        assert!(h.memory_refused);
+        assert!(h.memory_growing(0, 4 * PAGE, None).unwrap());
+        assert_eq!(h.memory_total, 16 * PAGE);
+        // A growth past a memory's own maximum fails anyway and counts nothing.
+        let _ = h.memory_growing(4 * PAGE, 4 * PAGE, Some(2 * PAGE));
+        assert_eq!(h.memory_total, 16 * PAGE);
     }
 }
