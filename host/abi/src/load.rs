@@ -117,6 +117,9 @@ pub struct Properties {
     pub children: Vec<i32>,
     /// `maxP2pBytes` (v8: NCCL's 1 GiB shim value).
     pub max_p2p_bytes: usize,
+    /// `railId` and `planeId` (before v12: undefined, [`ID_UNDEF`]).
+    pub rail_id: i16,
+    pub plane_id: i16,
 }
 
 impl Plugin {
@@ -266,6 +269,9 @@ impl Plugin {
         }
         macro_rules! common {
             ($p:expr, $children:expr, $max_p2p:expr) => {
+                common!($p, $children, $max_p2p, ID_UNDEF, ID_UNDEF)
+            };
+            ($p:expr, $children:expr, $max_p2p:expr, $rail:expr, $plane:expr) => {
                 Properties {
                     name: c_str($p.name).unwrap_or_default(),
                     pci_path: c_str($p.pci_path),
@@ -276,6 +282,8 @@ impl Plugin {
                     max_recvs: $p.max_recvs,
                     children: $children,
                     max_p2p_bytes: $max_p2p,
+                    rail_id: $rail,
+                    plane_id: $plane,
                 }
             };
         }
@@ -301,7 +309,8 @@ impl Plugin {
             }
             Table::V12(t) => {
                 let p = get(t.get_properties, dev)?;
-                common!(p, devs(p.vprops.ndevs, &p.vprops.devs), p.max_p2p_bytes)
+                let children = devs(p.vprops.ndevs, &p.vprops.devs);
+                common!(p, children, p.max_p2p_bytes, p.rail_id, p.plane_id)
             }
         })
     }

@@ -257,12 +257,22 @@ fn fused_section(r: &Report) -> String {
         }
         out += &t.render();
         out += &field("  nccl sees", "");
-        let mut t = Table::new(2, &["dev", "name", "port", "ports"]);
+        // Rail and plane as NCCL logs them, `-` when undefined.
+        let id = |v: i16| {
+            if v == ncclwasm_model::device_table::ID_UNDEF {
+                "-".to_owned()
+            } else {
+                v.to_string()
+            }
+        };
+        let mut t = Table::new(2, &["dev", "name", "port", "rail", "plane", "ports"]);
         for d in &r.nccl_devices {
             t.row(vec![
                 d.device.to_string(),
                 d.name.clone(),
                 d.port.to_string(),
+                id(d.rail),
+                id(d.plane),
                 list(&d.ports),
             ]);
         }
@@ -572,6 +582,8 @@ mod tests {
             device: 0,
             name: "mlx5_0+mlx5_1".into(),
             port: 1,
+            rail: -1,
+            plane: 0x4001,
             ports: vec![0, 1],
         }];
         let text = render(&r);
@@ -580,6 +592,9 @@ mod tests {
             text.contains("  mlx5_0+mlx5_1  mlx5_0:1 mlx5_1:1  one card\n"),
             "{text}"
         );
-        assert!(text.contains("  0    mlx5_0+mlx5_1  1     0,1\n"), "{text}");
+        assert!(
+            text.contains("  0    mlx5_0+mlx5_1  1     -     16385  0,1\n"),
+            "{text}"
+        );
     }
 }

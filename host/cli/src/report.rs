@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ncclwasm_default::IbConfig;
-use ncclwasm_model::device_table::{DeviceTable, TableDevice, TableEnv};
+use ncclwasm_model::device_table::{DeviceTable, RailPlane, TableDevice, TableEnv};
 use ncclwasm_model::{
     ConnPlan, Connection, DeviceGroup, Endpoint, GidType, LinkLayer, Port, PortAnswer, PortChange,
     PortEvent, PortEventCause, PortState, QpPlan, Topology, VnicAnswer,
@@ -281,6 +281,9 @@ pub struct NcclDevice {
     pub name: String,
     /// `props.port`: see [`ncclwasm_model::device_table`].
     pub port: u8,
+    /// v12 `railId` and `planeId` (-1: undefined).
+    pub rail: i16,
+    pub plane: i16,
     pub ports: Vec<u32>,
 }
 
@@ -443,10 +446,18 @@ fn choose(host: &PolicyHost, ports: &[Port]) -> Result<Chosen, PolicyError> {
 }
 
 /// The device table the plugin makes of these decisions under NCCL's defaults (the topology's
-/// PCI paths are merged with `NCCL_IB_MERGE_VFS=1`). A topology file does not say which NICs
-/// have an mlx5 Data Direct function, so there are no `<dev>_dma` twins.
-fn device_table(selected: &[Port], groups: &[DeviceGroup]) -> DeviceTable {
-    DeviceTable::new(selected, groups, &BTreeMap::new(), TableEnv::default())
+/// PCI paths are merged with `NCCL_IB_MERGE_VFS=1`), with the rails and planes `host` gives the
+/// ports. A topology file does not say which NICs have an mlx5 Data Direct function, so there
+/// are no `<dev>_dma` twins.
+fn device_table(host: &PolicyHost, selected: &[Port], groups: &[DeviceGroup]) -> DeviceTable {
+    let ids: Vec<RailPlane> = selected.iter().map(|p| host.rail_plane(p)).collect();
+    DeviceTable::new(
+        selected,
+        groups,
+        &BTreeMap::new(),
+        &ids,
+        TableEnv::default(),
+    )
 }
 
 /// Device `device` of the table, its ports named by `port.index`.
@@ -455,6 +466,8 @@ fn nccl_device(device: usize, d: &TableDevice, selected: &[Port]) -> NcclDevice 
         device: device as u32,
         name: d.name.clone(),
         port: d.port,
+        rail: d.ids.rail,
+        plane: d.ids.plane,
         ports: d
             .members
             .iter()
@@ -518,7 +531,7 @@ struct Side {
 fn side(host: &PolicyHost, ports: &[Port]) -> Result<Side, PolicyError> {
     let chosen = choose(host, ports)?;
     let groups = host.group_devices(&chosen.selected)?;
-    let table = device_table(&chosen.selected, &groups.value);
+    let table = device_table(host, &chosen.selected, &groups.value);
     let nccl = nccl_devices(&table, &chosen.selected);
     let groups = decided(groups, |gs| {
         gs.iter()

@@ -1,5 +1,6 @@
 //! Which ports NCCL uses, in which order.
 
+use ncclwasm_model::device_table::RailPlane;
 use ncclwasm_model::{DeviceSelection, Port, PortState};
 
 use crate::IbConfig;
@@ -7,6 +8,20 @@ use crate::IbConfig;
 /// The most ports NCCL's IB transport takes (`MAX_IB_DEVS`), and the most `NCCL_IB_HCA` entries
 /// it reads; later ones are dropped.
 pub const MAX_IB_DEVS: usize = 32;
+
+/// The rail and plane of a selected port (v12 `railId`/`planeId`): those of the `NCCL_IB_HCA`
+/// entry that admitted it (`<hca>:<port>:<rail>:<plane>`), undefined when none did (no filter,
+/// an exclude list) or it gave none; as NCCL 2.30's `ncclIbInitDevices` takes them from the
+/// entry `matchIfList` matched.
+pub fn rail_plane(cfg: &IbConfig, port: &Port) -> RailPlane {
+    match cfg.hca.entry_for(&port.device, port.port) {
+        Some(e) if !cfg.hca.exclude => RailPlane {
+            rail: e.rail,
+            plane: e.plane,
+        },
+        _ => RailPlane::UNDEF,
+    }
+}
 
 /// Every active port (IB or Ethernet: the only link layers a [`Port`] has) that `NCCL_IB_HCA`
 /// admits, the first [`MAX_IB_DEVS`] in discovery order, then ordered by PCI address unless

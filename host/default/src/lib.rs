@@ -24,7 +24,7 @@ pub use config::{
     STRICT_CONFIG, Setting, Source, env_pairs,
 };
 pub use conn::plan_connection;
-pub use devices::{MAX_IB_DEVS, select_devices};
+pub use devices::{MAX_IB_DEVS, rail_plane, select_devices};
 pub use failover::on_port_event;
 pub use fusion::{NO_GROUPS_REASON, group_devices, make_vnic};
 pub use gid::select_gid;

@@ -34,10 +34,50 @@
 //! functions of a dual-port card report ports 1 and 2, and the second verbs port of a NIC
 //! that already has a device reports 3. NCCL writes it into its topology and matches
 //! `NCCL_NET_FORCE_MERGE` entries on (name, port).
+//!
+//! # Rails and planes
+//! v12's `railId`/`planeId` (NCCL 2.30 uses them in topology search: with `NCCL_CROSS_NIC=0`
+//! rails must match, planes never cross): each port's comes with the selection ([`RailPlane`],
+//! from its `NCCL_IB_HCA` entry `<hca>:<port>:<rail>:<plane>`). A device of one port keeps its
+//! port's; a device of several (a group, a vNIC) has its members' rail when they all share one
+//! defined rail and [`ID_UNDEF`] otherwise, and as plane [`PLANE_VIRT_BIT`] with one bit per
+//! member's plane index — the position of its plane among the distinct planes of the selection,
+//! in order, an undefined plane being index 0 — as `ncclIbMakeVDeviceInternal`.
 
 use std::collections::BTreeMap;
 
 use crate::{DeviceGroup, Port};
+
+/// `NCCL_NET_ID_UNDEF`: no rail, or no plane.
+pub const ID_UNDEF: i16 = -1;
+
+/// The bit a device of several ports has in its plane (`NCCL_IB_PLANE_VIRT_BIT`).
+pub const PLANE_VIRT_BIT: i16 = 1 << 14;
+
+/// Plane indices below this have a bit of their own (`NCCL_IB_PLANE_MAX_INDEX`); NCCL refuses
+/// a node with more distinct planes, the table gives the extra ones no bit.
+const PLANE_INDICES: usize = 14;
+
+/// A port's rail and plane, as v12 reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RailPlane {
+    pub rail: i16,
+    pub plane: i16,
+}
+
+impl RailPlane {
+    /// Neither given.
+    pub const UNDEF: RailPlane = RailPlane {
+        rail: ID_UNDEF,
+        plane: ID_UNDEF,
+    };
+}
+
+impl Default for RailPlane {
+    fn default() -> Self {
+        RailPlane::UNDEF
+    }
+}
 
 /// One port of a device: the selected port at `selected` (its position in the selection),
 /// reached through its NIC's Data Direct function when `data_direct`.
@@ -61,6 +101,8 @@ pub struct TableDevice {
     pub members: Vec<Member>,
     /// `vProps`: the physical devices it fuses; itself for a physical device.
     pub children: Vec<u32>,
+    /// `railId` and `planeId` (see the module doc).
+    pub ids: RailPlane,
 }
 
 /// Why a fusion cannot be made.
@@ -98,6 +140,9 @@ impl Default for TableEnv {
 pub struct DeviceTable {
     devices: Vec<TableDevice>,
     physical: usize,
+    /// Each selected port's rail and plane, and its plane's index (see the module doc).
+    ids: Vec<RailPlane>,
+    plane_index: Vec<usize>,
 }
 
 /// The device net_ib adds for the Data Direct function of NIC `device`.
@@ -109,13 +154,29 @@ impl DeviceTable {
     /// The physical devices: the ports `selected` (in NCCL order), fused as `groups` say (a
     /// group of fewer than two ports, or ports not selected, fuses nothing), with a Data
     /// Direct twin for each single-port device whose NIC is a key of `data_direct` (NIC name
-    /// → the PCI path NCCL sees for its Data Direct function). See the module doc for the order.
+    /// → the PCI path NCCL sees for its Data Direct function); `ids[i]` is the rail and plane
+    /// of `selected[i]` (undefined where missing). See the module doc for the order.
     pub fn new(
         selected: &[Port],
         groups: &[DeviceGroup],
         data_direct: &BTreeMap<String, String>,
+        ids: &[RailPlane],
         env: TableEnv,
     ) -> DeviceTable {
+        let ids: Vec<RailPlane> = (0..selected.len())
+            .map(|i| ids.get(i).copied().unwrap_or_default())
+            .collect();
+        let mut planes = vec![ID_UNDEF];
+        let plane_index: Vec<usize> = ids
+            .iter()
+            .map(|id| match planes.iter().position(|&p| p == id.plane) {
+                Some(k) => k,
+                None => {
+                    planes.push(id.plane);
+                    planes.len() - 1
+                }
+            })
+            .collect();
         let mut placed = vec![false; selected.len()];
         let mut devices: Vec<(Vec<usize>, Option<&str>)> = Vec::new();
         for (i, p) in selected.iter().enumerate() {
@@ -154,6 +215,7 @@ impl DeviceTable {
                         data_direct: true,
                     }],
                     children: Vec::new(),
+                    ids: ids[*m],
                 }),
                 _ => None,
             };
@@ -178,6 +240,7 @@ impl DeviceTable {
                     })
                     .collect(),
                 children: Vec::new(),
+                ids: fused_ids(&ids, &plane_index, &members),
             };
             if twin.is_none() || env.data_direct_both {
                 table.push(own);
@@ -191,6 +254,8 @@ impl DeviceTable {
         DeviceTable {
             physical: table.len(),
             devices: table,
+            ids,
+            plane_index,
         }
     }
 
@@ -228,15 +293,45 @@ impl DeviceTable {
         }
         let name = names.join("+");
         let first = &self.devices[first as usize];
+        // One child: its own rail and plane (a group keeps its computed ones).
+        let ids = match children {
+            [_] => first.ids,
+            _ => {
+                let ports: Vec<usize> = members.iter().map(|m| m.selected).collect();
+                fused_ids(&self.ids, &self.plane_index, &ports)
+            }
+        };
         let device = TableDevice {
             name,
             port: first.port,
             pci_path: first.pci_path.clone(),
             members,
             children: children.to_vec(),
+            ids,
         };
         self.devices.push(device);
         Ok(self.devices.len() as u32 - 1)
+    }
+}
+
+/// The rail and plane of a device made of the selected ports `members` (see the module doc).
+fn fused_ids(ids: &[RailPlane], plane_index: &[usize], members: &[usize]) -> RailPlane {
+    let [first, ..] = members else {
+        return RailPlane::UNDEF;
+    };
+    if members.len() == 1 {
+        return ids[*first];
+    }
+    let rail = ids[*first].rail;
+    let shared = rail != ID_UNDEF && members.iter().all(|&m| ids[m].rail == rail);
+    let plane = members
+        .iter()
+        .map(|&m| plane_index[m])
+        .filter(|&k| k < PLANE_INDICES)
+        .fold(PLANE_VIRT_BIT, |bits, k| bits | (1 << k));
+    RailPlane {
+        rail: if shared { rail } else { ID_UNDEF },
+        plane,
     }
 }
 

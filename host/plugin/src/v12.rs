@@ -47,8 +47,8 @@ unsafe extern "C" fn get_properties(dev: c_int, out: *mut PropsV12) -> NcclResul
             max_p2p_bytes: v.max_p2p_bytes,
             max_coll_bytes: v.max_coll_bytes,
             max_multi_request_size: 1,
-            rail_id: ID_UNDEF,
-            plane_id: ID_UNDEF,
+            rail_id: p.ids.rail,
+            plane_id: p.ids.plane,
         };
         Ok(())
     })

@@ -268,3 +268,30 @@ fn churn_with_requests_in_flight_never_hangs() {
         started.elapsed()
     );
 }
+
+/// Issue 19, point 3: v12 `railId`/`planeId` from NCCL 2.30's `NCCL_IB_HCA` form
+/// `<hca>:<port>:<rail>:<plane>`, read back through `getProperties`; a vNIC of two rails has
+/// none, and as plane the virtual bit with the members' plane-index bits (planes 1 and 2 are
+/// indices 1 and 2). Older tables have neither.
+#[test]
+fn rails_and_planes_reach_v12_properties() {
+    const TEST: &str = "rails_and_planes_reach_v12_properties";
+    if !ncclwasm_testkit::child::enter(TEST) {
+        in_child(TEST, &[("NCCL_IB_HCA", "soft_0:1:3:1,soft_1:1:4:2")]);
+        return;
+    }
+    let mut plugin = Plugin::open_as(&library(), 12).unwrap();
+    plugin.init().unwrap();
+    let ids = |d: i32| {
+        let p = plugin.properties(d).unwrap();
+        (p.rail_id, p.plane_id)
+    };
+    assert_eq!((ids(0), ids(1)), ((3, 1), (4, 2)));
+    let v = plugin.make_vdevice(&[0, 1]).unwrap();
+    assert_eq!(ids(v), (-1, (1 << 14) | 0b110));
+    drop(plugin);
+    let mut v11 = Plugin::open_as(&library(), 11).unwrap();
+    v11.init().unwrap();
+    let p = v11.properties(0).unwrap();
+    assert_eq!((p.rail_id, p.plane_id), (-1, -1));
+}

@@ -370,6 +370,12 @@ impl PolicyHost {
         &self.shared.ib
     }
 
+    /// The rail and plane of a selected port (v12 `railId`/`planeId`): from `NCCL_IB_HCA`, as
+    /// NCCL 2.30 (no hook decides them yet).
+    pub fn rail_plane(&self, port: &Port) -> ncclwasm_model::device_table::RailPlane {
+        ncclwasm_default::rail_plane(&self.shared.ib, port)
+    }
+
     /// The wasm policy now deciding; `None` = the built-in default.
     pub fn policy(&self) -> Option<Arc<PolicyId>> {
         self.shared

@@ -10,6 +10,7 @@
 
 use std::fmt;
 
+use ncclwasm_model::device_table::RailPlane;
 use ncclwasm_model::{Connection, Port, PortAnswer, PortEvent, PortState, QpPlan};
 
 /// A decision that could not be made: a policy fault under `NCCL_WASM_POLICY_FAILURE=closed`,
@@ -61,6 +62,12 @@ macro_rules! decisions_trait {
             /// A port changed state (an async `PORT_ERR`/`PORT_ACTIVE` event): later decisions
             /// and dry runs see the port as it is now.
             fn port_changed(&self, device: &str, port: u8, state: PortState);
+
+            /// The rail and plane of a selected port, for v12's `railId`/`planeId`: none by
+            /// default (the policy engine answers from `NCCL_IB_HCA`, as NCCL 2.30).
+            fn rail_plane(&self, _port: &Port) -> RailPlane {
+                RailPlane::UNDEF
+            }
         }
     };
 }

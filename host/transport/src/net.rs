@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
-use ncclwasm_model::device_table::{DeviceTable, TableDevice, TableEnv, data_direct_name};
+use ncclwasm_model::device_table::{
+    DeviceTable, RailPlane, TableDevice, TableEnv, data_direct_name,
+};
 use ncclwasm_model::{LinkLayer, Port, PortState, VnicAnswer};
 use ncclwasm_verbs::Fabric;
 
@@ -91,6 +93,8 @@ pub struct DeviceProps {
     pub link_layer: LinkLayer,
     /// The physical NCCL devices it is made of (`vProps`): itself for a physical device.
     pub children: Vec<u32>,
+    /// v12's `railId` and `planeId` (see [`ncclwasm_model::device_table`]).
+    pub ids: RailPlane,
     /// `ptrSupport`: `NCCL_PTR_*` bits ([`crate::PTR_HOST`] …), from [`Net::gpu_support`].
     pub ptr_support: u32,
     /// `forceFlush`: NCCL must flush receives on this device (mlx5 Data Direct).
@@ -244,7 +248,8 @@ impl Net {
             merge_vfs,
             data_direct_both: gpu_env.data_direct_both,
         };
-        let table = DeviceTable::new(&selected, &groups.value, &data_direct, env);
+        let ids: Vec<RailPlane> = selected.iter().map(|p| decisions.rail_plane(p)).collect();
+        let table = DeviceTable::new(&selected, &groups.value, &data_direct, &ids, env);
         let net = physical_devices(&table, &mut port_ctxs)?;
         for (i, d) in net.iter().enumerate() {
             tracing::info!(
@@ -519,6 +524,7 @@ fn props_of(ports: &[PortCtx], members: &[usize], device: &TableDevice) -> Devic
             .unwrap_or(0),
         link_layer: first.link_layer,
         children: device.children.clone(),
+        ids: device.ids,
         ptr_support: gpu.ptr_support(),
         force_flush: gpu.force_flush(),
     }

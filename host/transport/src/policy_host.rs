@@ -2,6 +2,7 @@
 //! the [`PolicyHost`], which applies the failure model, and keeps its reason and source. The hook
 //! methods are generated from `ncclwasm_model::for_each_hook!`.
 
+use ncclwasm_model::device_table::RailPlane;
 use ncclwasm_model::{Connection, Port, PortAnswer, PortEvent, PortState, QpPlan};
 use ncclwasm_policy::{Decision, PolicyError, PolicyHost};
 
@@ -53,6 +54,10 @@ macro_rules! decisions_for_policy_host {
 
             fn port_changed(&self, device: &str, port: u8, state: PortState) {
                 PolicyHost::port_changed(self, device, port, state);
+            }
+
+            fn rail_plane(&self, port: &Port) -> RailPlane {
+                PolicyHost::rail_plane(self, port)
             }
         }
     };

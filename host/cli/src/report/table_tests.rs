@@ -207,7 +207,7 @@ fn a_group_listed_out_of_selection_order_stands_in_one_place() {
     let ports = Topology::load(&file).unwrap().ports();
     host.set_topology(ports.clone());
     let selected = choose(&host, &ports).unwrap().selected;
-    let table = device_table(&selected, &third_and_first(&selected));
+    let table = device_table(&host, &selected, &third_and_first(&selected));
     let report = report_table(&nccl_devices(&table, &selected));
     assert_eq!(*transport, report);
     // Where the rule puts it: at the first selected port, which the group lists last.

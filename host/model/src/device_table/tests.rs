@@ -62,7 +62,7 @@ fn no_dd() -> BTreeMap<String, String> {
 fn selected_ports_are_devices_in_selection_order() {
     let mut ports = four();
     ports.reverse();
-    let t = DeviceTable::new(&ports, &[], &no_dd(), NCCL);
+    let t = DeviceTable::new(&ports, &[], &no_dd(), &[], NCCL);
     assert_eq!(names(&t), ["mlx5_3", "mlx5_2", "mlx5_1", "mlx5_0"]);
     assert_eq!(selected(&t), [[0], [1], [2], [3]]);
     assert_eq!(t.physical_count(), 4);
@@ -81,7 +81,7 @@ fn selected_ports_are_devices_in_selection_order() {
 #[test]
 fn a_group_stands_at_its_first_selected_member_and_keeps_its_own_order() {
     let ports = four();
-    let t = DeviceTable::new(&ports, &[group(&[2, 0], None)], &no_dd(), NCCL);
+    let t = DeviceTable::new(&ports, &[group(&[2, 0], None)], &no_dd(), &[], NCCL);
     assert_eq!(names(&t), ["mlx5_2+mlx5_0", "mlx5_1", "mlx5_3"]);
     assert_eq!(selected(&t), [vec![2, 0], vec![1], vec![3]]);
     let fused = &t.devices()[0];
@@ -90,7 +90,7 @@ fn a_group_stands_at_its_first_selected_member_and_keeps_its_own_order() {
         (pci(2).as_str(), &[0][..])
     );
 
-    let named = DeviceTable::new(&ports, &[group(&[3, 1], Some("rail"))], &no_dd(), NCCL);
+    let named = DeviceTable::new(&ports, &[group(&[3, 1], Some("rail"))], &no_dd(), &[], NCCL);
     assert_eq!(names(&named), ["mlx5_0", "rail", "mlx5_2"]);
     assert_eq!(selected(&named), [vec![0], vec![3, 1], vec![2]]);
 }
@@ -102,6 +102,7 @@ fn groups_fuse_only_selected_ports_and_at_least_two() {
         &ports[..3],
         &[group(&[1], None), group(&[2, 3], None)],
         &no_dd(),
+        &[],
         NCCL,
     );
     // Port 3 is not selected: the "group" of 2 and 3 is port 2 alone.
@@ -118,7 +119,7 @@ fn ports_of_one_nic_share_its_name_and_count_up_their_port_numbers() {
         port(1, "mlx4_0", 2, "/pci0000:00/0000:04:00.0"),
         port(2, "mlx5_0", 1, "/pci0000:00/0000:05:00.0"),
     ];
-    let mut t = DeviceTable::new(&ports, &[], &no_dd(), NCCL);
+    let mut t = DeviceTable::new(&ports, &[], &no_dd(), &[], NCCL);
     assert_eq!(names(&t), ["mlx4_0", "mlx4_0", "mlx5_0"]);
     assert_eq!(ports_of(&t), [1, 3, 1]);
     // A vNIC of the two: net_ib's name, and its first child's port.
@@ -145,7 +146,7 @@ fn port_numbers_count_earlier_devices_on_the_same_card() {
         port(4, "mlx5_4", 1, ""),
         port(5, "mlx5_5", 1, card),
     ];
-    let t = DeviceTable::new(&ports, &[], &no_dd(), NCCL);
+    let t = DeviceTable::new(&ports, &[], &no_dd(), &[], NCCL);
     assert_eq!(ports_of(&t), [1, 2, 1, 1, 1, 3]);
 
     // Two virtual functions of one card, paths as discovery merges them without MERGE_VFS.
@@ -158,12 +159,12 @@ fn port_numbers_count_earlier_devices_on_the_same_card() {
         ..NCCL
     };
     assert_eq!(
-        ports_of(&DeviceTable::new(&vfs, &[], &no_dd(), separate)),
+        ports_of(&DeviceTable::new(&vfs, &[], &no_dd(), &[], separate)),
         [1, 1]
     );
     // With it, net_ib compares up to the bus: the same card.
     assert_eq!(
-        ports_of(&DeviceTable::new(&vfs, &[], &no_dd(), NCCL)),
+        ports_of(&DeviceTable::new(&vfs, &[], &no_dd(), &[], NCCL)),
         [1, 2]
     );
 }
@@ -186,7 +187,7 @@ fn data_direct_twins_replace_or_follow_single_port_devices() {
         .map(|(d, bus)| ((*d).to_owned(), pci(bus).replace(".0", ".1")))
         .collect();
     let groups = [group(&[2, 3], None)];
-    let t = DeviceTable::new(&ports, &groups, &dd, NCCL);
+    let t = DeviceTable::new(&ports, &groups, &dd, &[], NCCL);
     assert_eq!(
         names(&t),
         ["mlx5_0_dma", "mlx5_0_dma", "mlx5_1+mlx5_2", "mlx5_3"]
@@ -208,7 +209,7 @@ fn data_direct_twins_replace_or_follow_single_port_devices() {
         data_direct_both: true,
         ..NCCL
     };
-    let t = DeviceTable::new(&ports, &groups, &dd, both);
+    let t = DeviceTable::new(&ports, &groups, &dd, &[], both);
     assert_eq!(
         names(&t),
         [
@@ -227,7 +228,7 @@ fn data_direct_twins_replace_or_follow_single_port_devices() {
 
 #[test]
 fn fusions_are_appended_named_after_their_children() {
-    let mut t = DeviceTable::new(&four(), &[group(&[2, 3], None)], &no_dd(), NCCL);
+    let mut t = DeviceTable::new(&four(), &[group(&[2, 3], None)], &no_dd(), &[], NCCL);
     assert_eq!(t.fuse(&[2, 0]), Ok(3));
     assert_eq!(t.fuse(&[2, 0]), Ok(4));
     assert_eq!(t.fuse(&[1]), Ok(5));
@@ -254,5 +255,40 @@ fn fusions_are_appended_named_after_their_children() {
     assert_eq!(
         t.fuse(&[9]).unwrap_err().to_string(),
         "device 9 is not one of the 3 physical devices"
+    );
+}
+
+fn ids(rail: i16, plane: i16) -> RailPlane {
+    RailPlane { rail, plane }
+}
+
+/// NCCL 2.30's rails and planes: a device of one port keeps its port's; a vNIC has a rail only
+/// when its members share a defined one, and as plane the virtual bit with one bit per member's
+/// plane index (undefined planes are index 0; the others count in selection order).
+#[test]
+fn rails_and_planes_follow_net_ib() {
+    let ports = four();
+    let given = [ids(0, 5), ids(0, 7), ids(1, 5), RailPlane::UNDEF];
+    let mut t = DeviceTable::new(&ports, &[], &no_dd(), &given, NCCL);
+    let of = |t: &DeviceTable| t.devices().iter().map(|d| d.ids).collect::<Vec<_>>();
+    assert_eq!(of(&t), given);
+    // Planes 5, 7 are indices 1, 2 (undefined is 0).
+    let same_rail = t.fuse(&[0, 1]).unwrap();
+    let across = t.fuse(&[0, 2, 3]).unwrap();
+    let alone = t.fuse(&[2]).unwrap();
+    let d = |v: u32| t.devices()[v as usize].ids;
+    assert_eq!(d(same_rail), ids(0, PLANE_VIRT_BIT | 0b110));
+    assert_eq!(d(across), ids(ID_UNDEF, PLANE_VIRT_BIT | 0b011));
+    assert_eq!(d(alone), ids(1, 5));
+    // A group is a device of several ports too.
+    let grouped = DeviceTable::new(&ports, &[group(&[0, 1], None)], &no_dd(), &given, NCCL);
+    assert_eq!(grouped.devices()[0].ids, ids(0, PLANE_VIRT_BIT | 0b110));
+    // No rails given: everything undefined, fused planes on index 0.
+    let mut bare = DeviceTable::new(&ports, &[], &no_dd(), &[], NCCL);
+    let v = bare.fuse(&[0, 1]).unwrap();
+    assert_eq!(bare.devices()[0].ids, RailPlane::UNDEF);
+    assert_eq!(
+        bare.devices()[v as usize].ids,
+        ids(ID_UNDEF, PLANE_VIRT_BIT | 1)
     );
 }
