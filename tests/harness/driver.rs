@@ -58,6 +58,14 @@ fn every_abi_version_across_two_processes() {
         } else {
             cmd.env("NCCL_IB_GDR_FLUSH_DISABLE", "1");
         }
+        if version == 12 {
+            // NCCL 2.30's rails and planes in NCCL_IB_HCA reach railId/planeId; the vNIC of the
+            // two rails has none, and the virtual plane bit with its members' plane-index bits.
+            cmd.env("NCCL_IB_HCA", "soft_0:1:3:1,soft_1:1:4:2")
+                .env("HARNESS_RAILS", "3,1,4,2,-1,16390");
+        } else {
+            cmd.env_remove("NCCL_IB_HCA").env_remove("HARNESS_RAILS");
+        }
         let run = cmd.output().expect("run the harness");
         let stdout = String::from_utf8_lossy(&run.stdout);
         let stderr = String::from_utf8_lossy(&run.stderr);

@@ -107,6 +107,7 @@ typedef struct {
   const char *name, *pci;
   int ptr, speed, maxRecvs, ndevs, devs[8];
   size_t maxP2p;
+  int16_t rail, plane; /* v12; -1 before */
 } props_t;
 
 static props_t props(int dev) {
@@ -129,10 +130,11 @@ static props_t props(int dev) {
     memcpy(p.devs, b + 68, 4 * (V == 12 ? 8 : 4));
     memcpy(&p.maxP2p, b + (V == 12 ? 104 : 88), 8);
   }
+  p.rail = p.plane = -1;
   if (V == 12) {
-    int16_t rail;
-    memcpy(&rail, b + 124, 2);
-    if (rail != -1 && rail < 0) FAIL("railId %d", rail);
+    memcpy(&p.rail, b + 124, 2);
+    memcpy(&p.plane, b + 126, 2);
+    if (p.rail != -1 && p.rail < 0) FAIL("railId %d", p.rail);
   }
   if (!p.name || !p.name[0]) FAIL("device %d has no name", dev);
   if (p.ptr != expect_ptr) FAIL("ptrSupport %#x, expected %#x", p.ptr, expect_ptr);
@@ -364,6 +366,23 @@ static int pick_device(int *n) {
   if (p.ndevs != 2 || p.devs[0] != 0 || p.devs[1] != 1 || !strchr(p.name, '+'))
     FAIL("vNIC props %s ndevs %d", p.name, p.ndevs);
   for (int i = 0; i < m; i++) props(i);
+  /* HARNESS_RAILS="r0,p0,r1,p1,rv,pv": railId/planeId of devices 0, 1 and their vNIC. */
+  const char *rails = getenv("HARNESS_RAILS");
+  if (rails) {
+    int want[6], got[6];
+    if (sscanf(rails, "%d,%d,%d,%d,%d,%d", &want[0], &want[1], &want[2], &want[3], &want[4],
+               &want[5]) != 6)
+      FAIL("HARNESS_RAILS=%s", rails);
+    int devs[3] = {0, 1, d};
+    for (int k = 0; k < 3; k++) {
+      props_t q = props(devs[k]);
+      got[2 * k] = q.rail, got[2 * k + 1] = q.plane;
+    }
+    for (int k = 0; k < 6; k++)
+      if (got[k] != want[k])
+        FAIL("railId/planeId %d,%d %d,%d %d,%d; expected %s", got[0], got[1], got[2], got[3],
+             got[4], got[5], rails);
+  }
   return d;
 }
 
