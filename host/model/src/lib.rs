@@ -22,6 +22,7 @@ mod port;
 #[cfg(unix)]
 pub mod private_dir;
 pub mod spelling;
+pub mod text;
 pub mod topology;
 pub mod validate;
 

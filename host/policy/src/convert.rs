@@ -14,10 +14,7 @@ use wit::ncclwasm::policy::types as t;
 const REASON_MAX: usize = 1024;
 
 pub(crate) fn reason(mut r: String) -> String {
-    if r.len() > REASON_MAX {
-        r.truncate(r.floor_char_boundary(REASON_MAX));
-        r.push('…');
-    }
+    m::text::shorten(&mut r, REASON_MAX);
     r
 }
 

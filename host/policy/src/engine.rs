@@ -193,10 +193,7 @@ impl wit::PolicyImports for HostState {
             return;
         }
         self.log_left -= 1;
-        if message.len() > LOG_LINE_MAX {
-            message.truncate(message.floor_char_boundary(LOG_LINE_MAX));
-            message.push('…');
-        }
+        ncclwasm_model::text::shorten(&mut message, LOG_LINE_MAX);
         let policy = &*self.label;
         match level {
             wit::LogLevel::Error => tracing::error!(target: LOG_TARGET, policy, "{message}"),

@@ -166,13 +166,15 @@ impl Connecting {
             .take()
             .ok_or_else(|| NetError::Internal("established without a plan".into()))?;
         let desc = describe(&setup.local, &setup.peer);
+        let mut source = self.source.clone();
+        ncclwasm_model::text::shorten(&mut source, 60);
         // The connection's one INFO line on this side: short, as a job makes thousands.
         tracing::info!(
             "NET/WASM: comm {:#x} dev {} connected {desc}: {}; by {}",
             conn.comm_id,
             conn.device,
             summary(&setup.plan, setup.failover),
-            cut(&self.source, 60)
+            source
         );
         let qps = std::mem::take(&mut self.qps);
         let side = Side {
@@ -229,14 +231,6 @@ pub(crate) fn summary(plan: &ncclwasm_model::ConnPlan, failover: bool) -> String
         plan.sl,
         if failover { ", failover-ready" } else { "" }
     )
-}
-
-/// `text`, cut to at most `max` bytes with "…" when longer.
-fn cut(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    format!("{}…", &text[..text.floor_char_boundary(max)])
 }
 
 /// The longest chain one QP gets for one slot: a write per grouped send and the
