@@ -528,7 +528,8 @@ fn settings(host: &Host) -> Check {
     if let Err(e) = &host.ib {
         errors.push(e.clone());
     }
-    if let Err(e) = Settings::from_env() {
+    let settings = Settings::from_env();
+    if let Err(e) = &settings {
         errors.push(e.to_string());
     }
     if !errors.is_empty() {
@@ -567,9 +568,7 @@ fn settings(host: &Host) -> Check {
     } else {
         format!("{}; {defaults} NCCL_IB_* at defaults", set.join(", "))
     };
-    let unknown = Settings::from_env()
-        .map(|s| s.unknown_warnings())
-        .unwrap_or_default();
+    let unknown = settings.map(|s| s.unknown_warnings()).unwrap_or_default();
     if unknown.is_empty() {
         Check::ok(NAME, summary)
     } else {
