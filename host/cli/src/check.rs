@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 
 use clap::Args as ClapArgs;
 use ncclwasm_model::Topology;
-use ncclwasm_policy::{PolicyError, PolicyHost, Settings};
+use ncclwasm_policy::{CompileCache, PolicyError, PolicyHost, Settings};
 use serde::Serialize;
 
 use crate::fail::{Fail, Outcome};
-use crate::render::field;
+use crate::render::{self, field};
 use crate::report::{self, PolicyView};
 use crate::setup::{self, ConfigArgs};
 
@@ -70,6 +70,16 @@ pub struct Checked {
     pub policy: PolicyView,
     /// The hooks the policy implements (WIT names); the built-in default makes the others.
     pub hooks: Vec<&'static str>,
+    /// The component's size in bytes and its imports (checked before it was compiled).
+    pub size_bytes: usize,
+    pub imports: Vec<String>,
+    /// Compiling it (or finding its compilation), and where the code came from: `memory`,
+    /// `disk` (the compiled-policy cache), `compiled` (and stored there), `off` (no cache).
+    pub compile_ms: f64,
+    pub cache: &'static str,
+    /// [`Self::cache`] in words.
+    #[serde(skip)]
+    pub cache_text: String,
     /// The machine the hooks were tried on.
     pub trial: String,
 }
@@ -94,7 +104,14 @@ pub fn check(file: &Path, settings: Settings) -> Result<Checked, Fail> {
     // With the topology known, loading includes the engine's trial run of every hook.
     host.set_topology(sample.ports());
     let id = host.swap_from_bytes(&bytes, &origin).map_err(rejected)?;
-    let report = report::evaluate(&host, PolicyView::wasm(&id), &sample, None, &[])?;
+    let report = report::evaluate(
+        &host,
+        PolicyView::wasm(&id),
+        &sample,
+        None,
+        &[],
+        report::Connections::Sample,
+    )?;
     if let Some((decision, source)) = report::fallbacks(&report).first() {
         return Err(Fail::no(format!(
             "policy {origin} failed in {decision} on the sample machine: {}: {}",
@@ -106,6 +123,16 @@ pub fn check(file: &Path, settings: Settings) -> Result<Checked, Fail> {
         file: origin,
         policy: report.policy.clone(),
         hooks: id.hooks.iter().map(|h| h.name()).collect(),
+        size_bytes: id.compilation.bytes,
+        imports: id.compilation.imports.clone(),
+        compile_ms: id.compilation.time.as_secs_f64() * 1e3,
+        cache: match id.compilation.cache {
+            CompileCache::Memory => "memory",
+            CompileCache::Disk => "disk",
+            CompileCache::Compiled => "compiled",
+            CompileCache::Off => "off",
+        },
+        cache_text: id.compilation.cache.to_string(),
         trial: format!("{}: {}", sample.name, sample.description),
     })
 }
@@ -132,6 +159,23 @@ pub fn render(c: &Checked) -> String {
         out += &field("sha256", sha);
     }
     out += &field("hooks", &hooks);
+    out += &field("size", &format!("{} KiB", c.size_bytes.div_ceil(1024)));
+    out += &field(
+        "imports",
+        &if c.imports.is_empty() {
+            "none".to_owned()
+        } else {
+            c.imports.join(", ")
+        },
+    );
+    out += &field(
+        "compile",
+        &format!(
+            "{} ({})",
+            render::duration(c.compile_ms / 1e3),
+            c.cache_text
+        ),
+    );
     out + &field(
         "trial",
         &format!("every hook answered without fault on {}", c.trial),

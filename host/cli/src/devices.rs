@@ -118,7 +118,14 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
         .map(setup::parse_size)
         .collect::<Result<_, _>>()
         .map_err(Fail::trouble)?;
-    let report = report::evaluate(&host, view, &live.topology, None, &sizes)?;
+    let report = report::evaluate(
+        &host,
+        view,
+        &live.topology,
+        None,
+        &sizes,
+        report::Connections::Sample,
+    )?;
     let devices = Devices {
         fabric: live.fabric,
         ports: live.ports.iter().map(PortView::from).collect(),

@@ -56,7 +56,14 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
             settings.config = Some(config.clone());
         }
         let (host, view) = setup::host(settings, policy)?;
-        reports.push(report::evaluate(&host, view, &local, peer.as_ref(), &[])?);
+        reports.push(report::evaluate(
+            &host,
+            view,
+            &local,
+            peer.as_ref(),
+            &[],
+            report::Connections::Sample,
+        )?);
     }
     let diff = compare(&reports[0], &reports[1]);
     let exit = if diff.differences.is_empty() {

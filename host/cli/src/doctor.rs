@@ -479,8 +479,13 @@ fn policy() -> Check {
         Ok(c) => Check::ok(
             NAME,
             format!(
-                "{} {} ({}): loads, every hook answers",
-                c.policy.name, c.policy.version, c.file
+                "{} {} ({}): loads ({} KiB, {} to compile: {}), every hook answers",
+                c.policy.name,
+                c.policy.version,
+                c.file,
+                c.size_bytes.div_ceil(1024),
+                crate::render::duration(c.compile_ms / 1e3),
+                c.cache_text
             ),
         ),
         Err(f) => Check::bad(

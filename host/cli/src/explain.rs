@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::fail::{Exit, Fail, Outcome};
 use crate::render::{self, Table, field};
-use crate::report::{self, PortGid, Report, SourceView, VnicValue};
+use crate::report::{self, Connections, PortGid, Report, SourceView, VnicValue};
 use crate::setup::{self, ConfigArgs, DEFAULT_SIZES, MachineArgs, PolicyArg};
 
 #[derive(Debug, ClapArgs)]
@@ -29,6 +29,16 @@ pub struct Args {
     )]
     pub sizes: Vec<u64>,
 
+    /// Plan the connection of NCCL device N (to the peer's device N, or its last) instead of
+    /// device 0's
+    #[arg(long, value_name = "N", conflicts_with = "all_connections")]
+    pub device: Option<u32>,
+
+    /// Plan a connection from every NCCL device (to the peer's device of the same number, or its
+    /// last) and list them in one table; the sample connection is still shown in full
+    #[arg(long)]
+    pub all_connections: bool,
+
     #[command(flatten)]
     pub config: ConfigArgs,
 
@@ -41,27 +51,29 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
     let (local, peer) = setup::topologies(&args.machines)?;
     let settings = setup::settings(&args.config)?;
     let (host, policy) = setup::host(settings, &args.policy)?;
-    let report = report::evaluate(&host, policy, &local, peer.as_ref(), &args.sizes)?;
-    // A decision the built-in default made because the policy faulted is not the policy's: the
-    // report shows it, and the exit status says so to a script.
-    let faulted: Vec<String> = items(&report)
-        .into_iter()
-        .filter(|i| i.fault.is_some())
-        .map(|i| i.decision)
-        .collect();
-    let mut text = if args.json {
+    let which = match (args.device, args.all_connections) {
+        (Some(n), _) => Connections::Device(n),
+        (None, true) => Connections::All,
+        (None, false) => Connections::Sample,
+    };
+    let report = report::evaluate(&host, policy, &local, peer.as_ref(), &args.sizes, which)?;
+    if let Some(n) = args.device
+        && n as usize >= report.nccl_devices.len()
+    {
+        return Err(Fail::trouble(format!(
+            "--device {n}: the policy gives NCCL {} device(s) on {}",
+            report.nccl_devices.len(),
+            local.name
+        )));
+    }
+    let text = if args.json {
         crate::json(&report)?
     } else {
         render(&report)
     };
-    if !faulted.is_empty() && !args.json {
-        text += &format!(
-            "\n{} decision(s) fell back to the built-in default after a policy fault: {}\n",
-            faulted.len(),
-            faulted.join(", ")
-        );
-    }
-    let exit = if faulted.is_empty() {
+    // A decision the built-in default made because the policy faulted is not the policy's: the
+    // report says which (its warnings), and the exit status says so to a script.
+    let exit = if report::fallbacks(&report).is_empty() {
         Exit::Success
     } else {
         Exit::No
@@ -69,13 +81,19 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
     Ok(Outcome { text, exit })
 }
 
-/// The report for people: one section per decision, aligned columns, reasons last.
+/// The report for people: one section per decision, aligned columns, reasons last, warnings
+/// lifted into a block of their own under the header.
 pub fn render(r: &Report) -> String {
     let mut out = header(r);
+    let warnings = warnings(r);
+    if !warnings.is_empty() {
+        out.push('\n');
+        out += &warnings;
+    }
     out.push('\n');
     out += &devices_section("devices", &r.devices);
     out.push('\n');
-    out += &gids_section(&r.gids);
+    out += &gids_section("gids", &r.gids);
     out.push('\n');
     out += &fused_section(r);
     if let Some(v) = &r.vnic {
@@ -86,7 +104,11 @@ pub fn render(r: &Report) -> String {
         out.push('\n');
         out += &devices_section("peer devices", &p.devices);
         out.push('\n');
-        out += &gids_section(&p.gids);
+        out += &gids_section("peer gids", &p.gids);
+    }
+    if !r.connections.is_empty() {
+        out.push('\n');
+        out += &connections_section(&r.connections);
     }
     if let Some(c) = &r.connection {
         out.push('\n');
@@ -164,9 +186,6 @@ fn header(r: &Report) -> String {
     } else {
         out += &field("settings", &set.join(" "));
     }
-    for w in &r.settings.warnings {
-        out += &field("warning", w);
-    }
     if let Some(config) = &r.settings.config {
         out += &field("config", config);
     }
@@ -214,28 +233,99 @@ fn devices_section(label: &str, d: &report::Decided<Vec<report::DeviceView>>) ->
     out
 }
 
-fn gids_section(gids: &[PortGid]) -> String {
-    let mut out = field("gids", &format!("{} ports", gids.len()));
-    if let Some(first) = gids.first()
-        && gids.iter().all(|g| g.source == first.source)
-    {
-        out += &field("  source", &first.source.text);
+/// What an operator must see before the tables: settings NCCL will not read as written, GIDs
+/// that cannot leave the subnet on a RoCE port, and policy faults (the built-in default decided
+/// instead, and the exit status is 1).
+fn warnings(r: &Report) -> String {
+    let mut out = String::new();
+    for w in r.settings.warnings.iter().chain(&r.warnings) {
+        out += &field("warning", w);
     }
+    for (decision, source) in report::fallbacks(r) {
+        out += &field(
+            "warning",
+            &format!(
+                "the policy faulted in {decision} ({}), so the built-in default decided",
+                fault(source).unwrap_or_default()
+            ),
+        );
+    }
+    out
+}
+
+/// Reasons shared by several rows, printed once: one `why` line when every row has the same,
+/// else a `[k]` per row and the reasons numbered below the table.
+struct Reasons(Vec<String>);
+
+impl Reasons {
+    fn new<'a>(all: impl IntoIterator<Item = &'a str>) -> Reasons {
+        let mut distinct: Vec<String> = Vec::new();
+        for r in all {
+            if !distinct.iter().any(|d| d == r) {
+                distinct.push(r.to_owned());
+            }
+        }
+        Reasons(distinct)
+    }
+
+    /// Whether rows need a column pointing at their reason.
+    fn column(&self) -> bool {
+        self.0.len() > 1
+    }
+
+    fn mark(&self, reason: &str) -> String {
+        let k = self.0.iter().position(|d| d == reason).unwrap_or(0);
+        format!("[{}]", k + 1)
+    }
+
+    fn render(&self) -> String {
+        match self.0.as_slice() {
+            [] => String::new(),
+            [one] => field("  why", one),
+            many => many
+                .iter()
+                .enumerate()
+                .map(|(k, r)| field(&format!("  [{}]", k + 1), r))
+                .collect(),
+        }
+    }
+}
+
+fn gids_section(label: &str, gids: &[PortGid]) -> String {
+    let mut out = field(label, &format!("{} ports", gids.len()));
     if gids.is_empty() {
         return out;
     }
-    let mut t = Table::new(2, &["port", "index", "address", "type", "source", "why"]);
-    for g in gids {
-        t.row(vec![
+    let same_source = gids.iter().all(|g| g.source == gids[0].source);
+    if same_source {
+        out += &field("  source", &gids[0].source.text);
+    }
+    let whys: Vec<String> = gids.iter().map(|g| why(&g.reason, &g.source)).collect();
+    let reasons = Reasons::new(whys.iter().map(String::as_str));
+    let mut header = vec!["port", "index", "address", "type"];
+    if !same_source {
+        header.push("source");
+    }
+    if reasons.column() {
+        header.push("why");
+    }
+    let mut t = Table::new(2, &header);
+    for (g, w) in gids.iter().zip(&whys) {
+        let mut row = vec![
             g.name.clone(),
             g.index.to_string(),
             g.address.clone(),
             ncclwasm_model::topology::gid_type_name(g.gid_type).to_owned(),
-            g.source.label(),
-            why(&g.reason, &g.source),
-        ]);
+        ];
+        if !same_source {
+            row.push(g.source.label());
+        }
+        if reasons.column() {
+            row.push(reasons.mark(w));
+        }
+        t.row(row);
     }
-    out + &t.render()
+    out + &t.render() + &reasons.render()
 }
 
 fn fused_section(r: &Report) -> String {
@@ -286,9 +376,11 @@ fn connection_section(c: &report::ConnectionView) -> String {
     let mut out = field(
         "connection",
         &format!(
-            "device {} ({}) to {} peer port(s): {} QP(s)",
+            "device {} ({}) to peer device {} ({}, {} port(s)): {} QP(s)",
             c.device,
             c.device_name,
+            c.peer_device,
+            c.peer_device_name,
             c.peer.len(),
             plan.value.qps.len()
         ),
@@ -328,6 +420,69 @@ fn connection_section(c: &report::ConnectionView) -> String {
         ]);
     }
     out + &t.render()
+}
+
+/// Every device's connection in one table (`--all-connections`): what a rail policy is judged
+/// by. Reasons shared by several connections are printed once.
+fn connections_section(all: &[report::ConnectionView]) -> String {
+    let out = field(
+        "connections",
+        &format!("{} device(s) to the peer", all.len()),
+    );
+    // The policy's own words when it planned; the built-in's whole reason otherwise.
+    let whys: Vec<&str> = all
+        .iter()
+        .map(|c| {
+            c.plan
+                .policy_reason
+                .as_deref()
+                .unwrap_or(&c.plan.decided.reason)
+        })
+        .collect();
+    let reasons = Reasons::new(whys.iter().copied());
+    let mut header = vec!["dev", "name", "peer", "qps", "tc/sl", "source"];
+    if reasons.column() {
+        header.push("why");
+    }
+    let mut t = Table::new(2, &header);
+    for (c, w) in all.iter().zip(&whys) {
+        let plan = &c.plan.decided.value;
+        let mut row = vec![
+            c.device.to_string(),
+            c.device_name.clone(),
+            format!("{} {}", c.peer_device, c.peer_device_name),
+            qp_pairs(c),
+            format!("{}/{}", plan.tc, plan.sl),
+            c.plan.decided.source.label(),
+        ];
+        if reasons.column() {
+            row.push(reasons.mark(w));
+        }
+        t.row(row);
+    }
+    out + &t.render() + &reasons.render()
+}
+
+/// A plan's QPs as `local>remote` port names, with ` xW` weights when they are not all 1.
+pub(crate) fn qp_pairs(c: &report::ConnectionView) -> String {
+    let plan = &c.plan.decided.value;
+    let weighted = plan.qps.iter().any(|q| q.weight != 1);
+    let name = |list: &[report::EndpointView], k: u32| {
+        list.get(k as usize)
+            .map_or(format!("#{k}"), |e| e.name.clone())
+    };
+    plan.qps
+        .iter()
+        .map(|q| {
+            let w = if weighted {
+                format!(" x{}", q.weight)
+            } else {
+                String::new()
+            };
+            format!("{}>{}{w}", name(&c.local, q.local), name(&c.peer, q.remote))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// What the sample connection does if its first port fails, and when it comes back.
@@ -476,27 +631,9 @@ pub fn items(r: &Report) -> Vec<Item> {
         ));
     }
     if let Some(c) = &r.connection {
-        let plan = &c.plan.decided.value;
-        let weighted = plan.qps.iter().any(|q| q.weight != 1);
-        let name = |list: &[report::EndpointView], k: u32| {
-            list.get(k as usize)
-                .map_or(format!("#{k}"), |e| e.name.clone())
-        };
-        let qps: Vec<String> = plan
-            .qps
-            .iter()
-            .map(|q| {
-                let w = if weighted {
-                    format!(" x{}", q.weight)
-                } else {
-                    String::new()
-                };
-                format!("{}>{}{w}", name(&c.local, q.local), name(&c.peer, q.remote))
-            })
-            .collect();
         for row in report::plan_rows(&c.plan) {
             let value = if row.label == "qps" {
-                format!("{}: {}", row.value, qps.join(" "))
+                format!("{}: {}", row.value, qp_pairs(c))
             } else {
                 row.value
             };
@@ -521,8 +658,38 @@ pub fn items(r: &Report) -> Vec<Item> {
             &c.plan.decided.reason,
             source,
         ));
+        for e in &c.port_events {
+            let name = match e.change {
+                PortChange::Down => "port-down",
+                PortChange::Up => "port-up",
+            };
+            out.push(item(
+                name,
+                port_answer(&e.answer.value, c),
+                e.answer.value.reason(),
+                &e.answer.source,
+            ));
+        }
     }
     out
+}
+
+/// An `on-port-event` answer in a few words, its ports named: `move-to mlx5_1:1`, `wait 5000`,
+/// `fail`, `fail-back`, `stay` (as `policy test` cases write it).
+pub(crate) fn port_answer(a: &PortAnswer, c: &report::ConnectionView) -> String {
+    match a {
+        PortAnswer::MoveTo { ports, .. } => {
+            let to: Vec<&str> = ports
+                .iter()
+                .map(|&p| c.local.get(p as usize).map_or("?", |v| v.name.as_str()))
+                .collect();
+            format!("move-to {}", to.join(" "))
+        }
+        PortAnswer::Wait { ms, .. } => format!("wait {ms}"),
+        PortAnswer::Fail { .. } => "fail".to_owned(),
+        PortAnswer::FailBack { .. } => "fail-back".to_owned(),
+        PortAnswer::Stay { .. } => "stay".to_owned(),
+    }
 }
 
 #[cfg(test)]

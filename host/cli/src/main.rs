@@ -18,6 +18,7 @@ mod doctor;
 mod explain;
 mod fail;
 mod live;
+mod policy_test;
 mod render;
 mod report;
 mod setup;
@@ -34,9 +35,10 @@ const EXIT_STATUS: &str = "\
 Exit status:
   0  done; for `diff`, the decisions are equal
   1  `diff`: the decisions differ; `check`: the file is not a usable policy; `doctor`: a
-     check FAILed; `explain`: a hook of the policy faulted (the built-in default decided)
-  2  invalid arguments or settings (e.g. an NCCL_IB_* value), unreadable topology, a
-     policy `explain`/`diff` cannot load, or a `bench` rank that failed
+     check FAILed; `explain`: a hook of the policy faulted (the built-in default decided);
+     `test`: a case failed
+  2  invalid arguments or settings (e.g. an NCCL_IB_* value), unreadable topology or case
+     file, a policy `explain`/`diff`/`test` cannot load, or a `bench` rank that failed
 
 NCCL_IB_* settings come from the environment, with --env pairs on top; the built-in default
 and the policy's init both get them. Engine limits come from NCCL_WASM_POLICY_TIMEOUT_MS and
@@ -92,6 +94,10 @@ enum PolicyCommand {
     /// Only the decisions two policies make differently (exit status 1 when they differ)
     #[command(after_help = EXIT_STATUS)]
     Diff(diff::Args),
+    /// Whether a policy makes the decisions its case files expect: a PASS/FAIL line per case
+    /// with what differed (exit status 1 when a case fails)
+    #[command(after_help = EXIT_STATUS)]
+    Test(policy_test::Args),
 }
 
 #[derive(Debug, Subcommand)]
@@ -120,6 +126,7 @@ fn main() -> ExitCode {
         Command::Policy(PolicyCommand::Check(args)) => check::run(args),
         Command::Policy(PolicyCommand::Explain(args)) => explain::run(args),
         Command::Policy(PolicyCommand::Diff(args)) => diff::run(args),
+        Command::Policy(PolicyCommand::Test(args)) => policy_test::run(args),
         Command::Devices(args) => devices::run(args),
         Command::Topology(TopologyCommand::Capture(args)) => capture::run(args),
         Command::Doctor(args) => doctor::run(args),

@@ -2,8 +2,8 @@
 
 use ncclwasm_model::LinkLayer;
 
-/// Rows printed with aligned columns; the last column is not padded, so long reasons simply run
-/// on rather than widening every line.
+/// Rows printed with aligned columns; the last column is not padded, and a long last cell (a
+/// reason) is wrapped to [`WIDTH`] under its own column rather than widening every line.
 #[derive(Debug)]
 pub struct Table {
     indent: usize,
@@ -39,14 +39,17 @@ impl Table {
             let mut line = " ".repeat(self.indent);
             for (c, cell) in row.iter().enumerate() {
                 if c + 1 == row.len() {
-                    line += cell;
+                    let column = line.chars().count();
+                    line += &wrap(cell, column);
                 } else {
                     line += cell;
                     line += &" ".repeat(width[c] - cell.chars().count() + 2);
                 }
             }
-            out += line.trim_end();
-            out.push('\n');
+            for l in line.lines() {
+                out += l.trim_end();
+                out.push('\n');
+            }
         }
         out
     }
@@ -109,13 +112,52 @@ pub fn link(l: LinkLayer) -> &'static str {
     }
 }
 
-/// A label and its text, the label padded to the width every section header uses.
+/// A label and its text, the label padded to the width every section header uses (a label as
+/// wide still gets a space); a long text is wrapped to [`WIDTH`] under itself.
 pub fn field(label: &str, text: &str) -> String {
-    format!("{label:<LABEL_WIDTH$}{text}\n")
+    let column = (label.chars().count() + 1).max(LABEL_WIDTH);
+    format!("{label:<column$}{}\n", wrap(text, column))
 }
 
 /// Width of the label column of section headers.
 pub const LABEL_WIDTH: usize = 12;
+
+/// The width human output is kept to (a terminal split in two, a review comment).
+pub const WIDTH: usize = 100;
+
+/// Narrowest column worth wrapping into; text starting further right continues on lines indented
+/// to [`LABEL_WIDTH`] instead.
+const MIN_WRAP: usize = 30;
+
+/// `text` that starts at `column`, broken at spaces into lines that end by [`WIDTH`], the
+/// continuation lines indented to `column` (or to [`LABEL_WIDTH`] when `column` leaves less than
+/// [`MIN_WRAP`]). A word longer than the room stays whole.
+pub fn wrap(text: &str, column: usize) -> String {
+    let mut room = WIDTH.saturating_sub(column);
+    if text.chars().count() <= room {
+        return text.to_owned();
+    }
+    let indent = if room < MIN_WRAP { LABEL_WIDTH } else { column };
+    let mut out = String::new();
+    let mut len = 0;
+    for word in text.split(' ') {
+        let n = word.chars().count();
+        // A first word with no room beside it starts on the next line.
+        let fits = len + usize::from(len > 0) + n <= room;
+        if !fits && (len > 0 || (out.is_empty() && room < MIN_WRAP)) {
+            out.push('\n');
+            out += &" ".repeat(indent);
+            room = WIDTH - indent;
+            len = 0;
+        } else if len > 0 {
+            out.push(' ');
+            len += 1;
+        }
+        out += word;
+        len += n;
+    }
+    out
+}
 
 #[cfg(test)]
 mod tests {
@@ -126,6 +168,37 @@ mod tests {
         let mut t = Table::new(2, &["a", "bbb", "why"]);
         t.row(vec!["long".into(), "x".into(), "because".into()]);
         assert_eq!(t.render(), "  a     bbb  why\n  long  x    because\n");
+    }
+
+    #[test]
+    fn long_text_wraps_under_its_column() {
+        let words = "word ".repeat(40);
+        let text = field("  why", words.trim_end());
+        assert!(text.lines().count() > 1, "{text}");
+        for line in text.lines() {
+            assert!(line.chars().count() <= WIDTH, "{line}");
+        }
+        assert!(
+            text.lines()
+                .skip(1)
+                .all(|l| l.starts_with(&" ".repeat(LABEL_WIDTH)))
+        );
+        assert_eq!(text.split_whitespace().count(), 41);
+        assert_eq!(field("peer devices", "2"), "peer devices 2\n");
+        // Short text is left alone; text starting too far right continues further left, and a
+        // first word with no room beside it starts there.
+        assert_eq!(wrap("short", 90), "short");
+        let far = wrap(words.trim_end(), 80);
+        assert!(far.starts_with("word word word word\n"), "{far}");
+        for l in far.lines().skip(1) {
+            assert!(l.starts_with(&" ".repeat(LABEL_WIDTH)), "{far}");
+            assert!(!l.starts_with(&" ".repeat(LABEL_WIDTH + 1)), "{far}");
+            assert!(l.chars().count() <= WIDTH, "{far}");
+        }
+        assert_eq!(
+            wrap(&format!("{} b", "a".repeat(25)), 80),
+            format!("\n{}{} b", " ".repeat(LABEL_WIDTH), "a".repeat(25))
+        );
     }
 
     #[test]

@@ -48,10 +48,16 @@ pub struct Report {
     pub vnic: Option<VnicView>,
     /// The peer's own `select-devices` and `select-gid`, when it is another machine.
     pub peer: Option<PeerView>,
-    /// `plan-connection` for NCCL device 0 to the peer, when a device was selected.
+    /// `plan-connection` for the connection [`Connections`] names (NCCL device 0 or its vNIC
+    /// unless told), when a device was selected.
     pub connection: Option<ConnectionView>,
+    /// With [`Connections::All`]: every NCCL device's connection, in device order.
+    pub connections: Vec<ConnectionView>,
     /// How the first message of each size is striped over the plan's QPs.
     pub striping: Vec<Striping>,
+    /// Decisions that will likely fail at run time although every hook answered: a RoCE port
+    /// (local or the peer's) whose GID is link-local or unconfigured, so not routable.
+    pub warnings: Vec<String>,
 }
 
 /// Who decides: the built-in default, or a wasm policy as its `init` named it.
@@ -313,13 +319,16 @@ pub struct PeerView {
     pub gids: Vec<PortGid>,
 }
 
-/// The sample connection and its plan.
+/// A connection and its plan.
 #[derive(Clone, Debug, Serialize)]
 pub struct ConnectionView {
-    /// The device the sample connection runs on (NCCL device 0, or the vNIC that took it in the
-    /// sample fusion) and its name.
+    /// The device the connection runs on (for the sample: NCCL device 0, or the vNIC that took it
+    /// in the sample fusion) and its name.
     pub device: u32,
     pub device_name: String,
+    /// The peer's device on the other end, and its name.
+    pub peer_device: u32,
+    pub peer_device_name: String,
     /// `conn.local` and `conn.peer`: QPs refer to these by position.
     pub local: Vec<EndpointView>,
     pub peer: Vec<EndpointView>,
@@ -396,6 +405,26 @@ struct Chosen {
     gids: Vec<PortGid>,
     selected: Vec<Port>,
     endpoints: Vec<Endpoint>,
+}
+
+impl Chosen {
+    /// A warning per RoCE endpoint whose GID cannot be routed: traffic to another subnet (or,
+    /// when unconfigured, any traffic) fails although the decision was made without fault.
+    fn unroutable(&self, whose: &str) -> Vec<String> {
+        self.endpoints
+            .iter()
+            .filter(|e| e.link_layer == LinkLayer::Ethernet && !e.gid.is_routable())
+            .map(|e| {
+                format!(
+                    "{whose}{}:{} uses GID index {} ({}), which is not routable: cross-node traffic may fail; set NCCL_IB_GID_INDEX, NCCL_IB_ADDR_FAMILY or NCCL_IB_ADDR_RANGE (or the policy's select-gid) to a routable entry",
+                    e.device,
+                    e.port,
+                    e.gid.index,
+                    e.gid.addr()
+                )
+            })
+            .collect()
+    }
 }
 
 fn choose(host: &PolicyHost, ports: &[Port]) -> Result<Chosen, PolicyError> {
@@ -525,7 +554,27 @@ struct Side {
     vnic: Option<VnicView>,
     /// The device NCCL would connect on: device 0, or the vNIC it went into when the sample
     /// fusion took it (NCCL then uses the vNIC in its place).
-    sample: Option<(NcclDevice, Vec<Endpoint>)>,
+    sample: Option<NcclDevice>,
+}
+
+impl Side {
+    /// The device a connection of `which` runs on: the sample, or device `n` (the last device
+    /// when this machine has fewer, as a peer with fewer NICs than rails would answer).
+    fn device(&self, which: Option<u32>) -> Option<&NcclDevice> {
+        match which {
+            None => self.sample.as_ref(),
+            Some(n) => self.nccl.get(n as usize).or(self.nccl.last()),
+        }
+    }
+
+    /// The endpoints of `dev`'s ports, in the device's member order (`conn.local`).
+    fn endpoints(&self, dev: &NcclDevice) -> Vec<Endpoint> {
+        dev.ports
+            .iter()
+            .filter_map(|i| self.chosen.selected.iter().position(|p| p.index == *i))
+            .map(|k| self.chosen.endpoints[k].clone())
+            .collect()
+    }
 }
 
 fn side(host: &PolicyHost, ports: &[Port]) -> Result<Side, PolicyError> {
@@ -593,15 +642,6 @@ fn side(host: &PolicyHost, ports: &[Port]) -> Result<Side, PolicyError> {
         (Some(v), Some(d)) if d.ports.iter().all(|p| v.ports.contains(p)) => Some(v),
         (_, first) => first,
     };
-    let sample = sample.map(|dev| {
-        let endpoints = dev
-            .ports
-            .iter()
-            .filter_map(|i| chosen.selected.iter().position(|p| p.index == *i))
-            .map(|k| chosen.endpoints[k].clone())
-            .collect();
-        (dev, endpoints)
-    });
     Ok(Side {
         chosen,
         groups,
@@ -611,43 +651,49 @@ fn side(host: &PolicyHost, ports: &[Port]) -> Result<Side, PolicyError> {
     })
 }
 
-/// Ask every decision, as the plugin does at start-up and on the first connection.
+/// Which connections a report plans (`explain --device`, `--all-connections`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Connections {
+    /// NCCL device 0, or the vNIC the sample fusion put it in, to the peer's same.
+    #[default]
+    Sample,
+    /// NCCL device `n` to the peer's device `n` (its last when it has fewer).
+    Device(u32),
+    /// Every NCCL device, each to the peer's device of the same number (or its last); the
+    /// report's `connection` is still the sample's.
+    All,
+}
+
+/// Ask every decision, as the plugin does at start-up and on the connections `which` names.
 pub fn evaluate(
     host: &PolicyHost,
     policy: PolicyView,
     local: &Topology,
     peer: Option<&Topology>,
     sizes: &[u64],
+    which: Connections,
 ) -> Result<Report, PolicyError> {
     // The peer makes its own decisions first, with the same policy; plans are then held to the
     // QP limit of the local (live) ports, as in the plugin.
     let peer_side = peer.map(|t| side(host, &t.ports())).transpose()?;
     host.set_topology(local.ports());
     let local_side = side(host, &local.ports())?;
-    let peer_sample = peer_side.as_ref().map_or(&local_side.sample, |p| &p.sample);
-    let connection = match (&local_side.sample, peer_sample) {
-        (Some((dev, local_endpoints)), Some((_, peer_endpoints))) => {
-            let conn = Connection {
-                comm_id: 0,
-                traffic_class: -1,
-                device: dev.device,
-                device_name: dev.name.clone(),
-                local: local_endpoints.clone(),
-                peer: peer_endpoints.clone(),
-            };
-            let base = ncclwasm_default::plan_connection(host.ib_config(), &conn);
-            let plan = host.plan_connection(&conn)?;
-            let port_events = port_events(host, &conn, &plan.value.qps)?;
-            Some(ConnectionView {
-                device: dev.device,
-                device_name: dev.name.clone(),
-                local: conn.local.iter().map(endpoint_view).collect(),
-                peer: conn.peer.iter().map(endpoint_view).collect(),
-                plan: plan_view(plan, &base),
-                port_events,
-            })
-        }
-        _ => None,
+    let remote = peer_side.as_ref().unwrap_or(&local_side);
+    let plan = |device: Option<u32>| match (local_side.device(device), remote.device(device)) {
+        (Some(l), Some(r)) => connection(host, &local_side, l, remote, r).map(Some),
+        _ => Ok(None),
+    };
+    let connection = match which {
+        Connections::Device(n) if (n as usize) < local_side.nccl.len() => plan(Some(n))?,
+        // A device the machine does not have: no connection to show; the caller says so.
+        Connections::Device(_) => None,
+        Connections::Sample | Connections::All => plan(None)?,
+    };
+    let connections = match which {
+        Connections::All => (0..local_side.nccl.len() as u32)
+            .filter_map(|n| plan(Some(n)).transpose())
+            .collect::<Result<_, _>>()?,
+        _ => Vec::new(),
     };
     let striping = connection.as_ref().map_or(Vec::new(), |c| {
         sizes
@@ -670,7 +716,12 @@ pub fn evaluate(
             .collect()
     });
 
+    let mut warnings = local_side.chosen.unroutable("");
+    if let Some(p) = &peer_side {
+        warnings.extend(p.chosen.unroutable("the peer's "));
+    }
     Ok(Report {
+        warnings,
         policy,
         topology: local.into(),
         peer_topology: peer.unwrap_or(local).into(),
@@ -685,7 +736,39 @@ pub fn evaluate(
             gids: p.chosen.gids,
         }),
         connection,
+        connections,
         striping,
+    })
+}
+
+/// `plan-connection` (and `on-port-event`) for `device` of `local` to `peer_device` of `peer`.
+fn connection(
+    host: &PolicyHost,
+    local: &Side,
+    device: &NcclDevice,
+    peer: &Side,
+    peer_device: &NcclDevice,
+) -> Result<ConnectionView, PolicyError> {
+    let conn = Connection {
+        comm_id: 0,
+        traffic_class: -1,
+        device: device.device,
+        device_name: device.name.clone(),
+        local: local.endpoints(device),
+        peer: peer.endpoints(peer_device),
+    };
+    let base = ncclwasm_default::plan_connection(host.ib_config(), &conn);
+    let plan = host.plan_connection(&conn)?;
+    let port_events = port_events(host, &conn, &plan.value.qps)?;
+    Ok(ConnectionView {
+        device: device.device,
+        device_name: device.name.clone(),
+        peer_device: peer_device.device,
+        peer_device_name: peer_device.name.clone(),
+        local: conn.local.iter().map(endpoint_view).collect(),
+        peer: conn.peer.iter().map(endpoint_view).collect(),
+        plan: plan_view(plan, &base),
+        port_events,
     })
 }
 
@@ -741,17 +824,15 @@ pub fn fallbacks(report: &Report) -> Vec<(String, &SourceView)> {
             .iter()
             .map(|v| ("make-vnic".to_owned(), &v.answer.source)),
     );
-    all.extend(
-        report
-            .connection
-            .iter()
-            .map(|c| ("plan-connection".to_owned(), &c.plan.decided.source)),
-    );
-    all.extend(report.connection.iter().flat_map(|c| {
-        c.port_events
-            .iter()
-            .map(|e| ("on-port-event".to_owned(), &e.answer.source))
-    }));
+    for c in report.connection.iter().chain(&report.connections) {
+        let on = format!("device {}", c.device);
+        all.push((format!("plan-connection {on}"), &c.plan.decided.source));
+        all.extend(
+            c.port_events
+                .iter()
+                .map(|e| (format!("on-port-event {on}"), &e.answer.source)),
+        );
+    }
     all.retain(|(_, s)| s.kind == "fallback");
     all
 }
@@ -765,7 +846,15 @@ pub(crate) fn corpus_report(name: &str) -> Report {
     ))
     .unwrap();
     let host = PolicyHost::new(ncclwasm_policy::Settings::default()).unwrap();
-    evaluate(&host, PolicyView::builtin(), &topology, None, &[8, 1 << 20]).unwrap()
+    evaluate(
+        &host,
+        PolicyView::builtin(),
+        &topology,
+        None,
+        &[8, 1 << 20],
+        Connections::Sample,
+    )
+    .unwrap()
 }
 
 #[cfg(test)]

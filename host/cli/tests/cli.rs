@@ -116,7 +116,7 @@ fn explain_dgx_h100_selects_8_ib_hcas_and_the_roce_ports() {
     assert!(line(&out, "vnic").contains("fuse devices 8,9 (mlx5_8:1, mlx5_9:1)? accept"));
     assert!(line(&out, "connection").contains("device 0 (mlx5_0)"));
     assert!(line(&out, "stripe width").contains("built-in"));
-    assert!(line(&out, "ece / timeout / retry").contains("NCCL_IB_TIMEOUT"));
+    assert!(line(&out, "ece / timeout / retry").contains("timeout 20"));
     assert!(out.contains("striping"));
 
     let j = json(&run(&[
@@ -146,11 +146,20 @@ fn explain_k8s_pod_gid_choice_with_its_reason() {
         l.contains("::ffff:10.244.1.17") && l.contains("roce-v2"),
         "{l}"
     );
-    assert!(l.contains("index 3 is the RoCEv2 IPv4 entry"), "{l}");
+    // Each port's reason differs (its own entry): numbered under the table.
+    assert!(l.ends_with("[1]"), "{l}");
+    assert!(
+        line(&out, "[1]").contains("index 3 is the RoCEv2 IPv4 entry"),
+        "{out}"
+    );
     let l = line(&out, "mlx5_5:1  5");
     assert!(
-        l.contains("::ffff:10.244.2.17") && l.contains("NCCL_IB_GID_INDEX unset"),
+        l.contains("::ffff:10.244.2.17") && l.ends_with("[2]"),
         "{l}"
+    );
+    assert!(
+        line(&out, "[2]").contains("NCCL_IB_GID_INDEX unset"),
+        "{out}"
     );
 }
 
@@ -175,9 +184,13 @@ fn explain_env_pairs_reach_the_builtin_and_show_as_settings() {
     // --env overrides the environment; an empty value unsets.
     assert!(line(&out, "settings").contains("NCCL_IB_TIMEOUT=22"));
     assert!(line(&out, "settings").contains("NCCL_IB_TC=106"));
-    assert!(line(&out, "mlx5_5:1  5").contains("NCCL_IB_GID_INDEX unset"));
+    assert!(line(&out, "mlx5_5:1  5").ends_with("[2]"), "{out}");
+    assert!(
+        line(&out, "[2]").contains("NCCL_IB_GID_INDEX unset"),
+        "{out}"
+    );
     let l = line(&out, "ece / timeout / retry");
-    assert!(l.contains("/ 22 (") && l.contains("NCCL_IB_TIMEOUT"), "{l}");
+    assert!(l.contains("/ 22 (") && l.contains("timeout 22"), "{l}");
     assert!(line(&out, "tc / sl / fifo tc").contains("106 / 0 / 106"));
 }
 
@@ -236,7 +249,10 @@ fn explain_with_a_peer_machine_shows_its_decisions() {
     let out = stdout(&o);
     assert!(line(&out, "peer ").contains("k8s-pod"));
     assert!(line(&out, "peer devices").contains("2 selected"));
-    assert!(line(&out, "connection").contains("2 peer port(s)"));
+    assert!(
+        line(&out, "connection").contains("to peer device 2 (mlx5_2+mlx5_5, 2 port(s))"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -269,10 +285,198 @@ fn explain_shows_policy_no_opinion_and_fallback_sources() {
     let out = stdout(&o);
     assert!(out.contains("fallback: hostile-trap"), "{out}");
     assert!(out.contains("failed with trap"), "{out}");
+    // The faults lead the report, each decision named.
     assert!(
-        out.contains("fell back to the built-in default after a policy fault: devices, gid "),
+        line(&out, "warning").starts_with("warning     the policy faulted in select-devices (trap"),
         "{out}"
     );
+    assert!(
+        out.find("warning").unwrap() < out.find("devices ").unwrap(),
+        "{out}"
+    );
+}
+
+/// Issue 18, point 6: on the 8-NIC nodes the report fits 100 columns, every connection can be
+/// judged (`--all-connections`, `--device N`), the peer's sections say they are the peer's, and
+/// a reason shared by every row is printed once.
+#[test]
+fn explain_scales_to_an_8_nic_node() {
+    for t in ["dgx-h100", "roce-8nic"] {
+        for policy in ["builtin".to_owned(), guest("rail-aligned")] {
+            let o = run(&[
+                "policy",
+                "explain",
+                &policy,
+                "-t",
+                &topology(t),
+                "--peer",
+                &topology(t),
+                "--all-connections",
+            ]);
+            assert_ok(&o);
+            let out = stdout(&o);
+            for l in out.lines() {
+                assert!(l.chars().count() <= 100, "{t}, {policy}: {l:?}");
+            }
+            assert!(line(&out, "peer gids").contains(" ports"), "{out}");
+            let rows = out
+                .lines()
+                .skip_while(|l| !l.starts_with("connections"))
+                .skip(2)
+                .take_while(|l| l.starts_with("  "))
+                .filter(|l| l[2..].starts_with(|c: char| c.is_ascii_digit()))
+                .count();
+            let devices = if t == "dgx-h100" { 10 } else { 8 };
+            assert_eq!(rows, devices, "{t}: {out}");
+        }
+    }
+    // The IB ports of the H100 share one reason: one `why` line under the table, no column.
+    let out = stdout(&run(&[
+        "policy",
+        "explain",
+        "builtin",
+        "-t",
+        &topology("dgx-h100"),
+        "--env",
+        "NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2",
+    ]));
+    assert_eq!(
+        line(&out, "port "),
+        "  port      index  address                  type",
+        "{out}"
+    );
+    assert_eq!(
+        line(&out, "why       IB:"),
+        "  why       IB: index 0; the entry at NCCL_IB_ROUTABLE_FLID_GID_INDEX=1 has no routable FLID"
+    );
+    // The connection of device 9 (the RoCE NIC's second port), to the peer's device 9.
+    let o = run(&[
+        "policy",
+        "explain",
+        "builtin",
+        "-t",
+        &topology("dgx-h100"),
+        "--device",
+        "9",
+    ]);
+    assert_ok(&o);
+    assert!(
+        line(&stdout(&o), "connection")
+            .starts_with("connection  device 9 (mlx5_9) to peer device 9 (mlx5_9"),
+        "{}",
+        stdout(&o)
+    );
+    assert_fails(
+        &run(&[
+            "policy",
+            "explain",
+            "builtin",
+            "-t",
+            &topology("dgx-h100"),
+            "--device",
+            "10",
+        ]),
+        2,
+        "--device 10: the policy gives NCCL 10 device(s) on dgx-h100",
+    );
+}
+
+/// The case files shipped beside every policy and example: the policy passes them, and the
+/// built-in default passes nccl-default's (the reference's own decisions on every topology).
+#[test]
+fn every_shipped_policy_passes_its_policy_test_cases() {
+    let ws = workspace();
+    for (policy, cases) in [
+        (guest("nccl-default"), "policies/nccl-default/cases.toml"),
+        ("builtin".to_owned(), "policies/nccl-default/cases.toml"),
+        (guest("rail-aligned"), "policies/rail-aligned/cases.toml"),
+        (
+            guest("weighted-stripe"),
+            "policies/weighted-stripe/cases.toml",
+        ),
+        (
+            guest("gid-by-subnet"),
+            "guest-examples/gid-by-subnet/cases.toml",
+        ),
+        (
+            guest("tc-by-class"),
+            "guest-examples/tc-by-class/cases.toml",
+        ),
+    ] {
+        let cases = ws.join(cases).display().to_string();
+        let o = run(&["policy", "test", &policy, &cases]);
+        assert_ok(&o);
+        let out = stdout(&o);
+        assert!(out.lines().last().unwrap().ends_with(" 0 failed"), "{out}");
+        assert!(!out.contains("FAIL"), "{out}");
+    }
+}
+
+/// A case broken on purpose fails with the decision, what was expected and what was decided;
+/// a case file with a misspelt expectation is refused, not passed.
+#[test]
+fn policy_test_fails_a_broken_case_with_a_diff() {
+    let dir = scratch("policy-test");
+    let cases = dir.join("cases.toml");
+    let write = |text: &str| std::fs::write(&cases, text).unwrap();
+    let cases = cases.display().to_string();
+    let case = |expect: &str| {
+        format!(
+            "[[case]]\nname = \"pod\"\ntopology = {:?}\nconfig = \"subnet=10.244.0.0/16\"\n\n[case.expect]\n{expect}\n",
+            topology("k8s-pod")
+        )
+    };
+    write(&case(
+        "gids = { \"mlx5_5:1\" = 4 }\nplan = { tc = 0, qps = 2 }",
+    ));
+    let o = run(&["policy", "test", &guest("gid-by-subnet"), &cases]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.starts_with("FAIL  pod  ("), "{out}");
+    assert!(
+        out.contains("      gid mlx5_5:1: expected 4, got 5\n"),
+        "{out}"
+    );
+    assert!(!out.contains("plan "), "only what differs: {out}");
+    let j = json(&run(&[
+        "policy",
+        "test",
+        &guest("gid-by-subnet"),
+        &cases,
+        "--json",
+    ]));
+    assert_eq!(j["failed"], 1);
+    assert_eq!(
+        j["cases"][0]["differences"],
+        serde_json::json!([{"decision": "gid mlx5_5:1", "expected": "4", "got": "5"}])
+    );
+    // The same case with the right index passes; so does any decision pinned by its name.
+    write(&case(
+        "gids = { \"mlx5_5:1\" = 5 }\n[case.expect.items]\n\"port-down\" = \"fail\"\n\"plan tc / sl / fifo tc\" = \"0 / 0 / 0\"",
+    ));
+    assert_ok(&run(&["policy", "test", &guest("gid-by-subnet"), &cases]));
+    // A fault fails the case whatever it expected.
+    let o = run(&["policy", "test", &guest("hostile-trap"), &cases]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("select-devices: expected an answer, got trap: "),
+        "{}",
+        stdout(&o)
+    );
+    // Misspelt expectations and variables are the case file's mistake: exit status 2.
+    write(&case("gid = { \"mlx5_5:1\" = 5 }"));
+    assert_fails(
+        &run(&["policy", "test", &guest("gid-by-subnet"), &cases]),
+        2,
+        "unknown field `gid`",
+    );
+    write(&case("plan = { tcc = 1 }"));
+    assert_fails(
+        &run(&["policy", "test", "builtin", &cases]),
+        2,
+        "plan has no field \"tcc\"",
+    );
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -379,6 +583,30 @@ fn check_reports_name_version_and_hooks() {
     assert_eq!(j["kind"], "wasm");
     assert_eq!(j["hooks"], serde_json::json!(["plan-connection"]));
     assert!(j["version"].is_string() && j["sha256"].as_str().unwrap().len() == 64);
+    // Issue 18, point 4: size, imports read from the bytes, compile time and the cache's part.
+    let size = std::fs::metadata(guest("weighted-stripe")).unwrap().len();
+    assert_eq!(j["size_bytes"], size);
+    let imports: Vec<&str> = j["imports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_str().unwrap())
+        .collect();
+    assert!(
+        imports.iter().any(|i| i.starts_with("wasi:cli/")),
+        "{imports:?}"
+    );
+    assert!(j["compile_ms"].as_f64().unwrap() >= 0.0);
+    assert!(
+        ["disk", "compiled", "off"].contains(&j["cache"].as_str().unwrap()),
+        "{j}"
+    );
+    assert!(line(&out, "size").ends_with(" KiB"), "{out}");
+    assert!(line(&out, "imports").contains("wasi:io/"), "{out}");
+    assert!(
+        line(&out, "compile").contains("compiled-policy cache"),
+        "{out}"
+    );
     let o = run(&[
         "policy",
         "check",

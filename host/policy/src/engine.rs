@@ -17,7 +17,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, HasData, HasSelf, Linker, ResourceTable};
@@ -322,6 +322,9 @@ pub(crate) struct PolicyEngine {
     linker: Linker<HostState>,
     /// Compiled components by the sha256 of their bytes, newest last.
     compiled: Mutex<Vec<([u8; 32], Component)>>,
+    /// The on-disk cache the engine compiles through (its hit count tells a load where the code
+    /// came from); `None` when off.
+    disk_cache: Option<wasmtime::Cache>,
     deadline_ticks: u64,
     timeout: Duration,
     memory_mb: u32,
@@ -348,7 +351,8 @@ impl PolicyEngine {
             .concurrency_support(false)
             // Faults are reported in one line; a backtrace would cost ~10 µs per trap for nothing.
             .wasm_backtrace_max_frames(None);
-        config.cache(disk_cache(&settings.cache)?);
+        let disk_cache = disk_cache(&settings.cache)?;
+        config.cache(disk_cache.clone());
         let engine = wasmtime::Engine::new(&config).map_err(engine_err)?;
         let mut linker = Linker::new(&engine);
         link(&mut linker).map_err(engine_err)?;
@@ -358,6 +362,7 @@ impl PolicyEngine {
             engine,
             linker,
             compiled: Mutex::new(Vec::new()),
+            disk_cache,
             deadline_ticks: u64::from(TICKS_PER_TIMEOUT),
             timeout: settings.timeout,
             memory_mb: settings.memory_mb,
@@ -365,11 +370,25 @@ impl PolicyEngine {
     }
 
     /// Compile `bytes` (or reuse the compilation of identical bytes) and check that the component
-    /// is a policy. `what` names it in errors (a path, or a label given by the caller).
+    /// is a policy. `what` names it in errors (a path, or a label given by the caller). Imports
+    /// are checked first, from the bytes: a component that would be refused is not compiled.
     pub(crate) fn prepare(&self, bytes: &[u8], what: &str) -> Result<Prepared, PolicyError> {
         check_header(bytes, what)?;
+        // Bytes the parser refuses would not compile either: the same error as compiling.
+        let imports = imports(bytes).map_err(|e| PolicyError::Compile {
+            what: what.to_owned(),
+            detail: e.to_string(),
+        })?;
+        check_imports(&imports, what)?;
         let sha: [u8; 32] = Sha256::digest(bytes).into();
-        let component = self.compile(bytes, sha, what)?;
+        let started = Instant::now();
+        let (component, cache) = self.compile(bytes, sha, what)?;
+        let compilation = Compilation {
+            bytes: bytes.len(),
+            imports,
+            time: started.elapsed(),
+            cache,
+        };
         self.check_world(&component, what)?;
         let not_policy = |e: wasmtime::Error| PolicyError::NotAPolicy {
             what: what.to_owned(),
@@ -380,24 +399,44 @@ impl PolicyEngine {
             .instantiate_pre(&component)
             .map_err(not_policy)?;
         let pre = wit::PolicyPre::new(pre).map_err(not_policy)?;
-        Ok(Prepared { pre, sha })
+        Ok(Prepared {
+            pre,
+            sha,
+            compilation,
+        })
     }
 
-    fn compile(&self, bytes: &[u8], sha: [u8; 32], what: &str) -> Result<Component, PolicyError> {
+    fn compile(
+        &self,
+        bytes: &[u8],
+        sha: [u8; 32],
+        what: &str,
+    ) -> Result<(Component, CompileCache), PolicyError> {
         if let Some((_, c)) = self.compiled().iter().find(|(s, _)| *s == sha) {
-            return Ok(c.clone());
+            return Ok((c.clone(), CompileCache::Memory));
         }
+        let hits = self.disk_cache.as_ref().map(wasmtime::Cache::cache_hits);
         // Compile outside the lock: it takes tens of ms and other versions may be looked up.
         let component = Component::new(&self.engine, bytes).map_err(|e| PolicyError::Compile {
             what: what.to_owned(),
             detail: one_line(&e),
         })?;
-        let mut cache = self.compiled();
-        if cache.len() >= COMPILED_CACHE_ENTRIES {
-            cache.remove(0);
+        // Another thread's compilation may count a hit in between; a load is rare enough that
+        // this only ever mislabels a racing pair.
+        let cache = match (
+            hits,
+            self.disk_cache.as_ref().map(wasmtime::Cache::cache_hits),
+        ) {
+            (Some(before), Some(after)) if after > before => CompileCache::Disk,
+            (Some(_), _) => CompileCache::Compiled,
+            (None, _) => CompileCache::Off,
+        };
+        let mut compiled = self.compiled();
+        if compiled.len() >= COMPILED_CACHE_ENTRIES {
+            compiled.remove(0);
         }
-        cache.push((sha, component.clone()));
-        Ok(component)
+        compiled.push((sha, component.clone()));
+        Ok((component, cache))
     }
 
     fn compiled(&self) -> std::sync::MutexGuard<'_, Vec<([u8; 32], Component)>> {
@@ -426,22 +465,59 @@ impl PolicyEngine {
                 ),
             });
         }
-        let forbidden: Vec<&str> = ty
-            .imports(&self.engine)
-            .map(|(n, _)| n)
-            .filter(|n| !ALLOWED_IMPORTS.iter().any(|a| n.starts_with(a)))
-            .collect();
-        if !forbidden.is_empty() {
-            return Err(PolicyError::NotAPolicy {
-                what: what.to_owned(),
-                why: format!(
-                    "it imports {}, which policies are not given (no filesystem, network or clock); remove the code that needs it",
-                    forbidden.join(", ")
-                ),
-            });
-        }
         Ok(())
     }
+}
+
+/// The top-level imports of a component, read from its bytes (nested modules' and components'
+/// own imports are satisfied inside it). Imported types (a world's records and enums) are names,
+/// not capabilities, and are left out.
+fn imports(bytes: &[u8]) -> Result<Vec<String>, wasmparser::BinaryReaderError> {
+    use wasmparser::{ComponentTypeRef, Parser, Payload};
+    let mut names = Vec::new();
+    let mut depth = 0usize;
+    for payload in Parser::new(0).parse_all(bytes) {
+        match payload? {
+            Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => depth += 1,
+            Payload::End(_) => depth = depth.saturating_sub(1),
+            Payload::ComponentImportSection(section) if depth == 0 => {
+                for import in section {
+                    let import = import?;
+                    if !matches!(import.ty, ComponentTypeRef::Type(_)) {
+                        names.push(import.name.name.to_owned());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(names)
+}
+
+/// Refuse what policies are not given, naming it; for WASI's clocks, filesystem and sockets,
+/// which a language runtime imports whether the policy uses them or not, say how such a
+/// component is built without them.
+fn check_imports(imports: &[String], what: &str) -> Result<(), PolicyError> {
+    let forbidden: Vec<&str> = imports
+        .iter()
+        .map(String::as_str)
+        .filter(|n| !ALLOWED_IMPORTS.iter().any(|a| n.starts_with(a)))
+        .collect();
+    if forbidden.is_empty() {
+        return Ok(());
+    }
+    let runtime = forbidden.iter().all(|n| n.starts_with("wasi:"));
+    let fix = if runtime {
+        "policies are not given a filesystem, network or clock; when a language runtime imports \
+         them (componentize-py, a C library built for WASI), build with them stubbed out \
+         (componentize-py --stub-wasi; `wasi-virt` for others) or remove the code that needs them"
+    } else {
+        "policies are only given `log` and the interfaces of wit/policy.wit; build it from world `policy`"
+    };
+    Err(PolicyError::NotAPolicy {
+        what: what.to_owned(),
+        why: format!("it imports {}: {fix}", forbidden.join(", ")),
+    })
 }
 
 /// The first bytes tell a component from a core module from anything else; say which, so the
@@ -464,6 +540,44 @@ fn check_header(bytes: &[u8], what: &str) -> Result<(), PolicyError> {
 pub(crate) struct Prepared {
     pre: wit::PolicyPre<HostState>,
     pub(crate) sha: [u8; 32],
+    pub(crate) compilation: Compilation,
+}
+
+/// What loading a component cost, for `ncclwasm policy check` and the load's INFO line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Compilation {
+    /// The component's size in bytes.
+    pub bytes: usize,
+    /// Its top-level imports, as named in the component.
+    pub imports: Vec<String>,
+    /// Compiling it, or finding its compilation.
+    pub time: Duration,
+    pub cache: CompileCache,
+}
+
+/// Where a load found the component's machine code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompileCache {
+    /// This process had compiled the same bytes (a hot swap back, another communicator).
+    Memory,
+    /// The on-disk cache had it: another rank, or an earlier run, compiled it.
+    Disk,
+    /// Compiled now, and stored in the on-disk cache for the next rank.
+    Compiled,
+    /// Compiled now, with no on-disk cache (`NCCL_WASM_POLICY_CACHE_DIR=off`, or its directory
+    /// could not be made).
+    Off,
+}
+
+impl std::fmt::Display for CompileCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CompileCache::Memory => "already compiled in this process",
+            CompileCache::Disk => "found in the compiled-policy cache",
+            CompileCache::Compiled => "compiled, now in the compiled-policy cache",
+            CompileCache::Off => "compiled (no compiled-policy cache)",
+        })
+    }
 }
 
 /// A fault of one guest call, before the host decides between open and closed.

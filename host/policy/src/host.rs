@@ -25,7 +25,7 @@ use ncclwasm_model::validate::{self, InvalidAnswer};
 use ncclwasm_model::{Connection, Port, PortAnswer, PortEvent, PortState, QpPlan};
 
 use crate::convert;
-use crate::engine::{Fault, Instance, LOG_TARGET, PolicyEngine, Pool};
+use crate::engine::{Compilation, Fault, Instance, LOG_TARGET, PolicyEngine, Pool};
 use crate::watch::Watcher;
 use crate::{FailureCause, FailureMode, Hook, PolicyError, Settings};
 
@@ -42,6 +42,8 @@ pub struct PolicyId {
     /// The decision hooks it declared in `policy-info.hooks`, in [`Hook::DECISIONS`] order; the
     /// host never calls the others.
     pub hooks: Vec<Hook>,
+    /// Its size and imports, and what compiling it cost this load.
+    pub compilation: Compilation,
 }
 
 impl fmt::Display for PolicyId {
@@ -582,7 +584,17 @@ impl Shared {
                 let previous = self.current.swap(Some(Arc::new(loaded)));
                 self.counters.swaps_ok.fetch_add(1, Ordering::Relaxed);
                 let was = previous.map_or("the built-in default".to_owned(), |p| p.id.to_string());
-                tracing::info!(target: LOG_TARGET, policy = %id, origin, sha256 = %id.sha256, "policy {id} published (was {was})");
+                let c = &id.compilation;
+                tracing::info!(
+                    target: LOG_TARGET,
+                    policy = %id,
+                    origin,
+                    sha256 = %id.sha256,
+                    "policy {id} published (was {was}); {} KiB, {} ms to compile: {}",
+                    c.bytes.div_ceil(1024),
+                    c.time.as_millis(),
+                    c.cache
+                );
                 Ok(id)
             }
             Err(e) => {
@@ -603,6 +615,7 @@ impl Shared {
     fn load(&self, bytes: &[u8], origin: &str) -> Result<Loaded, PolicyError> {
         let prepared = self.engine.prepare(bytes, origin)?;
         let sha256: String = prepared.sha.iter().map(|b| format!("{b:02x}")).collect();
+        let compilation = prepared.compilation.clone();
         let pool = Pool::new(
             Arc::clone(&self.engine),
             prepared,
@@ -635,6 +648,7 @@ impl Shared {
                 .into_iter()
                 .filter(|&h| hooks::declares(info.hooks, h))
                 .collect(),
+            compilation,
         });
         pool.set_label(&id.to_string());
         pool.give_back(instance);

@@ -40,5 +40,6 @@ pub use config::{
     ENV_CACHE_DIR, ENV_CONFIG, ENV_FAILURE, ENV_MEMORY_MB, ENV_POLICY, ENV_RELOAD_MS,
     ENV_TIMEOUT_MS, FailureMode, PolicyCache, Settings, WASM_VARIABLES,
 };
+pub use engine::{Compilation, CompileCache};
 pub use error::{FailureCause, Hook, PolicyError};
 pub use host::{Decision, PolicyHost, PolicyId, Source, Stats};

@@ -1,7 +1,7 @@
 //! `policy check`-style load errors: each says in one line what is wrong.
 
 use ncclwasm_policy::{
-    FailureCause, FailureMode, Hook, PolicyCache, PolicyError, PolicyHost, Source,
+    CompileCache, FailureCause, FailureMode, Hook, PolicyCache, PolicyError, PolicyHost, Source,
 };
 
 use crate::{capture_logs, guest, guest_bytes, logged, ports, settings};
@@ -147,7 +147,10 @@ fn a_policy_that_imports_a_clock_is_refused_naming_the_import() {
     let text = one_line(&e);
     assert!(matches!(e, PolicyError::NotAPolicy { .. }), "{e:?}");
     assert!(text.contains("imports wasi:clocks/"), "{text}");
-    assert!(text.contains("no filesystem, network or clock"), "{text}");
+    assert!(
+        text.contains("not given a filesystem, network or clock"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -162,9 +165,32 @@ fn compiled_components_are_kept_in_the_cache_dir() {
         .policy()
         .expect("loaded");
     assert!(files_under(&dir) > 0, "nothing cached in {}", dir.display());
+    assert_eq!(first.compilation.cache, CompileCache::Compiled);
+    let bytes = guest_bytes("hostile-swap-probe");
+    assert_eq!(first.compilation.bytes, bytes.len());
+    // What a Rust std guest imports, read from the bytes: the contract's types and WASI's
+    // allowed interfaces (`log` only when it logs), never the types themselves.
+    let imports = &first.compilation.imports;
+    assert!(
+        imports.iter().any(|i| i.starts_with("wasi:cli/stdout@")),
+        "{imports:?}"
+    );
+    assert!(
+        imports.iter().all(|i| i == "log"
+            || i.starts_with("ncclwasm:policy/types@")
+            || i.starts_with("wasi:io/")
+            || i.starts_with("wasi:cli/")
+            || i.starts_with("wasi:random/")),
+        "{imports:?}"
+    );
     // A second process-like start loads from the cache and is the same policy.
-    let again = PolicyHost::new(s).unwrap().policy().expect("loaded");
+    let host = PolicyHost::new(s).unwrap();
+    let again = host.policy().expect("loaded");
     assert_eq!(again.sha256, first.sha256);
+    assert_eq!(again.compilation.cache, CompileCache::Disk);
+    // The same bytes again in this process: its own compilation, no cache lookup.
+    let swapped = host.swap_from_bytes(&bytes, "again").unwrap();
+    assert_eq!(swapped.compilation.cache, CompileCache::Memory);
     std::fs::remove_dir_all(dir).unwrap();
 }
 

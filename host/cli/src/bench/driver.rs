@@ -218,7 +218,14 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
     // sample fusion (the ranks then ask `makeVDevice` for it, as NCCL core does), else NCCL
     // device 0 — always device 0 on the `ib` fabric, whose ports are discovered, not read.
     let sample = if fabric.name == "soft" {
-        Some(report::evaluate(&host, view.clone(), &topo, None, &[])?)
+        Some(report::evaluate(
+            &host,
+            view.clone(),
+            &topo,
+            None,
+            &[],
+            report::Connections::Sample,
+        )?)
     } else {
         None
     };

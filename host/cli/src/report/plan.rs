@@ -231,6 +231,12 @@ mod tests {
             sha256: "00".into(),
             origin: "p.wasm".into(),
             hooks: Hook::DECISIONS.to_vec(),
+            compilation: ncclwasm_policy::Compilation {
+                bytes: 0,
+                imports: Vec::new(),
+                time: std::time::Duration::ZERO,
+                cache: ncclwasm_policy::CompileCache::Off,
+            },
         }))
     }
 

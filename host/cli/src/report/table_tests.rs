@@ -19,7 +19,7 @@ use ncclwasm_testkit::child;
 use ncclwasm_transport::oob::OobEnv;
 use ncclwasm_transport::{Decided, DecisionError, Decisions, Net, NetConfig};
 
-use super::{NcclDevice, PolicyView, choose, device_table, evaluate, nccl_devices};
+use super::{Connections, NcclDevice, PolicyView, choose, device_table, evaluate, nccl_devices};
 
 /// The shipped policies: the built-in default (`None`) and the wasm policies of `policies/`.
 fn policies() -> Vec<(&'static str, Option<PathBuf>)> {
@@ -114,7 +114,15 @@ fn transport_and_report_tables_agree_on_the_corpus_under_every_shipped_policy() 
         let transport = child_tables(TEST, &file);
         let topology = Topology::load(&file).unwrap();
         for (name, host) in &hosts {
-            let report = evaluate(host, PolicyView::builtin(), &topology, None, &[]).unwrap();
+            let report = evaluate(
+                host,
+                PolicyView::builtin(),
+                &topology,
+                None,
+                &[],
+                Connections::Sample,
+            )
+            .unwrap();
             let report = report_table(&report.nccl_devices);
             let transport = &transport[*name];
             if *transport != report {

@@ -1,0 +1,429 @@
+//! `ncclwasm policy test POLICY [CASES…]`: the decisions a policy must make, pinned in case files
+//! an author keeps beside the policy and runs in their own CI, whatever language it is written in.
+//!
+//! A case names a machine (and a peer), the `NCCL_IB_*` variables and the policy's config, and
+//! the decisions expected on it; only what a case names is compared. Each case is evaluated as
+//! `explain` evaluates it (a fresh host with the case's settings, so cases cannot leak into each
+//! other), and the differences are worded as `explain` words the values. A hook that faulted
+//! fails its case whatever was expected: the decision was then the built-in default's. The file
+//! format is in host/cli/README.md.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use clap::Args as ClapArgs;
+use ncclwasm_model::file::{self, Limit};
+use ncclwasm_model::{PortChange, Topology};
+use serde::{Deserialize, Serialize};
+
+use crate::explain::{self, port_answer, qp_pairs};
+use crate::fail::{Exit, Fail, Outcome};
+use crate::report::{self, Connections, PortGid, Report, VnicValue};
+use crate::setup::{self, ConfigArgs, PolicyArg};
+
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// The policy: a component (.wasm) or `builtin`
+    #[arg(value_name = "FILE|builtin")]
+    pub policy: PolicyArg,
+
+    /// Case files (TOML; format in host/cli/README.md) [default: cases.toml]
+    #[arg(value_name = "CASES")]
+    pub cases: Vec<PathBuf>,
+
+    /// Print the results as JSON (shape in host/cli/README.md)
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A case file: `[[case]]` tables.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CaseFile {
+    case: Vec<Case>,
+}
+
+/// One machine, its settings, and what the policy must decide on it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Case {
+    name: String,
+    /// Topology files, relative to the case file.
+    topology: PathBuf,
+    peer: Option<PathBuf>,
+    /// `NCCL_IB_*` variables (the process environment's are not read: a case says all), read
+    /// strictly: a name NCCL does not read, or a value it reads otherwise, is an error.
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    /// `NCCL_WASM_POLICY_CONFIG` handed to `init`.
+    config: Option<String>,
+    /// The connection whose plan and port events are checked: NCCL device `device` (default:
+    /// the sample connection `explain` shows).
+    device: Option<u32>,
+    expect: Expect,
+}
+
+/// Expected decisions; every one optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct Expect {
+    /// Selected ports in NCCL device order (`mlx5_0:1`).
+    devices: Option<Vec<String>>,
+    /// GID index per named port.
+    gids: Option<BTreeMap<String, u32>>,
+    peer_devices: Option<Vec<String>>,
+    peer_gids: Option<BTreeMap<String, u32>>,
+    /// Fused groups, each its members' port names; `[]` for none.
+    fused: Option<Vec<Vec<String>>>,
+    /// The device names NCCL sees, in order.
+    nccl_devices: Option<Vec<String>>,
+    /// The sample fusion request's answer: `accept`, `refuse` or `reshape 0,1`.
+    vnic: Option<String>,
+    /// Plan fields by WIT name; `qps` is a count or the QPs as `local>remote` port names.
+    plan: Option<BTreeMap<String, toml::Value>>,
+    /// `on-port-event` answers when the connection's first port goes down and comes back:
+    /// `move-to mlx5_1:1`, `wait 5000`, `fail`, `fail-back`, `stay` (the kind alone matches
+    /// any ports or time).
+    port_down: Option<String>,
+    port_up: Option<String>,
+    /// Any decision by the name `policy diff` gives it, its value worded as there: every hook's
+    /// decision can be pinned this way, a new hook's included.
+    items: Option<BTreeMap<String, String>>,
+}
+
+/// One case's result, as printed with `--json`.
+#[derive(Debug, Serialize)]
+pub struct CaseResult {
+    pub file: String,
+    pub name: String,
+    pub pass: bool,
+    pub differences: Vec<Difference>,
+}
+
+/// A decision that is not what the case expects.
+#[derive(Debug, Serialize)]
+pub struct Difference {
+    /// Named as `explain` and `diff` name decisions (`gid mlx5_0:1`, `plan tc`, …).
+    pub decision: String,
+    pub expected: String,
+    pub got: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Results {
+    policy: report::PolicyView,
+    passed: usize,
+    failed: usize,
+    cases: Vec<CaseResult>,
+}
+
+/// Case files are small; anything larger is a mistake.
+const CASE_FILE: Limit = Limit {
+    what: "policy test case file",
+    cap: 1 << 20,
+};
+
+pub fn run(args: &Args) -> Result<Outcome, Fail> {
+    let files = if args.cases.is_empty() {
+        vec![PathBuf::from("cases.toml")]
+    } else {
+        args.cases.clone()
+    };
+    let mut results = Vec::new();
+    let mut policy = None;
+    for path in &files {
+        for case in read(path)? {
+            let (view, result) = run_case(&args.policy, path, case)?;
+            policy.get_or_insert(view);
+            results.push(result);
+        }
+    }
+    let failed = results.iter().filter(|r| !r.pass).count();
+    let results = Results {
+        policy: policy.unwrap_or_else(report::PolicyView::builtin),
+        passed: results.len() - failed,
+        failed,
+        cases: results,
+    };
+    let text = if args.json {
+        crate::json(&results)?
+    } else {
+        render(&results)
+    };
+    let exit = if failed == 0 { Exit::Success } else { Exit::No };
+    Ok(Outcome { text, exit })
+}
+
+fn read(path: &Path) -> Result<Vec<Case>, Fail> {
+    let text = file::read_to_string(path, CASE_FILE).map_err(Fail::trouble)?;
+    let cases: CaseFile = toml::from_str(&text)
+        .map_err(|e| Fail::trouble(format!("{}: {}", path.display(), one_line(&e))))?;
+    if cases.case.is_empty() {
+        return Err(Fail::trouble(format!("{}: no [[case]]", path.display())));
+    }
+    Ok(cases.case)
+}
+
+/// toml's messages quote the offending line over several; one line for the `error:` output.
+fn one_line(e: &toml::de::Error) -> String {
+    e.to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn run_case(
+    policy: &PolicyArg,
+    path: &Path,
+    case: Case,
+) -> Result<(report::PolicyView, CaseResult), Fail> {
+    let at = |what: &str| format!("{} case {:?}: {what}", path.display(), case.name);
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let load =
+        |t: &Path| Topology::load(dir.join(t)).map_err(|e| Fail::trouble(at(&e.to_string())));
+    let local = load(&case.topology)?;
+    let peer = case.peer.as_deref().map(load).transpose()?;
+    let env = case
+        .env
+        .iter()
+        .map(|(k, v)| setup::parse_env_pair(&format!("{k}={v}")))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| Fail::trouble(at(&e)))?;
+    let mut settings = setup::settings(&ConfigArgs {
+        config: case.config.clone(),
+        env: Vec::new(),
+    })?;
+    // Only the case's variables: a run must not depend on the shell it is started from. Strict:
+    // a misspelt name or a value NCCL would read otherwise is the case file's mistake.
+    settings.ib = env;
+    settings
+        .ib
+        .push((ncclwasm_default::STRICT_CONFIG.to_owned(), "1".to_owned()));
+    settings.config = case.config.clone();
+    let (host, view) = setup::host(settings, policy).map_err(|f| Fail::trouble(at(&f.text())))?;
+    let which = case.device.map_or(Connections::Sample, Connections::Device);
+    let report = report::evaluate(&host, view.clone(), &local, peer.as_ref(), &[], which)?;
+    if let Some(n) = case.device
+        && report.connection.is_none()
+    {
+        return Err(Fail::trouble(at(&format!(
+            "device {n}: the policy gives NCCL {} device(s)",
+            report.nccl_devices.len()
+        ))));
+    }
+    let differences = compare(&case.expect, &report).map_err(|e| Fail::trouble(at(&e)))?;
+    Ok((
+        view,
+        CaseResult {
+            file: path.display().to_string(),
+            name: case.name,
+            pass: differences.is_empty(),
+            differences,
+        },
+    ))
+}
+
+/// Everything the case expects that the report does not show, and every fault. An expectation
+/// that cannot be compared (an unknown plan field) is an error in the case file.
+fn compare(expect: &Expect, r: &Report) -> Result<Vec<Difference>, String> {
+    let mut out: Vec<Difference> = report::fallbacks(r)
+        .into_iter()
+        .map(|(decision, source)| Difference {
+            decision,
+            expected: "an answer".into(),
+            got: format!(
+                "{}: {}",
+                source.cause.as_deref().unwrap_or("fault"),
+                source.detail.as_deref().unwrap_or("")
+            ),
+        })
+        .collect();
+    let mut check = |decision: &str, expected: String, got: String| {
+        if expected != got {
+            out.push(Difference {
+                decision: decision.to_owned(),
+                expected,
+                got,
+            });
+        }
+    };
+    let names = |d: &report::Decided<Vec<report::DeviceView>>| {
+        d.value.iter().map(|v| v.name.clone()).collect::<Vec<_>>()
+    };
+    if let Some(want) = &expect.devices {
+        check("devices", want.join(" "), names(&r.devices).join(" "));
+    }
+    if let Some(want) = &expect.gids {
+        gids(&mut check, "gid", want, &r.gids);
+    }
+    if let Some(want) = &expect.peer_devices {
+        let got = r.peer.as_ref().map_or_else(Vec::new, |p| names(&p.devices));
+        check("peer devices", want.join(" "), got.join(" "));
+    }
+    if let Some(want) = &expect.peer_gids {
+        let got = r.peer.as_ref().map_or(&[][..], |p| &p.gids);
+        gids(&mut check, "peer gid", want, got);
+    }
+    if let Some(want) = &expect.fused {
+        let words = |groups: Vec<String>| {
+            if groups.is_empty() {
+                "none".to_owned()
+            } else {
+                groups.join(" ")
+            }
+        };
+        let want = want.iter().map(|g| format!("[{}]", g.join(" "))).collect();
+        let got = r
+            .groups
+            .value
+            .iter()
+            .map(|g| format!("[{}]", g.members.join(" ")))
+            .collect();
+        check("fused", words(want), words(got));
+    }
+    if let Some(want) = &expect.nccl_devices {
+        let got: Vec<&str> = r.nccl_devices.iter().map(|d| d.name.as_str()).collect();
+        check("nccl devices", want.join(" "), got.join(" "));
+    }
+    if let Some(want) = &expect.vnic {
+        let got =
+            r.vnic.as_ref().map_or(
+                "no request (fewer than two devices)".to_owned(),
+                |v| match &v.answer.value {
+                    VnicValue::Accept => "accept".to_owned(),
+                    VnicValue::Refuse => "refuse".to_owned(),
+                    VnicValue::Reshape { devices } => format!(
+                        "reshape {}",
+                        devices
+                            .iter()
+                            .map(u32::to_string)
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    ),
+                },
+            );
+        check("vnic", want.clone(), matched(want, got));
+    }
+    let connection = r.connection.as_ref();
+    let none = || "no connection (no device selected)".to_owned();
+    if let Some(want) = &expect.plan {
+        let plan = connection.map(|c| (c, serde_json::to_value(&c.plan.decided.value)));
+        for (field, value) in want {
+            let decision = format!("plan {field}");
+            let Some((c, Ok(json))) = &plan else {
+                check(&decision, value.to_string(), none());
+                continue;
+            };
+            let (expected, got) = plan_field(field, value, c, json)?;
+            check(&decision, expected, got);
+        }
+    }
+    for (want, change, label) in [
+        (&expect.port_down, PortChange::Down, "port-down"),
+        (&expect.port_up, PortChange::Up, "port-up"),
+    ] {
+        let Some(want) = want else { continue };
+        let got = connection
+            .and_then(|c| {
+                let e = c.port_events.iter().find(|e| e.change == change)?;
+                Some(port_answer(&e.answer.value, c))
+            })
+            .unwrap_or_else(none);
+        check(label, want.clone(), matched(want, got));
+    }
+    if let Some(want) = &expect.items {
+        let items = explain::items(r);
+        for (decision, value) in want {
+            let Some(item) = items.iter().find(|i| &i.decision == decision) else {
+                let names: Vec<&str> = items.iter().map(|i| i.decision.as_str()).collect();
+                return Err(format!(
+                    "items: no decision {decision:?} here; there are {}",
+                    names.join(", ")
+                ));
+            };
+            check(decision, value.clone(), item.value.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// `got`, or its first word when that is all the expectation says (`move-to` for any ports).
+fn matched(want: &str, got: String) -> String {
+    match got.split_once(' ') {
+        Some((kind, _)) if kind == want => kind.to_owned(),
+        _ => got,
+    }
+}
+
+fn gids(
+    check: &mut impl FnMut(&str, String, String),
+    prefix: &str,
+    want: &BTreeMap<String, u32>,
+    got: &[PortGid],
+) {
+    for (port, index) in want {
+        let found = got
+            .iter()
+            .find(|g| &g.name == port)
+            .map_or("not a selected port".to_owned(), |g| g.index.to_string());
+        check(&format!("{prefix} {port}"), index.to_string(), found);
+    }
+}
+
+/// One plan field: expected and actual, as text. `qps` compares the count or the pairs;
+/// the others compare the value as the plan's JSON has it.
+fn plan_field(
+    field: &str,
+    value: &toml::Value,
+    c: &report::ConnectionView,
+    json: &serde_json::Value,
+) -> Result<(String, String), String> {
+    let qps = &c.plan.decided.value.qps;
+    if field == "qps" {
+        return match value {
+            toml::Value::Integer(n) => Ok((n.to_string(), qps.len().to_string())),
+            toml::Value::Array(pairs) => {
+                let want: Vec<String> = pairs
+                    .iter()
+                    .map(|p| {
+                        p.as_str()
+                            .map(str::to_owned)
+                            .unwrap_or_else(|| p.to_string())
+                    })
+                    .collect();
+                Ok((want.join(" "), qp_pairs(c)))
+            }
+            other => Err(format!(
+                "plan qps = {other}: give a count or a list of \"local>remote\" port names"
+            )),
+        };
+    }
+    let known = ncclwasm_model::ConnPlan::FIELDS;
+    if !known.contains(&field) {
+        return Err(format!(
+            "plan has no field {field:?}; its fields are {}",
+            known.join(", ")
+        ));
+    }
+    let got = &json[field.replace('-', "_")];
+    let expected = serde_json::to_value(value).map_err(|e| e.to_string())?;
+    Ok((expected.to_string(), got.to_string()))
+}
+
+fn render(r: &Results) -> String {
+    let mut out = String::new();
+    for c in &r.cases {
+        let verdict = if c.pass { "PASS" } else { "FAIL" };
+        out += &format!("{verdict}  {}  ({})\n", c.name, c.file);
+        for d in &c.differences {
+            out += &format!(
+                "      {}: expected {}, got {}\n",
+                d.decision, d.expected, d.got
+            );
+        }
+    }
+    out + &format!(
+        "{} {}: {} passed, {} failed\n",
+        r.policy.name, r.policy.version, r.passed, r.failed
+    )
+}
