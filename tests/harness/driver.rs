@@ -97,6 +97,47 @@ fn every_abi_version_across_two_processes() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// A policy written in Python (componentize-py, its WASI stubbed) loads in the plugin, and its
+/// decisions reach NCCL's log with its reasons: the GID of each port from its per-HCA table.
+#[test]
+fn a_python_policy_decides_in_the_plugin() {
+    let out = std::env::temp_dir().join(format!("ncclwasm-harness-py-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    let (lib, exe) = build(&out);
+    let run = Command::new(&exe)
+        .arg(&lib)
+        .arg("12")
+        .env("NCCL_WASM_FABRIC", "soft")
+        .env("NCCL_WASM_POLICY", ncclwasm_testkit::guest("gid-per-hca"))
+        .env("NCCL_WASM_POLICY_CONFIG", "soft_0=1, soft_1:1=1")
+        .env("HARNESS_PTR", "5")
+        .env("HARNESS_FLUSH", "1")
+        .env_remove("NCCL_WASM_TOPOLOGY")
+        .env_remove("NCCL_IB_HCA")
+        .env_remove("HARNESS_RAILS")
+        .env_remove("NCCL_IB_GDR_FLUSH_DISABLE")
+        .output()
+        .expect("run the harness");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success() && stdout.contains("harness v12: OK"),
+        "harness with the Python policy failed ({}):\n{stdout}\n{stderr}",
+        run.status
+    );
+    assert!(
+        stderr.contains("policy gid-per-hca@0.1.0 published"),
+        "{stderr}"
+    );
+    for reason in [
+        "soft_0=1 in NCCL_WASM_POLICY_CONFIG",
+        "soft_1:1=1 in NCCL_WASM_POLICY_CONFIG",
+    ] {
+        assert!(stderr.contains(reason), "{reason}:\n{stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// A host with a peer-memory module (the soft fabric's sysfs tree, copied, plus
 /// `module/nvidia_peermem/version`, given through `NCCL_WASM_SYSFS_ROOT`): every device reports
 /// `NCCL_PTR_CUDA` too, and a CUDA-typed `regMr` succeeds (the harness checks both, and without

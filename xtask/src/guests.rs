@@ -5,15 +5,17 @@
 //! invocation shares the dependency graph and the build lock, which matters on a 2-core machine),
 //! then each artefact is copied to `<target-dir>/guests/<package-name>.wasm`: the host's tests,
 //! the CLI and the demo find a policy by its package name there. Guest examples in other
-//! languages are built by their own toolchains ([`npm`]).
+//! languages are built by their own toolchains ([`npm`] for JavaScript, [`python`] for Python).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::SystemTime;
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
 
 mod npm;
+mod python;
 
 const TARGET: &str = "wasm32-wasip2";
 const PROFILE: &str = "guest";
@@ -58,14 +60,14 @@ pub fn build() -> Result<Vec<Component>> {
 
     let mut built = build_rust(&ws, &out_dir)?;
     for dir in GUEST_DIRS {
-        built.extend(
-            npm::build_all(&ws.root.join(dir), &out_dir)?
-                .into_iter()
-                .map(|path| Component {
-                    path,
-                    shipped: dir == SHIPPED_DIR,
-                }),
-        );
+        let root = ws.root.join(dir);
+        let others = npm::build_all(&root, &out_dir)?
+            .into_iter()
+            .chain(python::build_all(&root, &ws.target_dir, &out_dir)?);
+        built.extend(others.map(|path| Component {
+            path,
+            shipped: dir == SHIPPED_DIR,
+        }));
     }
     for c in &built {
         let size = std::fs::metadata(&c.path)?.len();
@@ -195,6 +197,43 @@ fn ensure_target() -> Result<()> {
         bail!("rustup target add {TARGET} failed");
     }
     Ok(())
+}
+
+/// Runs a guest toolchain's command in `dir`; an unsuccessful exit is an error naming both.
+fn run(cmd: &mut Command, dir: &Path) -> Result<()> {
+    let status = cmd
+        .status()
+        .with_context(|| format!("running {cmd:?} in {}", dir.display()))?;
+    ensure!(status.success(), "{cmd:?} failed in {}", dir.display());
+    Ok(())
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// The latest modification time of the sources under `dir` (dependencies excluded): a guest
+/// built by a slow toolchain is rebuilt only when this is newer than the component.
+fn newest_input(dir: &Path) -> Result<Option<SystemTime>> {
+    let mut newest = modified(dir);
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        // Dependencies, caches, dot-files and documentation do not change the component.
+        let skip = path.file_name().is_some_and(|n| {
+            let n = n.to_string_lossy();
+            n == "node_modules" || n == "__pycache__" || n.starts_with('.') || n.ends_with(".md")
+        });
+        if skip {
+            continue;
+        }
+        let time = if path.is_dir() {
+            newest_input(&path)?
+        } else {
+            modified(&path)
+        };
+        newest = newest.max(time);
+    }
+    Ok(newest)
 }
 
 #[cfg(test)]

@@ -3,22 +3,27 @@
 //! The `wasm32-wasip2` target is ensured by [`crate::guests`]. This module covers the Debian
 //! packages: `libibverbs-dev`, whose `<infiniband/verbs.h>` the layout test of `ncclwasm-ibverbs-sys`
 //! compiles against (headers only — the plugin never links libibverbs, it opens it at run time; the
-//! declarations are hand-written, so no libclang), and `python3`, which runs the GPU kit's unit
-//! tests and dry run. As root the packages are installed with
-//! apt-get (that is what a fresh machine of this kind is); otherwise the exact command is printed
-//! and the task stops, rather than leaving that test to skip unnoticed.
+//! declarations are hand-written, so no libclang), `python3`, which runs the GPU kit's unit
+//! tests and dry run, and `python3-venv`, for the environment the Python example is built in.
+//! As root the packages are installed with apt-get (that is what a fresh machine of this kind
+//! is); otherwise the exact command is printed and the task stops, rather than leaving that test
+//! to skip unnoticed.
 
 use std::process::Command;
 
 use anyhow::{Context, Result, bail, ensure};
 
 /// The Debian packages the workspace needs to build, and why.
-const PACKAGES: [(&str, &str); 2] = [
+const PACKAGES: [(&str, &str); 3] = [
     (
         "libibverbs-dev",
         "rdma-core headers for ibverbs-sys's layout test",
     ),
     ("python3", "the GPU kit's unit tests and dry run"),
+    (
+        "python3-venv",
+        "the virtual environment componentize-py builds the Python example in",
+    ),
 ];
 
 /// Installs whichever of [`PACKAGES`] is missing (as root), or explains how.

@@ -402,6 +402,10 @@ fn every_shipped_policy_passes_its_policy_test_cases() {
             guest("tc-by-class"),
             "guest-examples/tc-by-class/cases.toml",
         ),
+        (
+            guest("gid-per-hca"),
+            "guest-examples/gid-per-hca/cases.toml",
+        ),
     ] {
         let cases = ws.join(cases).display().to_string();
         let o = run(&["policy", "test", &policy, &cases]);
@@ -621,13 +625,15 @@ fn check_reports_name_version_and_hooks() {
 #[test]
 fn every_shipped_policy_and_example_passes_check() {
     // What an operator deploys must load and answer every hook it declares on the sample
-    // machine; the JavaScript example takes seconds to compile, the rest milliseconds.
+    // machine; the JavaScript and Python examples take seconds to compile, the rest
+    // milliseconds.
     for (package, config) in [
         ("nccl-default", None),
         ("rail-aligned", None),
         ("weighted-stripe", None),
         ("gid-by-subnet", Some("subnet=10.0.0.0/8")),
         ("tc-by-class", Some("1=106,default=0")),
+        ("gid-per-hca", Some("mlx5_0=1")),
     ] {
         let path = guest(package);
         let mut args = vec!["policy", "check", path.as_str(), "--json"];

@@ -9,10 +9,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::SystemTime;
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
+
+use super::{modified, newest_input, run};
 
 /// componentize-js needs a Node.js with WASI and `fetch`-era APIs.
 const MIN_NODE_MAJOR: u32 = 18;
@@ -113,41 +114,6 @@ fn npm(dir: &Path) -> Command {
     let mut cmd = Command::new("npm");
     cmd.current_dir(dir);
     cmd
-}
-
-fn run(cmd: &mut Command, dir: &Path) -> Result<()> {
-    let status = cmd
-        .status()
-        .with_context(|| format!("running {cmd:?} in {}", dir.display()))?;
-    ensure!(status.success(), "{cmd:?} failed in {}", dir.display());
-    Ok(())
-}
-
-fn modified(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
-}
-
-/// The latest modification time of the sources under `dir` (dependencies excluded).
-fn newest_input(dir: &Path) -> Result<Option<SystemTime>> {
-    let mut newest = modified(dir);
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
-        // Dependencies, dot-files and documentation do not change the component.
-        let skip = path.file_name().is_some_and(|n| {
-            let n = n.to_string_lossy();
-            n == "node_modules" || n.starts_with('.') || n.ends_with(".md")
-        });
-        if skip {
-            continue;
-        }
-        let time = if path.is_dir() {
-            newest_input(&path)?
-        } else {
-            modified(&path)
-        };
-        newest = newest.max(time);
-    }
-    Ok(newest)
 }
 
 #[cfg(test)]

@@ -1,0 +1,106 @@
+//! Guests written in Python: directories holding an `app.py` (the module that defines
+//! `WitWorld`) and a `requirements.txt` that pins componentize-py. componentize-py is installed
+//! from PyPI into one virtual environment under the target directory (`python-guests/`), and
+//! builds `<out>/<directory name>.wasm` with `--stub-wasi`: CPython's runtime imports WASI's
+//! clocks, filesystem and sockets whether a policy uses them or not, and policies are not given
+//! them (the engine refuses such imports), so they are replaced by stubs that fail if called.
+//!
+//! A missing `python3` is the one reason to skip (with a printed reason), as a missing Node.js
+//! is for [`super::npm`]. Anything else that fails — no registry, a broken policy — is an error.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, ensure};
+
+use super::{modified, newest_input, run};
+
+/// Builds every Python guest directly under `dir`, with the toolchain in `target_dir`.
+pub fn build_all(dir: &Path, target_dir: &Path, out_dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut guests: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(|e| Some(e.ok()?.path()))
+            .filter(|p| p.join("app.py").is_file() && p.join("requirements.txt").is_file())
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
+    };
+    if guests.is_empty() {
+        return Ok(Vec::new());
+    }
+    guests.sort();
+    if Command::new("python3").arg("--version").output().is_err() {
+        for g in &guests {
+            println!(
+                "skipping {}: python3 is not installed (componentize-py builds this example)",
+                g.display()
+            );
+        }
+        return Ok(Vec::new());
+    }
+    let wit = dir
+        .parent()
+        .context("guest directory has no parent")?
+        .join("wit");
+    let venv = target_dir.join("python-guests");
+    guests
+        .iter()
+        .map(|g| build_one(g, &venv, &wit, out_dir))
+        .collect()
+}
+
+fn build_one(dir: &Path, venv: &Path, wit: &Path, out_dir: &Path) -> Result<PathBuf> {
+    let name = dir
+        .file_name()
+        .context("a guest directory has a name")?
+        .to_string_lossy();
+    let out = out_dir.join(format!("{name}.wasm"));
+    // componentize-py takes ~20 s; redo it only when an input changed.
+    let built_at = modified(&out);
+    if built_at.is_some() && newest_input(dir)?.max(newest_input(wit)?) < built_at {
+        return Ok(out);
+    }
+    let componentize = install(dir, venv)?;
+    println!("building {} with componentize-py", dir.display());
+    run(
+        Command::new(componentize)
+            .arg("-d")
+            .arg(wit)
+            .args(["-w", "policy", "componentize", "--stub-wasi", "-p"])
+            .arg(dir)
+            .args(["app", "-o"])
+            .arg(&out),
+        dir,
+    )?;
+    ensure!(
+        out.is_file(),
+        "{}: componentize-py wrote no {}",
+        dir.display(),
+        out.display()
+    );
+    Ok(out)
+}
+
+/// `venv/bin/componentize-py`, installed from `dir/requirements.txt` unless the environment
+/// already holds exactly those requirements (a copy of the file it was installed from is kept).
+fn install(dir: &Path, venv: &Path) -> Result<PathBuf> {
+    let requirements = std::fs::read(dir.join("requirements.txt"))
+        .with_context(|| format!("reading {}/requirements.txt", dir.display()))?;
+    let stamp = venv.join("installed-requirements.txt");
+    let bin = venv.join("bin");
+    if std::fs::read(&stamp).is_ok_and(|s| s == requirements) {
+        return Ok(bin.join("componentize-py"));
+    }
+    if !bin.join("pip").is_file() {
+        println!("creating {}", venv.display());
+        run(Command::new("python3").args(["-m", "venv"]).arg(venv), dir)?;
+    }
+    run(
+        Command::new(bin.join("pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check", "-r"])
+            .arg(dir.join("requirements.txt")),
+        dir,
+    )?;
+    std::fs::write(&stamp, requirements).with_context(|| format!("writing {}", stamp.display()))?;
+    Ok(bin.join("componentize-py"))
+}
