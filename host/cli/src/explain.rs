@@ -125,7 +125,7 @@ pub fn render(r: &Report) -> String {
     out
 }
 
-fn vnic_answer(v: &report::VnicView) -> String {
+pub(crate) fn vnic_answer(v: &report::VnicView) -> String {
     match &v.answer.value {
         VnicValue::Accept => "accept".to_owned(),
         VnicValue::Reshape { devices } => format!("reshape to devices {}", list(devices)),
@@ -575,7 +575,8 @@ fn item(decision: impl Into<String>, value: String, reason: &str, source: &Sourc
     }
 }
 
-fn fault(s: &SourceView) -> Option<String> {
+/// `cause: detail` of a decision the built-in default made after a fault.
+pub(crate) fn fault(s: &SourceView) -> Option<String> {
     let cause = s.cause.as_deref()?;
     Some(format!("{cause}: {}", s.detail.as_deref().unwrap_or("")))
 }

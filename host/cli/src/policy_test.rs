@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::explain::{self, port_answer, qp_pairs};
 use crate::fail::{Exit, Fail, Outcome};
-use crate::report::{self, Connections, PortGid, Report, VnicValue};
+use crate::report::{self, Connections, PortGid, Report};
 use crate::setup::{self, ConfigArgs, PolicyArg};
 
 #[derive(Debug, ClapArgs)]
@@ -77,7 +77,7 @@ struct Expect {
     fused: Option<Vec<Vec<String>>>,
     /// The device names NCCL sees, in order.
     nccl_devices: Option<Vec<String>>,
-    /// The sample fusion request's answer: `accept`, `refuse` or `reshape 0,1`.
+    /// The sample fusion request's answer: `accept`, `refuse` or `reshape to devices 0,1`.
     vnic: Option<String>,
     /// Plan fields by WIT name; `qps` is a count or the QPs as `local>remote` port names.
     plan: Option<BTreeMap<String, toml::Value>>,
@@ -190,11 +190,12 @@ fn run_case(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| Fail::trouble(at(&e)))?;
     let mut settings = setup::settings(&ConfigArgs {
-        config: case.config.clone(),
+        config: None,
         env: Vec::new(),
     })?;
-    // Only the case's variables: a run must not depend on the shell it is started from. Strict:
-    // a misspelt name or a value NCCL would read otherwise is the case file's mistake.
+    // Only the case's variables and config: a run must not depend on the shell it is started
+    // from. Strict: a misspelt name or a value NCCL would read otherwise is the case file's
+    // mistake.
     settings.ib = env;
     settings
         .ib
@@ -231,11 +232,7 @@ fn compare(expect: &Expect, r: &Report) -> Result<Vec<Difference>, String> {
         .map(|(decision, source)| Difference {
             decision,
             expected: "an answer".into(),
-            got: format!(
-                "{}: {}",
-                source.cause.as_deref().unwrap_or("fault"),
-                source.detail.as_deref().unwrap_or("")
-            ),
+            got: explain::fault(source).unwrap_or_default(),
         })
         .collect();
     let mut check = |decision: &str, expected: String, got: String| {
@@ -286,22 +283,10 @@ fn compare(expect: &Expect, r: &Report) -> Result<Vec<Difference>, String> {
         check("nccl devices", want.join(" "), got.join(" "));
     }
     if let Some(want) = &expect.vnic {
-        let got =
-            r.vnic.as_ref().map_or(
-                "no request (fewer than two devices)".to_owned(),
-                |v| match &v.answer.value {
-                    VnicValue::Accept => "accept".to_owned(),
-                    VnicValue::Refuse => "refuse".to_owned(),
-                    VnicValue::Reshape { devices } => format!(
-                        "reshape {}",
-                        devices
-                            .iter()
-                            .map(u32::to_string)
-                            .collect::<Vec<_>>()
-                            .join(",")
-                    ),
-                },
-            );
+        let got = r.vnic.as_ref().map_or(
+            "no request (fewer than two devices)".to_owned(),
+            explain::vnic_answer,
+        );
         check("vnic", want.clone(), matched(want, got));
     }
     let connection = r.connection.as_ref();
