@@ -9,7 +9,9 @@
 //!   perf find beside the library, so a core from a job can still be read;
 //! - `bin/ncclwasm`: the CLI (doctor, devices, policy check/explain/diff, bench), stripped;
 //! - `policies/*.wasm`: the shipped policies (the packages under `policies/`), as `cargo xtask
-//!   guests` builds them; `topologies/`; `README.md`.
+//!   guests` builds them, each with `policies/<name>/cases.toml`, the decisions `ncclwasm policy
+//!   test` checks it against (their paths name `../../topologies/`, which is where the tarball
+//!   has them too); `topologies/`; `wit/`, the contract a policy is built from; `README.md`.
 //!
 //! No precompiled policy artefacts are shipped: the ranks of a node share wasmtime's on-disk
 //! cache instead (the first compiles, the others load), which needs no `unsafe` deserialisation
@@ -150,7 +152,7 @@ pub fn package(profile: Profile, built: &[guests::Component]) -> Result<PathBuf>
     if stage.exists() {
         std::fs::remove_dir_all(&stage).with_context(|| format!("removing {}", stage.display()))?;
     }
-    for dir in ["lib", "bin", "policies", "topologies"] {
+    for dir in ["lib", "bin", "policies", "topologies", "wit"] {
         let d = stage.join(dir);
         std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
     }
@@ -178,11 +180,18 @@ pub fn package(profile: Profile, built: &[guests::Component]) -> Result<PathBuf>
 
     for policy in shipped_policies(built, &["nccl-default"])? {
         copy(policy, &stage.join("policies").join(file_name(policy)?))?;
+        let name = policy.file_stem().context("a policy file has a name")?;
+        let cases = Path::new("policies").join(name).join("cases.toml");
+        let dir = stage.join("policies").join(name);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        copy(&cases, &dir.join("cases.toml"))?;
     }
-    for entry in std::fs::read_dir("topologies").context("reading topologies/")? {
-        let path = entry?.path();
-        if path.is_file() {
-            copy(&path, &stage.join("topologies").join(file_name(&path)?))?;
+    for dir in ["topologies", "wit"] {
+        for entry in std::fs::read_dir(dir).with_context(|| format!("reading {dir}/"))? {
+            let path = entry?.path();
+            if path.is_file() {
+                copy(&path, &stage.join(dir).join(file_name(&path)?))?;
+            }
         }
     }
     copy(Path::new("README.md"), &stage.join("README.md"))?;
@@ -269,7 +278,9 @@ pub(crate) fn objcopy(flags: &[&str], input: &Path, output: Option<&Path>) -> Re
 /// it — `NCCL_NET_PLUGIN=wasm`, found as `libnccl-net-wasm.so` through `LD_LIBRARY_PATH` —
 /// and the shipped nccl-default policy found beside the binary. Nothing of the workspace is
 /// used: the run starts in the unpacked directory and the soft fabric's machine is the plugin's
-/// embedded one. Also checks the split: the library carries a debug link and no debug info.
+/// embedded one. Then `bin/ncclwasm policy test` runs the tarball's nccl-default against its
+/// cases on the tarball's topologies. Also checks the split: the library carries a debug link
+/// and no debug info, and that `wit/policy.wit` is there.
 pub fn check(tarball: &Path) -> Result<()> {
     let started = Instant::now();
     let tmp = std::env::temp_dir().join(format!("ncclwasm-dist-check-{}", std::process::id()));
@@ -349,9 +360,28 @@ pub fn check(tarball: &Path) -> Result<()> {
         (rows, latency) == (2, 1),
         "expected 2 bandwidth rows and 1 latency row: {v}"
     );
+    // The shipped policy makes the reference's decisions, checked with what the tarball holds.
+    let out = Command::new(root.join("bin/ncclwasm"))
+        .args([
+            "policy",
+            "test",
+            "policies/nccl-default.wasm",
+            "policies/nccl-default/cases.toml",
+        ])
+        .current_dir(&root)
+        .env_remove("NCCL_WASM_POLICY_CONFIG")
+        .output()
+        .context("running bin/ncclwasm policy test from the tarball")?;
+    ensure!(
+        out.status.success() && root.join("wit/policy.wit").is_file(),
+        "bin/ncclwasm policy test on the tarball's nccl-default failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     std::fs::remove_dir_all(&tmp).with_context(|| format!("removing {}", tmp.display()))?;
     println!(
-        "dist: unpacked {} and ran bin/ncclwasm bench from it (plugin by name through LD_LIBRARY_PATH) in {:.1?}",
+        "dist: unpacked {} and ran bin/ncclwasm bench from it (plugin by name through LD_LIBRARY_PATH), and policy test on its nccl-default, in {:.1?}",
         file_name(tarball)?.to_string_lossy(),
         started.elapsed()
     );
