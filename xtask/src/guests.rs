@@ -199,6 +199,21 @@ fn ensure_target() -> Result<()> {
     Ok(())
 }
 
+/// The directories directly under `dir` that hold every file of `marks` (a language's guests),
+/// sorted; none when `dir` does not exist.
+fn guest_dirs(dir: &Path, marks: &[&str]) -> Result<Vec<PathBuf>> {
+    let mut dirs: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(|e| Some(e.ok()?.path()))
+            .filter(|p| marks.iter().all(|m| p.join(m).is_file()))
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
+    };
+    dirs.sort();
+    Ok(dirs)
+}
+
 /// Runs a guest toolchain's command in `dir`; an unsuccessful exit is an error naming both.
 fn run(cmd: &mut Command, dir: &Path) -> Result<()> {
     let status = cmd

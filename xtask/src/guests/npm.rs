@@ -13,25 +13,17 @@ use std::process::Command;
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 
-use super::{modified, newest_input, run};
+use super::{guest_dirs, modified, newest_input, run};
 
 /// componentize-js needs a Node.js with WASI and `fetch`-era APIs.
 const MIN_NODE_MAJOR: u32 = 18;
 
 /// Builds every npm guest directly under `dir`.
 pub fn build_all(dir: &Path, out_dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut packages: Vec<PathBuf> = match std::fs::read_dir(dir) {
-        Ok(entries) => entries
-            .filter_map(|e| Some(e.ok()?.path()))
-            .filter(|p| p.join("package.json").is_file())
-            .collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
-    };
+    let packages = guest_dirs(dir, &["package.json"])?;
     if packages.is_empty() {
         return Ok(Vec::new());
     }
-    packages.sort();
     if let Err(why) = node_available() {
         for p in &packages {
             println!("skipping {}: {why}", p.display());

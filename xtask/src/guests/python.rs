@@ -13,22 +13,14 @@ use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
 
-use super::{modified, newest_input, run};
+use super::{guest_dirs, modified, newest_input, run};
 
 /// Builds every Python guest directly under `dir`, with the toolchain in `target_dir`.
 pub fn build_all(dir: &Path, target_dir: &Path, out_dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut guests: Vec<PathBuf> = match std::fs::read_dir(dir) {
-        Ok(entries) => entries
-            .filter_map(|e| Some(e.ok()?.path()))
-            .filter(|p| p.join("app.py").is_file() && p.join("requirements.txt").is_file())
-            .collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
-    };
+    let guests = guest_dirs(dir, &["app.py", "requirements.txt"])?;
     if guests.is_empty() {
         return Ok(Vec::new());
     }
-    guests.sort();
     if Command::new("python3").arg("--version").output().is_err() {
         for g in &guests {
             println!(
