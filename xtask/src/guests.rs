@@ -233,10 +233,13 @@ fn newest_input(dir: &Path) -> Result<Option<SystemTime>> {
     let mut newest = modified(dir);
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
-        // Dependencies, caches, dot-files and documentation do not change the component.
+        // Dependencies, caches, dot-files, documentation and `policy test` cases do not change
+        // the component.
         let skip = path.file_name().is_some_and(|n| {
             let n = n.to_string_lossy();
-            n == "node_modules" || n == "__pycache__" || n.starts_with('.') || n.ends_with(".md")
+            ["node_modules", "__pycache__", "cases.toml"].contains(&n.as_ref())
+                || n.starts_with('.')
+                || n.ends_with(".md")
         });
         if skip {
             continue;
