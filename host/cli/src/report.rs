@@ -652,10 +652,9 @@ fn side(host: &PolicyHost, ports: &[Port]) -> Result<Side, PolicyError> {
 }
 
 /// Which connections a report plans (`explain --device`, `--all-connections`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Connections {
     /// NCCL device 0, or the vNIC the sample fusion put it in, to the peer's same.
-    #[default]
     Sample,
     /// NCCL device `n` to the peer's device `n` (its last when it has fewer).
     Device(u32),

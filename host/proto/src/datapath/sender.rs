@@ -29,6 +29,11 @@ pub struct Sender {
     head: FifoCursor,
     /// Sends matched so far for the head slot.
     sends: [Matched; MAX_RECVS],
+    /// The head slot as it read when its first send matched. Later sends are matched, and the
+    /// writes laid out, against this copy, and a slot that reads otherwise meanwhile is refused:
+    /// the receiver writes a slot once, so a peer that rewrites it after a match (to move a
+    /// matched receive's buffer, or shrink it under a send already sized to it) is at fault.
+    matched_slot: Option<[CtsEntry; MAX_RECVS]>,
     /// The stripe start reserved for the head slot (taken when the slot's first send matches).
     start: Option<u32>,
     pool: RequestPool,
@@ -44,6 +49,7 @@ impl Sender {
             sizes_fifo: setup.sizes_fifo.clone(),
             head: FifoCursor::default(),
             sends: [Matched::default(); MAX_RECVS],
+            matched_slot: None,
             start: None,
             pool: RequestPool::new(),
             failover: setup
@@ -107,10 +113,17 @@ impl Sender {
                 entries[r].addr, entries[r].size
             ));
         }
+        if self
+            .matched_slot
+            .is_some_and(|first| first[..nreqs] != entries[..nreqs])
+        {
+            return bad("the slot changed after a send matched one of its receives".to_owned());
+        }
         let Some(r) = (0..nreqs).find(|&r| self.sends[r].req.is_none() && entries[r].tag == tag)
         else {
             return Ok(None);
         };
+        let entries = self.matched_slot.get_or_insert(*entries);
         let req = self.pool.alloc(RequestKind::Send, nreqs)?;
         let start = match self.start {
             Some(s) => s,
@@ -165,6 +178,7 @@ impl Sender {
             tagged: self.failover.is_some(),
         };
         self.sends = [Matched::default(); MAX_RECVS];
+        self.matched_slot = None;
         self.start = None;
         self.head.advance();
         Ok(Some(SendMatch {

@@ -442,6 +442,26 @@ fn unusable_cts_entries_are_errors() {
     );
 }
 
+/// A peer that rewrites a slot after one of its receives was matched (here: shrinks that receive
+/// to 0 bytes under a send already sized to it) is refused, rather than have the sender write
+/// outside the buffer the receiver announced (found by the `cts` fuzz target).
+#[test]
+fn a_slot_rewritten_after_a_match_is_refused() {
+    let mut w = Wire::new(rails, false);
+    w.irecv(&[(0, 100, 1), (100, 100, 2)]).unwrap();
+    w.isend(0, 100, 1).unwrap().unwrap();
+    let slot = w.tx.head().slot();
+    w.cts[slot][0].size = 0;
+    let err = w.isend(0, 10, 2).unwrap_err();
+    assert!(matches!(err, ProtoError::BadCts { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("the slot changed after a send matched"),
+        "{err}"
+    );
+    assert!(w.posted.is_empty(), "nothing written");
+}
+
 #[test]
 fn thousands_of_messages_wrap_the_fifo_and_free_every_request() {
     let mut w = Wire::new(wide, false);
