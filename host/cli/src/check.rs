@@ -76,10 +76,8 @@ pub struct Checked {
     /// Compiling it (or finding its compilation), and where the code came from: `memory`,
     /// `disk` (the compiled-policy cache), `compiled` (and stored there), `off` (no cache).
     pub compile_ms: f64,
-    pub cache: &'static str,
-    /// [`Self::cache`] in words.
-    #[serde(skip)]
-    pub cache_text: String,
+    #[serde(serialize_with = "cache_name")]
+    pub cache: CompileCache,
     /// The machine the hooks were tried on.
     pub trial: String,
 }
@@ -126,15 +124,13 @@ pub fn check(file: &Path, settings: Settings) -> Result<Checked, Fail> {
         size_bytes: id.compilation.bytes,
         imports: id.compilation.imports.clone(),
         compile_ms: id.compilation.time.as_secs_f64() * 1e3,
-        cache: match id.compilation.cache {
-            CompileCache::Memory => "memory",
-            CompileCache::Disk => "disk",
-            CompileCache::Compiled => "compiled",
-            CompileCache::Off => "off",
-        },
-        cache_text: id.compilation.cache.to_string(),
+        cache: id.compilation.cache,
         trial: format!("{}: {}", sample.name, sample.description),
     })
+}
+
+fn cache_name<S: serde::Serializer>(cache: &CompileCache, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(cache.name())
 }
 
 /// A load failure is the file's fault (exit 1), except settings and engine trouble (exit 2).
@@ -170,11 +166,7 @@ pub fn render(c: &Checked) -> String {
     );
     out += &field(
         "compile",
-        &format!(
-            "{} ({})",
-            render::duration(c.compile_ms / 1e3),
-            c.cache_text
-        ),
+        &format!("{} ({})", render::duration(c.compile_ms / 1e3), c.cache),
     );
     out + &field(
         "trial",

@@ -485,7 +485,7 @@ fn policy() -> Check {
                 c.file,
                 c.size_bytes.div_ceil(1024),
                 crate::render::duration(c.compile_ms / 1e3),
-                c.cache_text
+                c.cache
             ),
         ),
         Err(f) => Check::bad(

@@ -8,7 +8,6 @@
 //! measured in this same run. Needs `cargo xtask guests` (for `target/guests/nccl-default.wasm`).
 
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
@@ -16,17 +15,9 @@ use ncclwasm_model::{Connection, Port, Topology};
 use ncclwasm_policy::{PolicyCache, PolicyHost, Settings};
 use ncclwasm_testkit::median_per_call;
 
-fn workspace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 fn nccl_default() -> Vec<u8> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target"));
-    let path = target.join("guests/nccl-default.wasm");
-    std::fs::read(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}: run `cargo xtask guests` first", path.display()))
+    let path = ncclwasm_testkit::guest("nccl-default");
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// Everything one round of decisions needs, for both hosts.
@@ -37,7 +28,7 @@ struct Inputs {
 }
 
 fn inputs(builtin: &PolicyHost) -> Inputs {
-    let path = workspace().join("topologies/roce-8nic.toml");
+    let path = ncclwasm_testkit::topology("roce-8nic.toml");
     let ports = Topology::load(&path)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .ports();

@@ -7,23 +7,11 @@
 //! Needs `cargo xtask guests`; a guest that was not built (no Node.js, no Python) is skipped
 //! with a line saying so.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use ncclwasm_model::{Connection, Port, Topology};
 use ncclwasm_policy::{PolicyCache, PolicyHost, Settings};
 use ncclwasm_testkit::median_per_call;
-
-fn workspace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn guests_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target"))
-        .join("guests")
-}
 
 /// A guest, its language, its config, and the hook it answers.
 struct Guest {
@@ -76,7 +64,7 @@ fn call(h: &PolicyHost, hook: Hook, port: &Port, conn: &Connection) {
 }
 
 fn main() {
-    let path = workspace().join("topologies/k8s-pod.toml");
+    let path = ncclwasm_testkit::topology("k8s-pod.toml");
     let ports = Topology::load(&path)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .ports();
@@ -95,16 +83,19 @@ fn main() {
         "guest", "language", "size", "first load", "next rank", "call", "built-in", "ratio"
     );
     for g in GUESTS {
-        let file = guests_dir().join(format!("{}.wasm", g.package));
-        let Ok(bytes) = std::fs::read(&file) else {
-            println!(
-                "{:<14} {:<10} not built ({})",
-                g.package,
-                g.language,
-                file.display()
-            );
-            continue;
+        let file = match ncclwasm_testkit::built_guest(g.package) {
+            Ok(file) => file,
+            Err(missing) => {
+                println!(
+                    "{:<14} {:<10} not built ({})",
+                    g.package,
+                    g.language,
+                    missing.display()
+                );
+                continue;
+            }
         };
+        let bytes = std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         let dir = std::env::temp_dir().join(format!(
             "ncclwasm-bench-languages-{}-{}",
             g.package,

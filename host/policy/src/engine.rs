@@ -444,8 +444,9 @@ impl PolicyEngine {
         self.compiled.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Name what is missing or forbidden before wasmtime's type check, whose messages are about
-    /// linker internals rather than about the policy world.
+    /// Name the exports that are missing before wasmtime's type check, whose messages are about
+    /// linker internals rather than about the policy world (forbidden imports were refused
+    /// before compiling, by `check_imports`).
     fn check_world(&self, component: &Component, what: &str) -> Result<(), PolicyError> {
         let ty = component.component_type();
         let exports: Vec<&str> = ty.exports(&self.engine).map(|(n, _)| n).collect();
@@ -567,6 +568,18 @@ pub enum CompileCache {
     /// Compiled now, with no on-disk cache (`NCCL_WASM_POLICY_CACHE_DIR=off`, or its directory
     /// could not be made).
     Off,
+}
+
+impl CompileCache {
+    /// One word for scripts (`ncclwasm policy check --json`): `memory`, `disk`, `compiled`, `off`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CompileCache::Memory => "memory",
+            CompileCache::Disk => "disk",
+            CompileCache::Compiled => "compiled",
+            CompileCache::Off => "off",
+        }
+    }
 }
 
 impl std::fmt::Display for CompileCache {

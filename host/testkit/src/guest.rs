@@ -12,11 +12,17 @@ fn target_dir() -> PathBuf {
 
 /// The path of the built guest `package`; panics with what to do when it is missing.
 pub fn guest(package: &str) -> PathBuf {
+    built_guest(package).unwrap_or_else(|path| {
+        panic!(
+            "{} is missing: run `cargo xtask guests` first",
+            path.display()
+        )
+    })
+}
+
+/// The path of the built guest `package`, or the path where it is missing (a guest of another
+/// language is not built where its toolchain is absent).
+pub fn built_guest(package: &str) -> Result<PathBuf, PathBuf> {
     let path = target_dir().join("guests").join(format!("{package}.wasm"));
-    assert!(
-        path.is_file(),
-        "{} is missing: run `cargo xtask guests` first",
-        path.display()
-    );
-    path
+    if path.is_file() { Ok(path) } else { Err(path) }
 }

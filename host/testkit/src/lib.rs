@@ -35,7 +35,7 @@ mod wait;
 
 pub use built::cdylib;
 pub use corpus::{topologies, topology};
-pub use guest::guest;
+pub use guest::{built_guest, guest};
 pub use skip::{SKIP_LOG_ENV, skip};
 pub use timing::median_per_call;
 pub use wait::wait_until;
