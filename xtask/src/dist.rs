@@ -11,7 +11,10 @@
 //! - `policies/*.wasm`: the shipped policies (the packages under `policies/`), as `cargo xtask
 //!   guests` builds them, each with `policies/<name>/cases.toml`, the decisions `ncclwasm policy
 //!   test` checks it against (their paths name `../../topologies/`, which is where the tarball
-//!   has them too); `topologies/`; `wit/`, the contract a policy is built from; `README.md`.
+//!   has them too); `topologies/`; `wit/`, the contract a policy is built from; `README.md`;
+//! - `sdk/`: the Rust guest SDK with its crates.io dependencies vendored ([`sdk`]), which
+//!   `bin/ncclwasm policy new --lang rust` builds against offline (the other languages' templates
+//!   and the C toolchain's bindings and encoder are inside `bin/ncclwasm`).
 //!
 //! No precompiled policy artefacts are shipped: the ranks of a node share wasmtime's on-disk
 //! cache instead (the first compiles, the others load), which needs no `unsafe` deserialisation
@@ -28,7 +31,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
 
-use crate::{guests, setup};
+use crate::{guests, sdk, setup};
 
 /// The build that is packaged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,7 +124,7 @@ pub fn run(args: &Args) -> Result<()> {
     let built = guests::build()?;
     let tarball = package(args.profile, &built)?;
     if args.check {
-        check(&tarball)?;
+        check(&tarball, &sdk::LANGUAGES)?;
     }
     Ok(())
 }
@@ -195,6 +198,7 @@ pub fn package(profile: Profile, built: &[guests::Component]) -> Result<PathBuf>
         }
     }
     copy(Path::new("README.md"), &stage.join("README.md"))?;
+    sdk::stage(Path::new("."), &stage)?;
 
     let tarball = dist.join(format!("{name}.tar.gz"));
     // Owner and order fixed, so two packings of the same files differ only in mtimes.
@@ -279,9 +283,10 @@ pub(crate) fn objcopy(flags: &[&str], input: &Path, output: Option<&Path>) -> Re
 /// and the shipped nccl-default policy found beside the binary. Nothing of the workspace is
 /// used: the run starts in the unpacked directory and the soft fabric's machine is the plugin's
 /// embedded one. Then `bin/ncclwasm policy test` runs the tarball's nccl-default against its
-/// cases on the tarball's topologies. Also checks the split: the library carries a debug link
-/// and no debug info, and that `wit/policy.wit` is there.
-pub fn check(tarball: &Path) -> Result<()> {
+/// cases on the tarball's topologies, and a new policy is made, built, tested and explained in
+/// each of `scaffolds` ([`sdk::check_scaffolds`]). Also checks the split: the library carries a
+/// debug link and no debug info, and that `wit/policy.wit` is there.
+pub fn check(tarball: &Path, scaffolds: &[&str]) -> Result<()> {
     let started = Instant::now();
     let tmp = std::env::temp_dir().join(format!("ncclwasm-dist-check-{}", std::process::id()));
     if tmp.exists() {
@@ -379,12 +384,18 @@ pub fn check(tarball: &Path) -> Result<()> {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    std::fs::remove_dir_all(&tmp).with_context(|| format!("removing {}", tmp.display()))?;
     println!(
         "dist: unpacked {} and ran bin/ncclwasm bench from it (plugin by name through LD_LIBRARY_PATH), and policy test on its nccl-default, in {:.1?}",
         file_name(tarball)?.to_string_lossy(),
         started.elapsed()
     );
+    let work = tmp.join("scaffolds");
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let venv = guests::python_venv()?;
+    for line in sdk::check_scaffolds(&root, &work, scaffolds, venv.as_deref())? {
+        println!("dist: policy new from the tarball, {line}");
+    }
+    std::fs::remove_dir_all(&tmp).with_context(|| format!("removing {}", tmp.display()))?;
     Ok(())
 }
 

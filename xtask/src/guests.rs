@@ -5,7 +5,8 @@
 //! invocation shares the dependency graph and the build lock, which matters on a 2-core machine),
 //! then each artefact is copied to `<target-dir>/guests/<package-name>.wasm`: the host's tests,
 //! the CLI and the demo find a policy by its package name there. Guest examples in other
-//! languages are built by their own toolchains ([`npm`] for JavaScript, [`python`] for Python).
+//! languages are built by their own toolchains ([`npm`] for JavaScript, [`python`] for Python,
+//! [`c`] for C).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,6 +15,7 @@ use std::time::SystemTime;
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
 
+mod c;
 mod npm;
 mod python;
 
@@ -63,7 +65,8 @@ pub fn build() -> Result<Vec<Component>> {
         let root = ws.root.join(dir);
         let others = npm::build_all(&root, &out_dir)?
             .into_iter()
-            .chain(python::build_all(&root, &ws.target_dir, &out_dir)?);
+            .chain(python::build_all(&root, &ws.target_dir, &out_dir)?)
+            .chain(c::build_all(&root, &out_dir)?);
         built.extend(others.map(|path| Component {
             path,
             shipped: dir == SHIPPED_DIR,
@@ -79,6 +82,12 @@ pub fn build() -> Result<Vec<Component>> {
 /// The workspace's target directory, as cargo reports it.
 pub fn target_dir() -> Result<PathBuf> {
     Ok(workspace()?.target_dir)
+}
+
+/// The environment holding componentize-py, when the Python guests' build made one.
+pub fn python_venv() -> Result<Option<PathBuf>> {
+    let venv = python::venv(&target_dir()?);
+    Ok(venv.join("bin/componentize-py").is_file().then_some(venv))
 }
 
 /// The cargo that runs this task (`CARGO`), so nested builds use the same toolchain.
@@ -233,11 +242,11 @@ fn newest_input(dir: &Path) -> Result<Option<SystemTime>> {
     let mut newest = modified(dir);
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
-        // Dependencies, caches, dot-files, documentation and `policy test` cases do not change
-        // the component.
+        // Dependencies, caches, generated files (`build/`), dot-files, documentation and
+        // `policy test` cases do not change the component.
         let skip = path.file_name().is_some_and(|n| {
             let n = n.to_string_lossy();
-            ["node_modules", "__pycache__", "cases.toml"].contains(&n.as_ref())
+            ["node_modules", "__pycache__", "build", "cases.toml"].contains(&n.as_ref())
                 || n.starts_with('.')
                 || n.ends_with(".md")
         });

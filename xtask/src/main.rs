@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 mod dist;
 mod gpu_kit;
 mod guests;
+mod sdk;
 mod setup;
 
 const USAGE: &str = "usage: cargo xtask <command>
@@ -20,7 +21,9 @@ commands:
             the debug GPU kit
   guests    build every policy and guest example for wasm32-wasip2 into target/guests/
   dist      the release tarball in target/dist/ [--profile release|debug] [--check: unpack it
-            in an empty directory and run its bench]
+            in an empty directory, run its bench and policy test, and make, build and test a
+            new policy in each language: Rust and C offline, Python and JavaScript where their
+            toolchains are (`test` does Rust and C only)]
   gpu-kit   the folder (at most 64 MiB) that runs NCCL collectives through the plugin on a GPU
             machine with PyTorch: target/gpu-kit/nccl-net-wasm-gpu-kit/ [--profile release|debug]
             [--out DIR]; checked here with its unit tests and `run.py --dry-run`";
@@ -78,7 +81,12 @@ fn test() -> Result<()> {
             setup::run(Command::new("bash").arg(&guard))?;
         }
         println!("== dist --profile debug --check");
-        dist::check(&dist::package(dist::Profile::Debug, &built)?)?;
+        // Rust and C from the tarball, offline; Python and JavaScript (~40 s and ~70 s, each
+        // mostly a cold compile of a 12–18 MB component) run under `cargo xtask dist --check`.
+        dist::check(
+            &dist::package(dist::Profile::Debug, &built)?,
+            &sdk::OFFLINE_LANGUAGES,
+        )?;
         println!("== gpu-kit --profile debug");
         gpu_kit::check(&gpu_kit::pack(dist::Profile::Debug, &built, None)?)
     });

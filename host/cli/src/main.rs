@@ -9,6 +9,7 @@
 //! module: argument struct, `run` (the policy calls, through [`report`]) and a pure `render`.
 #![forbid(unsafe_code)]
 
+mod author;
 mod bench;
 mod capture;
 mod check;
@@ -38,7 +39,8 @@ Exit status:
      check FAILed; `explain`: a hook of the policy faulted (the built-in default decided);
      `test`: a case failed
   2  invalid arguments or settings (e.g. an NCCL_IB_* value), unreadable topology or case
-     file, a policy `explain`/`diff`/`test` cannot load, or a `bench` rank that failed
+     file, a policy `explain`/`diff`/`test` cannot load, a `bench` rank that failed, or a
+     `new`/`build` that could not make the project or the component
 
 NCCL_IB_* settings come from the environment, with --env pairs on top; the built-in default
 and the policy's init both get them. Engine limits come from NCCL_WASM_POLICY_TIMEOUT_MS and
@@ -98,6 +100,13 @@ enum PolicyCommand {
     /// with what differed (exit status 1 when a case fails)
     #[command(after_help = EXIT_STATUS)]
     Test(policy_test::Args),
+    /// A new policy project in Rust, Python, JavaScript or C: its hooks stubbed as "no opinion",
+    /// a README and a case file, buildable with what the release tarball ships
+    #[command(after_help = EXIT_STATUS)]
+    New(author::NewArgs),
+    /// Build the policy project in DIR (made by `policy new`) into a component
+    #[command(after_help = EXIT_STATUS)]
+    Build(author::BuildArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -127,6 +136,8 @@ fn main() -> ExitCode {
         Command::Policy(PolicyCommand::Explain(args)) => explain::run(args),
         Command::Policy(PolicyCommand::Diff(args)) => diff::run(args),
         Command::Policy(PolicyCommand::Test(args)) => policy_test::run(args),
+        Command::Policy(PolicyCommand::New(args)) => author::run_new(args),
+        Command::Policy(PolicyCommand::Build(args)) => author::run_build(args),
         Command::Devices(args) => devices::run(args),
         Command::Topology(TopologyCommand::Capture(args)) => capture::run(args),
         Command::Doctor(args) => doctor::run(args),

@@ -406,6 +406,10 @@ fn every_shipped_policy_passes_its_policy_test_cases() {
             guest("gid-per-hca"),
             "guest-examples/gid-per-hca/cases.toml",
         ),
+        (
+            guest("fastest-nics"),
+            "guest-examples/fastest-nics/cases.toml",
+        ),
     ] {
         let cases = ws.join(cases).display().to_string();
         let o = run(&["policy", "test", &policy, &cases]);
@@ -414,6 +418,48 @@ fn every_shipped_policy_passes_its_policy_test_cases() {
         assert!(out.lines().last().unwrap().ends_with(" 0 failed"), "{out}");
         assert!(!out.contains("FAIL"), "{out}");
     }
+}
+
+/// `policy new` and `policy build` refuse what they cannot do with one line (exit status 2):
+/// an unknown language or hook, a name no toolchain takes, a directory that exists, and a
+/// directory that holds no project. (Projects are made, built and tested in every language from
+/// the unpacked tarball by `cargo xtask dist --check`.)
+#[test]
+fn policy_new_and_build_refuse_with_one_line() {
+    let dir = scratch("policy-new");
+    let at = dir.display().to_string();
+    let new = |args: &[&str]| {
+        let mut all = vec!["policy", "new"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--dir", &at]);
+        run(&all)
+    };
+    assert_fails(
+        &new(&["p", "--lang", "cobol"]),
+        2,
+        "unknown language \"cobol\": one of rust, python, js, c",
+    );
+    assert_fails(
+        &new(&["p", "--lang", "c", "--hooks", "select-gids"]),
+        2,
+        "--hooks: unknown hook \"select-gids\"",
+    );
+    assert_fails(
+        &new(&["My_Policy", "--lang", "c"]),
+        2,
+        "lowercase letters, digits and '-'",
+    );
+    let made = new(&["p", "--lang", "c", "--hooks", "select-gid"]);
+    assert_ok(&made);
+    assert!(stdout(&made).contains("created "), "{}", stdout(&made));
+    assert!(dir.join("p/policy.c").is_file() && dir.join("p/wit/policy.wit").is_file());
+    assert_fails(&new(&["p", "--lang", "c"]), 2, "already exists");
+    assert_fails(
+        &run(&["policy", "build", &dir.join("p/wit").display().to_string()]),
+        2,
+        "is not a policy project: it holds none of Cargo.toml, app.py, package.json, policy.c",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A case broken on purpose fails with the decision, what was expected and what was decided;

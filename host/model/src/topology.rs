@@ -120,8 +120,9 @@ pub struct DevicePort {
 }
 
 /// `topologies/loopback.toml`, embedded: the machine the `soft` fabric and `ncclwasm bench` use
-/// when no topology file is named. One copy, so the fabric and the bench cannot disagree.
-const LOOPBACK_TOML: &str = include_str!("../../../topologies/loopback.toml");
+/// when no topology file is named, and the first topology of a project `ncclwasm policy new`
+/// makes. One copy, so the fabric, the bench and the scaffold's case cannot disagree.
+pub const LOOPBACK_TOML: &str = include_str!("../../../topologies/loopback.toml");
 
 impl Topology {
     /// The embedded loopback machine (`topologies/loopback.toml`).

@@ -1,10 +1,10 @@
 //! What a policy costs by the language it is written in: the example guests of each language
 //! (Rust gid-by-subnet and Python gid-per-hca answer `select-gid`; JavaScript tc-by-class answers
-//! `plan-connection`), on the Kubernetes pod topology. Per guest: its size, the first load of a
+//! `plan-connection`; C fastest-nics answers `select-devices`), on the Kubernetes pod topology. Per guest: its size, the first load of a
 //! rank (compiled into an empty disk cache), the next rank's load (from that cache), and one
 //! call of its hook next to the built-in default's, all measured in this run. Plain `main` (no
 //! criterion): a Python component compiles for seconds, so each load is timed a few times only.
-//! Needs `cargo xtask guests`; a guest that was not built (no Node.js, no Python) is skipped
+//! Needs `cargo xtask guests`; a guest that was not built (no Node.js, Python or clang) is skipped
 //! with a line saying so.
 
 use std::time::Instant;
@@ -23,11 +23,12 @@ struct Guest {
 
 #[derive(Clone, Copy)]
 enum Hook {
+    SelectDevices,
     SelectGid,
     PlanConnection,
 }
 
-const GUESTS: [Guest; 3] = [
+const GUESTS: [Guest; 4] = [
     Guest {
         package: "gid-by-subnet",
         language: "Rust",
@@ -46,6 +47,12 @@ const GUESTS: [Guest; 3] = [
         config: "1=106, default=26",
         hook: Hook::PlanConnection,
     },
+    Guest {
+        package: "fastest-nics",
+        language: "C",
+        config: "min-percent=50",
+        hook: Hook::SelectDevices,
+    },
 ];
 
 fn host(config: &str, cache: PolicyCache) -> PolicyHost {
@@ -56,8 +63,9 @@ fn host(config: &str, cache: PolicyCache) -> PolicyHost {
 }
 
 /// One call of `hook`, answered by `h` (the policy, or the built-in default).
-fn call(h: &PolicyHost, hook: Hook, port: &Port, conn: &Connection) {
+fn call(h: &PolicyHost, hook: Hook, ports: &[Port], port: &Port, conn: &Connection) {
     match hook {
+        Hook::SelectDevices => drop(std::hint::black_box(h.select_devices(ports).unwrap())),
         Hook::SelectGid => drop(std::hint::black_box(h.select_gid(port).unwrap())),
         Hook::PlanConnection => drop(std::hint::black_box(h.plan_connection(conn).unwrap())),
     }
@@ -114,8 +122,8 @@ fn main() {
         let next = timed(&policy);
         let _ = std::fs::remove_dir_all(&dir);
         let builtin = host(g.config, PolicyCache::Off);
-        let sandboxed = median_per_call(|| call(&policy, g.hook, &port, &conn), 21, 200);
-        let native = median_per_call(|| call(&builtin, g.hook, &port, &conn), 21, 200);
+        let sandboxed = median_per_call(|| call(&policy, g.hook, &ports, &port, &conn), 21, 200);
+        let native = median_per_call(|| call(&builtin, g.hook, &ports, &port, &conn), 21, 200);
         println!(
             "{:<14} {:<10} {:>6} KiB {:>11} {:>11} {:>10} {:>10} {:>6.0}x",
             g.package,

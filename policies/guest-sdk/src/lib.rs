@@ -53,6 +53,9 @@ pub mod testing;
 pub use bindings::LogLevel;
 pub use bindings::ncclwasm::policy::types::Hooks;
 pub use config::{Config, Options, POLICY_CONFIG_KEY};
+/// The built-in default, the plugin's own: NCCL's decisions as pure functions, and
+/// `builtin::IbConfig::from_pairs(config.pairs())` to read `NCCL_IB_*` exactly as NCCL does.
+pub use ncclwasm_default as builtin;
 pub use ncclwasm_model as model;
 pub use ncclwasm_model::{
     AddrFamily, Connection, DeviceGroup, DeviceSelection, Endpoint, Gid, GidChoice, GidType,

@@ -1,15 +1,16 @@
 //! nccl-default: the built-in default policy, compiled to WebAssembly.
 //!
-//! Every hook answers with the `ncclwasm-default` function the host itself falls back on, so this
-//! component decides exactly what NCCL's IB transport would. It exists for two reasons: it proves
-//! that the wasm path (marshalling, validation, `NCCL_IB_*` handed to `init`) changes nothing —
-//! the host's tests compare it with the native default on every topology — and it is the
-//! starting point for a policy that changes one rule of NCCL's and keeps the rest.
+//! Every hook answers with the built-in default's function (`ncclwasm_guest::builtin`, the crate
+//! the host itself falls back on), so this component decides exactly what NCCL's IB transport
+//! would. It exists for two reasons: it proves that the wasm path (marshalling, validation,
+//! `NCCL_IB_*` handed to `init`) changes nothing — the host's tests compare it with the native
+//! default on every topology — and it is the starting point for a policy that changes one rule
+//! of NCCL's and keeps the rest.
 //!
 //! No settings of its own; an invalid `NCCL_IB_*` value makes `init` fail with the variable's
 //! name, as the native default refuses it.
 
-use ncclwasm_default::IbConfig;
+use ncclwasm_guest::builtin::{self, IbConfig};
 use ncclwasm_guest::{
     Config, Connection, DeviceGroup, DeviceSelection, GidChoice, Hooks, PlanPatch, Policy, Port,
     PortAnswer, PortEvent, PortState, QpPlan, VnicAnswer,
@@ -30,15 +31,15 @@ impl Policy for NcclDefault {
     }
 
     fn select_devices(&mut self, ports: &[Port]) -> Option<DeviceSelection> {
-        Some(ncclwasm_default::select_devices(&self.ib, ports))
+        Some(builtin::select_devices(&self.ib, ports))
     }
 
     fn select_gid(&mut self, port: &Port) -> Option<GidChoice> {
-        Some(ncclwasm_default::select_gid(&self.ib, port))
+        Some(builtin::select_gid(&self.ib, port))
     }
 
     fn group_devices(&mut self, ports: &[Port], _max_devices: usize) -> Option<Vec<DeviceGroup>> {
-        Some(ncclwasm_default::group_devices(&self.ib, ports))
+        Some(builtin::group_devices(&self.ib, ports))
     }
 
     fn make_vnic(
@@ -47,17 +48,12 @@ impl Policy for NcclDefault {
         ports: &[Port],
         max_devices: usize,
     ) -> Option<VnicAnswer> {
-        Some(ncclwasm_default::make_vnic(
-            &self.ib,
-            request,
-            ports,
-            max_devices,
-        ))
+        Some(builtin::make_vnic(&self.ib, request, ports, max_devices))
     }
 
     fn plan_connection(&mut self, conn: &Connection) -> Option<PlanPatch> {
         // Every field set: the complete built-in plan.
-        Some(ncclwasm_default::plan_connection(&self.ib, conn).into())
+        Some(builtin::plan_connection(&self.ib, conn).into())
     }
 
     fn on_port_event(
@@ -67,9 +63,7 @@ impl Policy for NcclDefault {
         qps: &[QpPlan],
         states: &[PortState],
     ) -> Option<PortAnswer> {
-        Some(ncclwasm_default::on_port_event(
-            &self.ib, event, conn, qps, states,
-        ))
+        Some(builtin::on_port_event(&self.ib, event, conn, qps, states))
     }
 }
 
@@ -110,7 +104,7 @@ mod tests {
             for name in CORPUS {
                 let ports = topology(name);
                 let sel = p.select_devices(&ports).unwrap();
-                assert_eq!(sel, ncclwasm_default::select_devices(ib, &ports), "{name}");
+                assert_eq!(sel, builtin::select_devices(ib, &ports), "{name}");
                 let selected: Vec<Port> = sel
                     .ports
                     .iter()
@@ -119,20 +113,20 @@ mod tests {
                 for port in &selected {
                     assert_eq!(
                         p.select_gid(port),
-                        Some(ncclwasm_default::select_gid(ib, port)),
+                        Some(builtin::select_gid(ib, port)),
                         "{name} {}",
                         port.device
                     );
                 }
                 assert_eq!(
                     p.group_devices(&selected, 4),
-                    Some(ncclwasm_default::group_devices(ib, &selected))
+                    Some(builtin::group_devices(ib, &selected))
                 );
                 let request: Vec<u32> = (0..selected.len().min(2) as u32).collect();
                 let asked = &selected[..request.len()];
                 assert_eq!(
                     p.make_vnic(&request, asked, 4),
-                    Some(ncclwasm_default::make_vnic(ib, &request, asked, 4))
+                    Some(builtin::make_vnic(ib, &request, asked, 4))
                 );
             }
         }
@@ -145,7 +139,7 @@ mod tests {
         let a = endpoint(port(&ports, "mlx5_0"), 3);
         let b = endpoint(port(&ports, "mlx5_1"), 3);
         let conn = connection(vec![a.clone(), b.clone()], vec![a, b]);
-        let native = ncclwasm_default::plan_connection(&p.ib, &conn);
+        let native = builtin::plan_connection(&p.ib, &conn);
         let patch = p.plan_connection(&conn).unwrap();
         assert!(patch.qps.is_some() && patch.ece.is_some() && patch.retry_cnt.is_some());
         assert_eq!(patch.tc, Some(106));
@@ -179,7 +173,7 @@ mod tests {
             ],
         ] {
             let mut p = policy(settings).unwrap();
-            let plan = ncclwasm_default::plan_connection(&p.ib, &conn);
+            let plan = builtin::plan_connection(&p.ib, &conn);
             for change in [PortChange::Down, PortChange::Up] {
                 for cause in [PortEventCause::AsyncEvent, PortEventCause::FatalCompletion] {
                     for states in [[Down, Active], [Down, Down], [Active, Active]] {
@@ -190,7 +184,7 @@ mod tests {
                         };
                         assert_eq!(
                             p.on_port_event(&event, &conn, &plan.qps, &states),
-                            Some(ncclwasm_default::on_port_event(
+                            Some(builtin::on_port_event(
                                 &p.ib, &event, &conn, &plan.qps, &states
                             )),
                             "{settings:?} {event:?} {states:?}"

@@ -1,9 +1,8 @@
 //! Guests written in Python: directories holding an `app.py` (the module that defines
 //! `WitWorld`) and a `requirements.txt` that pins componentize-py. componentize-py is installed
 //! from PyPI into one virtual environment under the target directory (`python-guests/`), and
-//! builds `<out>/<directory name>.wasm` with `--stub-wasi`: CPython's runtime imports WASI's
-//! clocks, filesystem and sockets whether a policy uses them or not, and policies are not given
-//! them (the engine refuses such imports), so they are replaced by stubs that fail if called.
+//! builds `<out>/<directory name>.wasm` as `ncclwasm policy build` does (`ncclwasm_author`:
+//! `--stub-wasi`, since CPython imports WASI the engine does not give).
 //!
 //! A missing `python3` is the one reason to skip (with a printed reason), as a missing Node.js
 //! is for [`super::npm`]. Anything else that fails — no registry, a broken policy — is an error.
@@ -11,9 +10,14 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result};
 
 use super::{guest_dirs, modified, newest_input, run};
+
+/// The environment componentize-py is installed in, under the target directory.
+pub(super) fn venv(target_dir: &Path) -> PathBuf {
+    target_dir.join("python-guests")
+}
 
 /// Builds every Python guest directly under `dir`, with the toolchain in `target_dir`.
 pub fn build_all(dir: &Path, target_dir: &Path, out_dir: &Path) -> Result<Vec<PathBuf>> {
@@ -34,7 +38,7 @@ pub fn build_all(dir: &Path, target_dir: &Path, out_dir: &Path) -> Result<Vec<Pa
         .parent()
         .context("guest directory has no parent")?
         .join("wit");
-    let venv = target_dir.join("python-guests");
+    let venv = venv(target_dir);
     guests
         .iter()
         .map(|g| build_one(g, &venv, &wit, out_dir))
@@ -54,23 +58,12 @@ fn build_one(dir: &Path, venv: &Path, wit: &Path, out_dir: &Path) -> Result<Path
     }
     let componentize = install(dir, venv)?;
     println!("building {} with componentize-py", dir.display());
-    run(
-        Command::new(componentize)
-            .arg("-d")
-            .arg(wit)
-            .args(["-w", "policy", "componentize", "--stub-wasi", "-p"])
-            .arg(dir)
-            .args(["app", "-o"])
-            .arg(&out),
-        dir,
-    )?;
-    ensure!(
-        out.is_file(),
-        "{}: componentize-py wrote no {}",
-        dir.display(),
-        out.display()
-    );
-    Ok(out)
+    let options = ncclwasm_author::BuildOptions {
+        out: Some(out.clone()),
+        wit: Some(wit.to_owned()),
+        componentize_py: Some(componentize),
+    };
+    ncclwasm_author::build(dir, &options).with_context(|| format!("building {}", dir.display()))
 }
 
 /// `venv/bin/componentize-py`, installed from `dir/requirements.txt` unless the environment
