@@ -8,7 +8,8 @@
 //!   are not shipped). Each sits two directories below the tarball's root, as in this
 //!   repository, so their relative paths (`../../wit`, `../../topologies`) hold there too.
 //! - `sdk/vendor`: `cargo vendor` of their crates.io dependencies, at the versions of this
-//!   workspace's `Cargo.lock`.
+//!   workspace's `Cargo.lock`; the crates neither wasm32-wasip2 nor this Linux build needs are
+//!   left as empty packages.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -76,8 +77,93 @@ fn vendor(root: &Path, sdk: &Path) -> Result<()> {
     if !status.success() {
         bail!("cargo vendor of the SDK's dependencies failed");
     }
+    stub_unneeded(&manifest, &sdk.join("vendor"))?;
     std::fs::remove_file(&manifest)?;
     std::fs::remove_file(&lock)?;
+    Ok(())
+}
+
+/// The targets an SDK build compiles for: the policy itself, and the tarball's own platform for
+/// an author's native `cargo test`.
+fn sdk_targets() -> [String; 2] {
+    [
+        "wasm32-wasip2".to_owned(),
+        format!("{}-unknown-linux-gnu", std::env::consts::ARCH),
+    ]
+}
+
+/// Empties the vendored crates no SDK target compiles (`windows-sys` and its kin, 19 MiB of the
+/// 77): cargo resolves every platform's dependencies, so each must be present with its manifest
+/// and checksum, but nothing ever builds them. Kept as a manifest, an empty `src/lib.rs` and a
+/// checksum file that lists no files (what cargo-vendor-filterer does).
+fn stub_unneeded(manifest: &Path, vendor: &Path) -> Result<()> {
+    let mut tree = guests::cargo();
+    tree.args([
+        "tree",
+        "--offline",
+        "-e",
+        "normal,build",
+        "--prefix",
+        "none",
+    ])
+    .args(["--format", "{p}", "--manifest-path"])
+    .arg(manifest);
+    for target in sdk_targets() {
+        tree.args(["--target", &target]);
+    }
+    let out = tree.output().context("running cargo tree")?;
+    if !out.status.success() {
+        bail!(
+            "cargo tree of the SDK failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // `name vX.Y.Z` or `name vX.Y.Z (path)`.
+    let needed: std::collections::BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.split(" (").next().unwrap_or(l).trim().to_owned())
+        .collect();
+    for entry in std::fs::read_dir(vendor)? {
+        let dir = entry?.path();
+        let package = read_toml(&dir.join("Cargo.toml"))?;
+        let field = |k: &str| {
+            package
+                .get("package")
+                .and_then(|p| p.get(k))
+                .and_then(Value::as_str)
+        };
+        let (Some(name), Some(version)) = (field("name"), field("version")) else {
+            bail!(
+                "{}: a vendored crate without name or version",
+                dir.display()
+            );
+        };
+        if needed.contains(&format!("{name} v{version}")) {
+            continue;
+        }
+        let checksum_file = dir.join(".cargo-checksum.json");
+        let checksum: serde_json::Value = serde_json::from_slice(&std::fs::read(&checksum_file)?)?;
+        for item in std::fs::read_dir(&dir)? {
+            let path = item?.path();
+            if path.file_name().is_some_and(|n| n == "Cargo.toml") {
+                continue;
+            }
+            if path.is_dir() {
+                std::fs::remove_dir_all(&path)?;
+            } else {
+                std::fs::remove_file(&path)?;
+            }
+        }
+        std::fs::create_dir_all(dir.join("src"))?;
+        std::fs::write(
+            dir.join("src/lib.rs"),
+            format!(
+                "//! {name} {version}: not vendored, no target of the nccl-net-wasm SDK builds it.\n"
+            ),
+        )?;
+        let stub = serde_json::json!({"files": {}, "package": checksum["package"]});
+        std::fs::write(&checksum_file, stub.to_string())?;
+    }
     Ok(())
 }
 
