@@ -30,24 +30,35 @@
 //! `tcp_port << 8 | slot` (see the `ctx` module). `create_qp` fails with `EADDRNOTAVAIL` when
 //! a port's address is not configured on this host (or in this network namespace).
 //!
-//! # The secret: only expected peers get in
+//! # Who can connect: the secret, or what a NIC checks
 //! A TCP connection is admitted only for a QP in RTR/RTS whose `dest_qp_num` is the caller's
-//! QPN, from the address its `ah_attr` resolves to, with a proof: the **callee QP's secret**, a
-//! random 32-bit value per QP that travels in the out-of-band handshake **as the ECE value**:
-//! - `query_ece(qp)` returns `{vendor_id: SOFT_ECE_VENDOR, options: secret, comp_mask: 0}`;
-//! - `set_ece(qp, peer_ece)` stores the peer's secret, which `qp` presents when it connects.
+//! QPN, from the address its `ah_attr` resolves to, once, and with a proof learnt only through
+//! the out-of-band exchange:
+//! - **the callee QP's secret** when the two exchanged ECE: a random 32-bit value per QP that
+//!   travels **as the ECE value** — `query_ece(qp)` returns `{vendor_id: SOFT_ECE_VENDOR,
+//!   options: secret, comp_mask: 0}`, `set_ece(qp, peer_ece)` stores the peer's secret, which
+//!   `qp` presents when it connects. This is exactly NCCL's ECE exchange (`ncclIbConnect`
+//!   queries and sends its ECE, the acceptor `set_ece`s it and answers with its own, the
+//!   connector `set_ece`s that). A callee that was given its caller's ECE demands its secret.
+//! - otherwise **the PSN**: the caller presents its `sq_psn`, which must be the callee's `rq_psn`
+//!   — what a NIC checks of every packet besides the QPN. So any verbs program is admitted the
+//!   way RC hardware admits it, ECE or not: NCCL's IB transport with `NCCL_IB_ECE_ENABLE=0`,
+//!   and a QP connected to itself (NCCL's GPU-flush QP), whose two PSNs are its own.
 //!
-//! This is exactly NCCL's ECE exchange (`ncclIbConnect` queries and sends its ECE, the acceptor
-//! `set_ece`s it and answers with its own, the connector `set_ece`s that). The provider says so
-//! with [`ncclwasm_verbs::ProviderCaps::ECE_REQUIRED`] ([`CAPABILITIES`]): **a transport must
-//! carry the ECE of every QP in its handshake and call `set_ece` with the peer's value before
-//! RTR, even if `NCCL_IB_ECE_ENABLE=0`** (here the value is an admission ticket, not a feature
-//! negotiation). A QP without a peer secret knocks without proof and is refused like any
-//! stranger; its WRs complete with `IBV_WC_RETRY_EXC_ERR` and a WARN names the cause. Callers
-//! with an unknown QPN, a wrong secret, a wrong source address, or a second connection for one
-//! QP are refused and counted (`fault::refused_connections`). A QP port reads the hellos of
-//! many callers at once, each for at most a second, so idle sockets cannot hold up a real
-//! requester (the `hello` module); refusals are WARNed at most once per interval.
+//! Threat model. Anyone who can open a TCP connection to a QP port (the port's address and the
+//! QPN's high bits: scannable) can knock. To be admitted they must send from the address the
+//! callee's RTR resolved (on a shared host, any local process can), name the QPN that RTR named
+//! (structured, so guessable), arrive before the legitimate peer (one connection per QP, ever),
+//! and prove: with ECE, 32 random bits (the existing tests send 10 000 forged hellos and 1 024
+//! proof guesses and see 0 bytes written); without ECE, the 24-bit PSN — as strong as the program
+//! makes it: NCCL's IB transport uses PSN 0, so a job that turns ECE off is as open to a local
+//! stranger as RC hardware is to anyone on its fabric. Every wrong guess is refused and counted
+//! (`fault::refused_connections`), with no limit on how many a stranger makes. This plugin's own
+//! transport therefore exchanges ECE on every soft QP whatever `NCCL_IB_ECE_ENABLE` says:
+//! [`ncclwasm_verbs::ProviderCaps::ECE_REQUIRED`] ([`CAPABILITIES`]). A refused requester's WRs
+//! complete with `IBV_WC_RETRY_EXC_ERR`. A QP port reads the hellos of many callers at once,
+//! each for at most a second, so idle sockets cannot hold up a real requester (the `hello`
+//! module); refusals are WARNed at most once per interval.
 //!
 //! # What it enforces (as hardware does)
 //! - lkey/rkey validity, PD, bounds and access flags on every local and remote access; no byte
@@ -213,8 +224,8 @@ pub fn table() -> &'static VerbsTable {
     &TABLE
 }
 
-/// What the provider promises beyond its table: the peer's ECE carries the admission secret
-/// (see "The secret" above). The cdylib reports the same bits through
+/// What the provider asks beyond its table: the peer's ECE carries the admission secret, which
+/// a transport should exchange on every QP (see "Who can connect" above). The cdylib reports the same bits through
 /// `ncclwasm_verbs_capabilities`.
 pub const CAPABILITIES: ProviderCaps = ProviderCaps::ECE_REQUIRED;
 

@@ -134,6 +134,11 @@ impl Node {
     }
 
     fn rtr(&self, peer: &Node, rnr_timer: u8) -> i32 {
+        self.rtr_psn(peer, rnr_timer, 0)
+    }
+
+    /// RTR expecting the peer's packets from PSN `rq_psn` (what it gives as its `sq_psn`).
+    fn rtr_psn(&self, peer: &Node, rnr_timer: u8, rq_psn: u32) -> i32 {
         let mut gid: ibv_gid = ibv_gid { raw: [0; 16] };
         // SAFETY: live contexts and QPs; out-params on the stack.
         unsafe {
@@ -144,6 +149,7 @@ impl Node {
             a.dest_qp_num = (*peer.qp).qp_num;
             a.max_dest_rd_atomic = 1;
             a.min_rnr_timer = rnr_timer;
+            a.rq_psn = rq_psn;
             a.ah_attr.is_global = 1;
             a.ah_attr.grh.dgid = gid;
             a.ah_attr.grh.sgid_index = 1;
@@ -164,9 +170,15 @@ impl Node {
     }
 
     fn rts(&self, timeout: u8, retry: u8, rnr_retry: u8) -> i32 {
+        self.rts_psn(timeout, retry, rnr_retry, 0)
+    }
+
+    /// RTS sending from PSN `sq_psn`.
+    fn rts_psn(&self, timeout: u8, retry: u8, rnr_retry: u8, sq_psn: u32) -> i32 {
         // SAFETY: zeroed attr is valid C data.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ibv_qp_state::IBV_QPS_RTS;
+        a.sq_psn = sq_psn;
         a.timeout = timeout;
         a.retry_cnt = retry;
         a.rnr_retry = rnr_retry;
@@ -915,10 +927,17 @@ fn strangers_are_refused_and_counted() {
     dereg(mr);
 }
 
+/// A callee that was given its caller's ECE demands its secret: a caller that never called
+/// `set_ece` is refused, counted, and its WR completes with RETRY_EXC_ERR.
 #[test]
-fn missing_secret_cannot_connect() {
+fn a_callee_that_exchanged_ece_refuses_a_caller_without_its_secret() {
     let (a, b) = (Node::new(0), Node::new(1));
-    // No ECE exchange: the requester has no proof to present.
+    // SAFETY: live QPs; ECE values on the stack. Only the callee learns the caller's ECE.
+    unsafe {
+        let mut ea: ibv_ece = std::mem::zeroed();
+        assert_eq!(abi::query_ece(a.qp, &mut ea), 0);
+        assert_eq!(abi::set_ece(b.qp, &mut ea), 0);
+    }
     a.init();
     b.init();
     assert_eq!(a.rtr(&b, 1), 0);
@@ -934,6 +953,118 @@ fn missing_secret_cannot_connect() {
     // SAFETY: live context.
     let after = unsafe { fault::refused_connections(b.ctx) };
     assert!(after > before, "the peer counted us");
+}
+
+/// Brings two QPs that never exchanged ECE to RTS with the PSNs each told the other out of band
+/// (`a` sends from `a_psn`, `b` expects `b_expects`), as a verbs program without ECE does.
+fn connect_without_ece(a: &Node, b: &Node, a_psn: u32, b_expects: u32) {
+    a.init();
+    b.init();
+    assert_eq!(a.rtr_psn(b, 1, 0x00ab_cdef), 0);
+    assert_eq!(b.rtr_psn(a, 1, b_expects), 0);
+    assert_eq!(a.rts_psn(10, 1, 7, a_psn), 0);
+    assert_eq!(b.rts_psn(10, 1, 7, 0x00ab_cdef), 0);
+}
+
+/// Without ECE a connection is admitted as RC hardware admits it, by QPN, address and PSN:
+/// WRITE_WITH_IMM and SEND/RECV both ways move every byte.
+#[test]
+fn without_ece_the_psn_admits_a_connection() {
+    let (a, b) = (Node::new(0), Node::new(1));
+    connect_without_ece(&a, &b, 0x0012_3456, 0x0012_3456);
+    let mut src: Vec<u8> = (0..65_536u32).map(|i| (i * 11) as u8).collect();
+    let mut dst = vec![0u8; 65_536];
+    let smr = a.reg(&mut src, LOCAL_WRITE);
+    let dmr = b.reg(&mut dst, LOCAL_WRITE | REMOTE_WRITE);
+    assert_eq!(b.post_recv(7, None), 0);
+    assert_eq!(
+        a.post_send(
+            1,
+            ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+            Some((&src, mr_keys(smr).0)),
+            dst.as_ptr() as u64,
+            mr_keys(dmr).1,
+            true
+        ),
+        0
+    );
+    assert_eq!(a.wait(1)[0].status, ibv_wc_status::IBV_WC_SUCCESS);
+    assert_eq!(b.wait(1)[0].status, ibv_wc_status::IBV_WC_SUCCESS);
+    assert_eq!(src, dst);
+
+    // SEND from b to a: b's own connection, admitted by the PSN a's RTR expects.
+    let mut msg: Vec<u8> = (0..1000u32).map(|i| (i * 3) as u8).collect();
+    let mut got = vec![0u8; 1000];
+    let mmr = b.reg(&mut msg, LOCAL_WRITE);
+    let gmr = a.reg(&mut got, LOCAL_WRITE);
+    let glkey = mr_keys(gmr).0;
+    assert_eq!(a.post_recv(8, Some((&mut got, glkey))), 0);
+    assert_eq!(
+        b.post_send(
+            2,
+            ibv_wr_opcode::IBV_WR_SEND,
+            Some((&msg, mr_keys(mmr).0)),
+            0,
+            0,
+            true
+        ),
+        0
+    );
+    assert_eq!(b.wait(1)[0].status, ibv_wc_status::IBV_WC_SUCCESS);
+    let rc = a.wait(1);
+    assert_eq!(
+        (rc[0].status, rc[0].byte_len),
+        (ibv_wc_status::IBV_WC_SUCCESS, 1000)
+    );
+    assert_eq!(msg, got);
+    for mr in [smr, dmr, mmr, gmr] {
+        dereg(mr);
+    }
+}
+
+/// Without ECE a caller whose PSN is not the one the callee's RTR expects is a stranger.
+#[test]
+fn without_ece_a_wrong_psn_is_refused() {
+    let (a, b) = (Node::new(0), Node::new(1));
+    connect_without_ece(&a, &b, 0x0012_3456, 0x0065_4321);
+    // SAFETY: live context.
+    let before = unsafe { fault::refused_connections(b.ctx) };
+    assert_eq!(
+        a.post_send(1, ibv_wr_opcode::IBV_WR_RDMA_WRITE, None, 0, 0, true),
+        0
+    );
+    assert_eq!(a.wait(1)[0].status, ibv_wc_status::IBV_WC_RETRY_EXC_ERR);
+    // SAFETY: live context.
+    assert!(unsafe { fault::refused_connections(b.ctx) } > before);
+}
+
+/// A QP connected to itself, as NCCL's IB transport connects its GPU-flush QP (no ECE): an RDMA
+/// READ of its own MR completes with the bytes.
+#[test]
+fn a_qp_connected_to_itself_reads_its_own_memory() {
+    let a = Node::new(0);
+    a.init();
+    assert_eq!(a.rtr_psn(&a, 1, 0x0000_0777), 0);
+    assert_eq!(a.rts_psn(10, 1, 7, 0x0000_0777), 0);
+    let mut remote: Vec<u8> = (0..8192u32).map(|i| (i * 5) as u8).collect();
+    let mut local = vec![0u8; 8192];
+    let rmr = a.reg(&mut remote, LOCAL_WRITE | REMOTE_READ);
+    let lmr = a.reg(&mut local, LOCAL_WRITE);
+    assert_eq!(
+        a.post_send(
+            1,
+            ibv_wr_opcode::IBV_WR_RDMA_READ,
+            Some((&local, mr_keys(lmr).0)),
+            remote.as_ptr() as u64,
+            mr_keys(rmr).1,
+            true
+        ),
+        0
+    );
+    assert_eq!(a.wait(1)[0].status, ibv_wc_status::IBV_WC_SUCCESS);
+    assert_eq!(local, remote);
+    dereg(rmr);
+    dereg(lmr);
 }
 
 #[test]

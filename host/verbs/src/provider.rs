@@ -19,10 +19,11 @@ pub struct ProviderCaps(u64);
 
 impl ProviderCaps {
     pub const NONE: ProviderCaps = ProviderCaps(0);
-    /// The provider admits a QP's peer only after `set_ece` was given the peer's `query_ece`
-    /// value before RTR: the ECE value is an admission ticket, not a feature negotiation. A
-    /// transport must then exchange ECE and call `set_ece` on every QP, whatever
-    /// `NCCL_IB_ECE_ENABLE` says. Both ends run the same provider, so the peer's value differs
+    /// The provider's ECE value is an admission ticket, not a feature negotiation: a QP given
+    /// its peer's `query_ece` value before RTR admits that peer only with a 32-bit secret, one
+    /// without it only by QPN, address and PSN (what a NIC checks). A transport must exchange
+    /// ECE and call `set_ece` on every QP, whatever `NCCL_IB_ECE_ENABLE` says, to keep strangers
+    /// out. Both ends run the same provider, so the peer's value differs
     /// from the local one only in `options`.
     pub const ECE_REQUIRED: ProviderCaps = ProviderCaps(1);
 

@@ -1,11 +1,14 @@
 //! Who may connect to a QP: the hello that opens a connection, both ends of it.
 //!
 //! The requester connects to the port its peer's QPN names and presents its own QPN, the QPN
-//! it wants and a proof, the peer QP's secret learnt through `set_ece` ([`Qp::connect`],
-//! retried within the retry budget while the peer is not ready). The responder's listener
-//! hands the hello to the QP it names, which admits the caller only in RTR/RTS, with the right
-//! secret, from the QPN and address its RTR named, and only once ([`Qp::admit`]); the listener
-//! (the `ctx` and `hello` modules) counts and WARNs about the refused.
+//! it wants and a proof ([`Qp::connect`], retried within the retry budget while the peer is not
+//! ready): the peer QP's secret when `set_ece` gave it, else its own starting PSN, tagged
+//! ([`PSN_PROOF`]). The responder's listener hands the hello to the QP it names, which admits the
+//! caller only in RTR/RTS, from the QPN and address its RTR named, only once, and with the
+//! proof it expects ([`Qp::accepts`]): its own secret when it was given the caller's ECE (the
+//! handshake carried ECE both ways), else the PSN its RTR expects (`rq_psn`), which a NIC checks
+//! too. The listener (the `ctx` and `hello` modules) counts and WARNs about the refused; the
+//! crate docs ("Who can connect") give the threat model.
 //!
 //! Separate so the whole admission rule reads in one place; what a connection then carries is
 //! the requester's, ack reader's and responder's business.
@@ -18,10 +21,14 @@ use std::time::{Duration, Instant};
 use ibverbs_sys::ibv_qp_state;
 use socket2::{Domain, Socket, Type};
 
-use super::Qp;
 use super::conn::{Conn, tune};
+use super::{Qp, St};
 use crate::traffic;
 use crate::wire::{self, HELLO_LEN, HelloReply};
+
+/// Marks a PSN presented as the proof (PSNs are 24 bits): a caller that was given no secret
+/// proves it knows the PSN the callee's RTR expects, as a NIC admits packets.
+pub(super) const PSN_PROOF: u32 = 1 << 31;
 
 /// Why a connection attempt ended without a connection.
 pub(super) enum ConnectFail {
@@ -42,22 +49,13 @@ impl Qp {
                 local,
                 Self::retry_budget(&st.attrs),
                 st.attrs.dest_qpn,
-                st.peer_secret,
+                Self::proof(&st),
                 st.attrs.port,
             )
         };
         let (Some(remote), Some(local)) = (remote, local) else {
             return Err(ConnectFail::Exhausted);
         };
-        // Without the peer's secret we still knock, like a hardware QP whose packets the peer
-        // drops: the peer counts a stranger and our retries run out.
-        let proof = proof.unwrap_or_else(|| {
-            tracing::warn!(
-                qpn = self.qpn,
-                "soft: QP has no peer secret; the handshake must carry query_ece/set_ece"
-            );
-            0
-        });
         let target = SocketAddr::new(remote, (dest_qpn >> 8) as u16);
         let deadline = budget.map(|b| Instant::now() + b);
         let mut backoff = Duration::from_millis(1);
@@ -123,6 +121,22 @@ impl Qp {
         }
     }
 
+    /// What this QP presents when it connects: the peer's secret when `set_ece` gave it, else its
+    /// own starting PSN, tagged, which the peer's RTR learnt out of band.
+    pub(super) fn proof(st: &St) -> u32 {
+        st.peer_secret.unwrap_or(PSN_PROOF | st.attrs.sq_psn)
+    }
+
+    /// Whether `proof` is the one this QP (in RTR/RTS) expects of its caller: its own secret when
+    /// it was given the caller's ECE — the handshake carried ECE, so the caller has ours — else
+    /// the PSN its RTR expects.
+    pub(super) fn accepts(&self, st: &St, proof: u32) -> bool {
+        match st.peer_secret {
+            Some(_) => proof == self.secret,
+            None => proof == PSN_PROOF | st.attrs.rq_psn,
+        }
+    }
+
     /// The listener asks whether to admit a caller claiming to be QP `src_qpn` with `proof`.
     pub(crate) fn admit(
         self: &Arc<Self>,
@@ -132,14 +146,20 @@ impl Qp {
         stream: &TcpStream,
     ) -> HelloReply {
         let mut st = self.lock();
-        if st.destroying.is_some() || proof != self.secret {
+        if st.destroying.is_some() {
             return HelloReply::Refused;
         }
         match st.state {
-            ibv_qp_state::IBV_QPS_RESET | ibv_qp_state::IBV_QPS_INIT => HelloReply::NotReady,
+            // Before RTR the PSN to expect is unknown: a PSN proof can only be told to retry.
+            ibv_qp_state::IBV_QPS_RESET | ibv_qp_state::IBV_QPS_INIT
+                if proof == self.secret || proof & PSN_PROOF != 0 =>
+            {
+                HelloReply::NotReady
+            }
             ibv_qp_state::IBV_QPS_RTR | ibv_qp_state::IBV_QPS_RTS => {
                 let expected = st.remote.map(|r| r.to_canonical());
-                if st.attrs.dest_qpn != src_qpn
+                if !self.accepts(&st, proof)
+                    || st.attrs.dest_qpn != src_qpn
                     || expected != Some(peer.to_canonical())
                     || st.resp_conn.is_some()
                 {

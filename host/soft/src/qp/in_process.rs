@@ -85,26 +85,32 @@ impl Qp {
     /// With [`crate::Delivery::InProcess`], decides once (at the first post after RTS) whether
     /// the peer QP lives in this process: a QP of this copy of the provider whose number and
     /// address are the ones RTR named, that expects us (RTR/RTS, our number, our port's
-    /// address — what `admit` checks of a TCP caller) and whose secret we were given.
+    /// address — what `admit` checks of a TCP caller) and that accepts our proof.
     /// Resolved without holding our own lock, so two QPs resolving each other (or a loopback
     /// QP itself) never deadlock.
     pub(super) fn resolve_peer(&self) {
-        let (remote, dest, secret, port) = {
+        let (remote, dest, proof, port) = {
             let st = self.lock();
             if !matches!(st.peer, PeerPath::Unresolved) || st.state != ibv_qp_state::IBV_QPS_RTS {
                 return;
             }
-            (st.remote, st.attrs.dest_qpn, st.peer_secret, st.attrs.port)
+            (
+                st.remote,
+                st.attrs.dest_qpn,
+                Self::proof(&st),
+                st.attrs.port,
+            )
         };
         let mine = self.ctx.dev.port(port).map(|p| p.address);
         let found = remote.and_then(|r| crate::ctx::local_qp(self.ctx.fabric, r, dest));
         let path = match found {
-            Some(peer) if Some(peer.secret) == secret => {
+            Some(peer) => {
                 let pst = peer.lock();
                 let expects_us = matches!(
                     pst.state,
                     ibv_qp_state::IBV_QPS_RTR | ibv_qp_state::IBV_QPS_RTS
-                ) && pst.attrs.dest_qpn == self.qpn
+                ) && peer.accepts(&pst, proof)
+                    && pst.attrs.dest_qpn == self.qpn
                     && pst.remote.map(|r| r.to_canonical()) == mine.map(|m| m.to_canonical());
                 drop(pst);
                 if expects_us {
@@ -113,7 +119,7 @@ impl Qp {
                     PeerPath::Tcp
                 }
             }
-            _ => PeerPath::Tcp,
+            None => PeerPath::Tcp,
         };
         let mut st = self.lock();
         if matches!(st.peer, PeerPath::Unresolved) {
