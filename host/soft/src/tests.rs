@@ -1067,6 +1067,81 @@ fn a_qp_connected_to_itself_reads_its_own_memory() {
     dereg(lmr);
 }
 
+/// A listener slow to answer a hello (over the 2 s a requester used to wait) may already have
+/// admitted the caller; knocking again would be a second connection for one QP, refused for
+/// good, and the WR would fail with RETRY_EXC_ERR (the churn hang's refused hellos). The
+/// requester waits for the reply within its retry budget instead: one connection. The peer
+/// here is a fake QP port that answers "accepted" after 2.5 s and counts connections.
+#[test]
+fn a_late_hello_reply_is_awaited_not_knocked_again() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let fake = std::thread::spawn(move || {
+        let (mut first, _) = listener.accept().unwrap();
+        let mut hello = [0u8; super::wire::HELLO_LEN];
+        first.read_exact(&mut hello).unwrap();
+        std::thread::sleep(Duration::from_millis(2500));
+        first
+            .write_all(&(super::wire::HelloReply::Accepted as u32).to_le_bytes())
+            .unwrap();
+        // Any further connection within the next 1.5 s is a knock again.
+        listener.set_nonblocking(true).unwrap();
+        let end = Instant::now() + Duration::from_millis(1500);
+        let mut again = 0;
+        while Instant::now() < end {
+            if listener.accept().is_ok() {
+                again += 1;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        (again, first)
+    });
+    let a = Node::new(0);
+    a.init();
+    let mut gid: ibv_gid = ibv_gid { raw: [0; 16] };
+    // SAFETY: live context and QP; attr and GID on the stack.
+    unsafe {
+        assert_eq!(abi::query_gid(a.ctx, 1, 1, &mut gid), 0);
+        let mut attr: ibv_qp_attr = std::mem::zeroed();
+        attr.qp_state = ibv_qp_state::IBV_QPS_RTR;
+        attr.path_mtu = ibv_mtu::IBV_MTU_4096;
+        // The fake port's QPN: its TCP port in the high bits (see the `ctx` module).
+        attr.dest_qp_num = u32::from(port) << 8 | 1;
+        attr.max_dest_rd_atomic = 1;
+        attr.min_rnr_timer = 1;
+        attr.ah_attr.is_global = 1;
+        attr.ah_attr.grh.dgid = gid;
+        attr.ah_attr.grh.sgid_index = 1;
+        attr.ah_attr.grh.hop_limit = 255;
+        attr.ah_attr.port_num = 1;
+        use ibv_qp_attr_mask as m;
+        assert_eq!(
+            a.modify(
+                &mut attr,
+                m::IBV_QP_STATE
+                    | m::IBV_QP_AV
+                    | m::IBV_QP_PATH_MTU
+                    | m::IBV_QP_DEST_QPN
+                    | m::IBV_QP_RQ_PSN
+                    | m::IBV_QP_MAX_DEST_RD_ATOMIC
+                    | m::IBV_QP_MIN_RNR_TIMER,
+            ),
+            0
+        );
+    }
+    // Retry budget 4.096 µs·2^18·(3+1) ≈ 4.3 s: room for the late reply.
+    assert_eq!(a.rts(18, 3, 7), 0);
+    assert_eq!(
+        a.post_send(1, ibv_wr_opcode::IBV_WR_RDMA_WRITE, None, 0, 0, true),
+        0
+    );
+    let (again, _held) = fake.join().unwrap();
+    assert_eq!(again, 0, "the requester knocked again after a late reply");
+    // The fake never acknowledges the write: it fails when the budget runs out.
+    assert_eq!(a.wait(1)[0].status, ibv_wc_status::IBV_WC_RETRY_EXC_ERR);
+}
+
 #[test]
 fn idle_sockets_on_a_qp_port_do_not_stop_a_legitimate_qp() {
     let (a, b) = (Node::new(0), Node::new(1));

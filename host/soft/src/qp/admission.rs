@@ -30,6 +30,10 @@ use crate::wire::{self, HELLO_LEN, HelloReply};
 /// proves it knows the PSN the callee's RTR expects, as a NIC admits packets.
 pub(super) const PSN_PROOF: u32 = 1 << 31;
 
+/// How long a QP without a retry budget (`timeout` 0: retry forever) waits for one reply before
+/// it knocks again: a listener that never answers is a failed attempt, not a hang.
+const UNBOUNDED_REPLY_WAIT: Duration = Duration::from_secs(2);
+
 /// Why a connection attempt ended without a connection.
 pub(super) enum ConnectFail {
     /// The QP was reset, destroyed or failed meanwhile: nothing to report.
@@ -67,7 +71,7 @@ impl Qp {
                 }
             }
             if self.ctx.dev.port_active(port) {
-                match self.try_connect(target, local, dest_qpn, proof) {
+                match self.try_connect(target, local, dest_qpn, proof, deadline) {
                     Ok(Some(stream)) => {
                         let name = &self.ctx.dev.desc.name;
                         return Ok(Conn {
@@ -89,13 +93,23 @@ impl Qp {
     }
 
     /// One attempt: `Ok(None)` = try again later, `Err` = refused for good.
+    ///
+    /// The reply is awaited until `deadline` (the retry budget's end), not for a fixed while: a
+    /// listener slow to answer (its QP's lock held by a teardown, a loaded machine) may already
+    /// have admitted us, and a second connection for one QP is refused for good — so giving up
+    /// on a late reply and knocking again turned a slow accept into `RETRY_EXC_ERR`.
     fn try_connect(
         &self,
         target: SocketAddr,
         local: IpAddr,
         dest_qpn: u32,
         proof: u32,
+        deadline: Option<Instant>,
     ) -> Result<Option<TcpStream>, ()> {
+        let reply_wait = deadline.map_or(UNBOUNDED_REPLY_WAIT, |d| {
+            d.saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1))
+        });
         let attempt = || -> std::io::Result<(TcpStream, Option<HelloReply>)> {
             let sock = Socket::new(Domain::for_address(target), Type::STREAM, None)?;
             if local.is_ipv4() == target.is_ipv4() {
@@ -108,7 +122,7 @@ impl Qp {
             let mut iov = [wire::iovec(hello.as_ptr(), HELLO_LEN)];
             // SAFETY: the iovec covers the local `hello` array.
             unsafe { wire::send_all(stream.as_raw_fd(), &mut iov, &|| true, false) }?;
-            stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+            stream.set_read_timeout(Some(reply_wait))?;
             // `idle_ok`: a listener that never answers is a failed attempt, not a hang.
             let reply = wire::read_exact::<4>(stream.as_raw_fd(), true)
                 .map_err(|_| std::io::Error::from(std::io::ErrorKind::ConnectionAborted))?;
