@@ -22,16 +22,8 @@ fn build(out: &Path) -> (PathBuf, PathBuf) {
         .unwrap_or_else(|| panic!("no libnccl_net_wasm.so under {}", dir.display()));
     let installed = out.join("libnccl-net-wasm.so");
     std::fs::copy(&lib, &installed).expect("install the plugin");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/harness/harness.c");
     let exe = out.join("harness");
-    let cc = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg("-ldl")
-        .status()
-        .expect("run the C compiler");
-    assert!(cc.success(), "harness.c does not compile");
+    ncclwasm_testkit::c_program("tests/harness/harness.c", &exe, &["-ldl"]);
     (installed, exe)
 }
 

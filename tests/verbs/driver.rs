@@ -4,26 +4,14 @@
 //! `LD_LIBRARY_PATH`), on the embedded loopback machine: what any verbs program's CI can do to
 //! run on the soft fabric. The program checks every byte itself and prints one OK line per part.
 
-use std::path::Path;
 use std::process::Command;
 
 #[test]
 fn a_plain_verbs_program_runs_on_the_soft_fabric_without_ece() {
     let out = std::env::temp_dir().join(format!("ncclwasm-soft-verbs-{}", std::process::id()));
     std::fs::create_dir_all(&out).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/verbs/soft_verbs.c");
     let exe = out.join("soft_verbs");
-    let cc = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg("-libverbs")
-        .status()
-        .expect("run the C compiler");
-    assert!(
-        cc.success(),
-        "soft_verbs.c does not compile (libibverbs-dev installed?)"
-    );
+    ncclwasm_testkit::c_program("tests/verbs/soft_verbs.c", &exe, &["-libverbs"]);
     let lib = out.join("libibverbs.so.1");
     std::os::unix::fs::symlink(ncclwasm_testkit::cdylib("soft_ibverbs"), &lib).unwrap();
 

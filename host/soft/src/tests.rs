@@ -140,33 +140,40 @@ impl Node {
     /// RTR expecting the peer's packets from PSN `rq_psn` (what it gives as its `sq_psn`).
     fn rtr_psn(&self, peer: &Node, rnr_timer: u8, rq_psn: u32) -> i32 {
         let mut gid: ibv_gid = ibv_gid { raw: [0; 16] };
-        // SAFETY: live contexts and QPs; out-params on the stack.
-        unsafe {
+        // SAFETY: live context and QP; out-param on the stack.
+        let qpn = unsafe {
             assert_eq!(abi::query_gid(peer.ctx, 1, 1, &mut gid), 0);
-            let mut a: ibv_qp_attr = std::mem::zeroed();
-            a.qp_state = ibv_qp_state::IBV_QPS_RTR;
-            a.path_mtu = ibv_mtu::IBV_MTU_4096;
-            a.dest_qp_num = (*peer.qp).qp_num;
-            a.max_dest_rd_atomic = 1;
-            a.min_rnr_timer = rnr_timer;
-            a.rq_psn = rq_psn;
-            a.ah_attr.is_global = 1;
-            a.ah_attr.grh.dgid = gid;
-            a.ah_attr.grh.sgid_index = 1;
-            a.ah_attr.grh.hop_limit = 255;
-            a.ah_attr.port_num = 1;
-            use ibv_qp_attr_mask as m;
-            self.modify(
-                &mut a,
-                m::IBV_QP_STATE
-                    | m::IBV_QP_AV
-                    | m::IBV_QP_PATH_MTU
-                    | m::IBV_QP_DEST_QPN
-                    | m::IBV_QP_RQ_PSN
-                    | m::IBV_QP_MAX_DEST_RD_ATOMIC
-                    | m::IBV_QP_MIN_RNR_TIMER,
-            )
-        }
+            (*peer.qp).qp_num
+        };
+        self.rtr_to(qpn, gid, rnr_timer, rq_psn)
+    }
+
+    /// RTR towards QP `dest_qpn` at GID `dgid` (GID index 1 of port 1 on this side).
+    fn rtr_to(&self, dest_qpn: u32, dgid: ibv_gid, rnr_timer: u8, rq_psn: u32) -> i32 {
+        // SAFETY: zeroed attr is valid C data.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_RTR;
+        a.path_mtu = ibv_mtu::IBV_MTU_4096;
+        a.dest_qp_num = dest_qpn;
+        a.max_dest_rd_atomic = 1;
+        a.min_rnr_timer = rnr_timer;
+        a.rq_psn = rq_psn;
+        a.ah_attr.is_global = 1;
+        a.ah_attr.grh.dgid = dgid;
+        a.ah_attr.grh.sgid_index = 1;
+        a.ah_attr.grh.hop_limit = 255;
+        a.ah_attr.port_num = 1;
+        use ibv_qp_attr_mask as m;
+        self.modify(
+            &mut a,
+            m::IBV_QP_STATE
+                | m::IBV_QP_AV
+                | m::IBV_QP_PATH_MTU
+                | m::IBV_QP_DEST_QPN
+                | m::IBV_QP_RQ_PSN
+                | m::IBV_QP_MAX_DEST_RD_ATOMIC
+                | m::IBV_QP_MIN_RNR_TIMER,
+        )
     }
 
     fn rts(&self, timeout: u8, retry: u8, rnr_retry: u8) -> i32 {
@@ -1100,36 +1107,11 @@ fn a_late_hello_reply_is_awaited_not_knocked_again() {
     let a = Node::new(0);
     a.init();
     let mut gid: ibv_gid = ibv_gid { raw: [0; 16] };
-    // SAFETY: live context and QP; attr and GID on the stack.
-    unsafe {
-        assert_eq!(abi::query_gid(a.ctx, 1, 1, &mut gid), 0);
-        let mut attr: ibv_qp_attr = std::mem::zeroed();
-        attr.qp_state = ibv_qp_state::IBV_QPS_RTR;
-        attr.path_mtu = ibv_mtu::IBV_MTU_4096;
-        // The fake port's QPN: its TCP port in the high bits (see the `ctx` module).
-        attr.dest_qp_num = u32::from(port) << 8 | 1;
-        attr.max_dest_rd_atomic = 1;
-        attr.min_rnr_timer = 1;
-        attr.ah_attr.is_global = 1;
-        attr.ah_attr.grh.dgid = gid;
-        attr.ah_attr.grh.sgid_index = 1;
-        attr.ah_attr.grh.hop_limit = 255;
-        attr.ah_attr.port_num = 1;
-        use ibv_qp_attr_mask as m;
-        assert_eq!(
-            a.modify(
-                &mut attr,
-                m::IBV_QP_STATE
-                    | m::IBV_QP_AV
-                    | m::IBV_QP_PATH_MTU
-                    | m::IBV_QP_DEST_QPN
-                    | m::IBV_QP_RQ_PSN
-                    | m::IBV_QP_MAX_DEST_RD_ATOMIC
-                    | m::IBV_QP_MIN_RNR_TIMER,
-            ),
-            0
-        );
-    }
+    // SAFETY: live context; out-param on the stack.
+    assert_eq!(unsafe { abi::query_gid(a.ctx, 1, 1, &mut gid) }, 0);
+    // The fake port's QPN: its TCP port in the high bits (see the `ctx` module); its address
+    // is ours, 127.0.0.1.
+    assert_eq!(a.rtr_to(u32::from(port) << 8 | 1, gid, 1, 0), 0);
     // Retry budget 4.096 µs·2^18·(3+1) ≈ 4.3 s: room for the late reply.
     assert_eq!(a.rts(18, 3, 7), 0);
     assert_eq!(

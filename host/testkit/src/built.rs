@@ -1,7 +1,7 @@
 //! Shared libraries of the workspace (the plugin, the soft-ibverbs stand-in), as the tests' own
-//! build makes them.
+//! build makes them, and the C programs that drive them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
@@ -42,4 +42,18 @@ pub fn cdylib(name: &str) -> PathBuf {
     let path = profile_dir.join(format!("lib{name}.so"));
     assert!(path.is_file(), "{} missing after the build", path.display());
     path
+}
+
+/// Compiles the C program `src` (relative to the workspace root) into `exe` with the system C
+/// compiler (`CC`, else `cc`), warnings as errors, then `libs` (`-ldl`, `-libverbs`).
+pub fn c_program(src: &str, exe: &Path, libs: &[&str]) {
+    let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join(src);
+    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(exe)
+        .arg(&src)
+        .args(libs)
+        .status()
+        .expect("run the C compiler");
+    assert!(status.success(), "{} does not compile", src.display());
 }

@@ -33,7 +33,7 @@ mod skip;
 mod timing;
 mod wait;
 
-pub use built::cdylib;
+pub use built::{c_program, cdylib};
 pub use corpus::{topologies, topology};
 pub use guest::{built_guest, guest};
 pub use skip::{SKIP_LOG_ENV, skip};
