@@ -7,14 +7,18 @@
  *      RDMA READ;
  *   2. two QPs on two devices, brought up with random PSNs exchanged "out of band" (here: in
  *      variables) and no ECE, do RDMA WRITE_WITH_IMM one way and SEND/RECV the other.
- * Every byte is checked. Exit status 0 and one OK line per part, else FAIL and status 1. */
+ * Every byte is checked. Exit status 0 and one OK line per part, else FAIL and status 1. The
+ * sockets the process holds after the transfers are printed: over TCP each QP direction that
+ * carried work has a connection, with NCCL_WASM_SOFT_DELIVERY=in-process none does. */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <infiniband/verbs.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define FAIL(...)                                                    \
   do {                                                               \
@@ -144,6 +148,22 @@ static void post_recv(struct end *e, uint64_t id, struct ibv_mr *mr, void *buf, 
   CHECK(ibv_post_recv(e->qp, &wr, &bad) == 0, "ibv_post_recv(wr %llu)", (unsigned long long)id);
 }
 
+/* How many of this process's file descriptors are sockets. */
+static int sockets(void) {
+  DIR *d = opendir("/proc/self/fd");
+  CHECK(d, "opendir /proc/self/fd");
+  int n = 0;
+  struct dirent *e;
+  char path[300], target[64];
+  while ((e = readdir(d)) != NULL) {
+    snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+    ssize_t len = readlink(path, target, sizeof target - 1);
+    if (len > 0 && strncmp(target, "socket:", 7) == 0) n++;
+  }
+  closedir(d);
+  return n;
+}
+
 static void fill(unsigned char *b, size_t n, unsigned seed) {
   for (size_t i = 0; i < n; i++) b[i] = (unsigned char)(i * 131 + seed);
 }
@@ -206,6 +226,7 @@ static void two_qps(struct ibv_device *da, struct ibv_device *db) {
   CHECK(wc.opcode == IBV_WC_RECV && wc.byte_len == 4000, "the SEND's completion: opcode %d, %u bytes", wc.opcode,
         wc.byte_len);
   CHECK(memcmp(msg, got, 4000) == 0, "the SEND delivered other bytes");
+  printf("sockets: %d\n", sockets());
 
   CHECK(ibv_dereg_mr(smr) == 0 && ibv_dereg_mr(dmr) == 0 && ibv_dereg_mr(mmr) == 0 && ibv_dereg_mr(gmr) == 0,
         "ibv_dereg_mr");

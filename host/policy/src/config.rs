@@ -27,8 +27,9 @@ pub const ENV_CACHE_DIR: &str = "NCCL_WASM_POLICY_CACHE_DIR";
 
 /// Every `NCCL_WASM_*` variable the plugin reads, whichever part reads it: the engine's above,
 /// the fabric choice and the soft fabric's machine (`ncclwasm-soft`), the library the `ib`
-/// fabric opens and the sysfs root (`ncclwasm-verbs`), and strict configuration
-/// (`ncclwasm-default`). Any other name with the prefix is most likely misspelt: the host WARNs
+/// fabric opens and the sysfs root (`ncclwasm-verbs`), strict configuration
+/// (`ncclwasm-default`), and the delivery of the soft provider's `libibverbs.so.1` stand-in
+/// (`soft-ibverbs`, which the `ib` fabric may open). Any other name with the prefix is most likely misspelt: the host WARNs
 /// it with the closest of these, and `ncclwasm doctor` lists it.
 pub const WASM_VARIABLES: &[&str] = &[
     ENV_POLICY,
@@ -42,6 +43,7 @@ pub const WASM_VARIABLES: &[&str] = &[
     "NCCL_WASM_TOPOLOGY",
     "NCCL_WASM_IBVERBS_PATH",
     "NCCL_WASM_SYSFS_ROOT",
+    "NCCL_WASM_SOFT_DELIVERY",
     ncclwasm_default::STRICT_CONFIG,
 ];
 
