@@ -118,3 +118,20 @@ pub struct Connection {
     pub local: Vec<Endpoint>,
     pub peer: Vec<Endpoint>,
 }
+
+impl Connection {
+    /// NCCL device 0's connection from `port`, over GID `gid_index`, to an identical peer (as
+    /// between two identical nodes), communicator 0, traffic class unset: the sample a hook is
+    /// tried on when there is no real connection (the policy host's trial, the benches).
+    pub fn to_twin(port: &Port, gid_index: u32) -> Connection {
+        let endpoint = port.endpoint(gid_index);
+        Connection {
+            comm_id: 0,
+            traffic_class: -1,
+            device: 0,
+            device_name: port.device.clone(),
+            local: vec![endpoint.clone()],
+            peer: vec![endpoint],
+        }
+    }
+}

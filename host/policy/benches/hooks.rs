@@ -40,15 +40,7 @@ fn inputs(builtin: &PolicyHost) -> Inputs {
         .collect();
     let first = selected.first().expect("the topology has an active port");
     let gid = builtin.select_gid(first).expect("built-in").value.index;
-    let endpoint = first.endpoint(gid);
-    let conn = Connection {
-        comm_id: 1,
-        traffic_class: -1,
-        device: 0,
-        device_name: first.device.clone(),
-        local: vec![endpoint.clone()],
-        peer: vec![endpoint],
-    };
+    let conn = Connection::to_twin(first, gid);
     Inputs {
         ports,
         selected,

@@ -77,15 +77,7 @@ fn main() {
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .ports();
     let port = ports.last().expect("the pod has ports").clone();
-    let endpoint = port.endpoint(5);
-    let conn = Connection {
-        comm_id: 1,
-        traffic_class: -1,
-        device: 0,
-        device_name: port.device.clone(),
-        local: vec![endpoint.clone()],
-        peer: vec![endpoint],
-    };
+    let conn = Connection::to_twin(&port, 5);
     println!(
         "{:<14} {:<10} {:>9} {:>11} {:>11} {:>10} {:>10} {:>7}",
         "guest", "language", "size", "first load", "next rank", "call", "built-in", "ratio"

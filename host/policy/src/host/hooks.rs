@@ -284,13 +284,5 @@ pub(super) fn trial(s: &Shared, l: &Loaded, ports: &[Port]) -> Result<(), Policy
 /// A connection from `port` to a peer that looks the same (as between two identical nodes),
 /// with the GID the built-in default would pick.
 fn sample_connection(s: &Shared, port: &Port) -> Connection {
-    let endpoint = port.endpoint(SelectGid::builtin(s, port).index);
-    Connection {
-        comm_id: 0,
-        traffic_class: -1,
-        device: 0,
-        device_name: port.device.clone(),
-        local: vec![endpoint.clone()],
-        peer: vec![endpoint],
-    }
+    Connection::to_twin(port, SelectGid::builtin(s, port).index)
 }
