@@ -78,11 +78,15 @@ enum Command {
     #[command(after_help = EXIT_STATUS)]
     Doctor(doctor::Args),
     /// Two ranks send through the built plugin as NCCL drives it, next to a raw TCP baseline
+    /// (or, with --single-process, one process times matched pairs through any plugin)
     #[command(after_help = EXIT_STATUS)]
     Bench(bench::Args),
     /// One rank of `bench` (started by it)
     #[command(hide = true)]
     BenchRank(bench::RankArgs),
+    /// The process of `bench --single-process` (started by it)
+    #[command(hide = true)]
+    BenchPairs(bench::PairArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -143,6 +147,7 @@ fn main() -> ExitCode {
         Command::Doctor(args) => doctor::run(args),
         Command::Bench(args) => bench::run(args),
         Command::BenchRank(args) => bench::run_rank(args),
+        Command::BenchPairs(args) => bench::run_pairs(args),
     };
     match result.and_then(print) {
         Ok(exit) => exit.into(),

@@ -423,3 +423,73 @@ fn a_plugin_name_is_dlopened_as_nccl_builds_it() {
         assert!(stderr.contains(tried), "{tried:?} not in {stderr}");
     }
 }
+
+/// `--single-process` through this plugin (the soft fabric, in-process delivery) and through a
+/// second plugin, written in C for this (`tests/plugins/mem_net.c`: v12 only, memcpy between
+/// the comms of one process, no stats export): every size at both depths timed after its first
+/// pair was checked; this plugin's plan reported with every byte accounted for, the other's
+/// absence said.
+#[test]
+fn single_process_pairs_through_this_plugin_and_another() {
+    let dir = std::env::temp_dir().join(format!("ncclwasm-mem-net-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mem = dir.join("libnccl-net-mem.so");
+    ncclwasm_testkit::c_program("tests/plugins/mem_net.c", &mem, &["-shared", "-fPIC"]);
+    for (lib, ours) in [(plugin(), true), (mem.clone(), false)] {
+        let lib = lib.display().to_string();
+        let args = [
+            "--single-process",
+            "--plugin",
+            &lib,
+            "--policy",
+            "builtin",
+            "--pair-sizes",
+            "8,4K",
+            "--pairs",
+            "64",
+        ];
+        let out = bench(&[&args[..], &["--json"]].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{lib}: {stderr}");
+        let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert_eq!(v["plugin"]["abi"], 12, "{v}");
+        assert_eq!(v["delivery"], "in-process", "{v}");
+        let rows: Vec<(u64, u64)> = v["rows"]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .map(|r| {
+                assert!(r["pairs"].as_u64().unwrap() >= 64, "{r}");
+                let (median, p99) = (
+                    r["median_ns"].as_f64().unwrap(),
+                    r["p99_ns"].as_f64().unwrap(),
+                );
+                assert!(median > 0.0 && p99 >= median, "{r}");
+                (r["size"].as_u64().unwrap(), r["depth"].as_u64().unwrap())
+            })
+            .collect();
+        assert_eq!(rows, [(8, 1), (8, 8), (4096, 1), (4096, 8)], "{v}");
+        let observed = &v["observed"];
+        if ours {
+            assert_eq!(v["devices"][0]["name"], "soft_0", "{v}");
+            let source = observed["source"].as_str().unwrap_or_default();
+            assert!(source.starts_with("built-in default"), "{observed}");
+            let posted = observed["posted_bytes"].as_u64().unwrap();
+            // The checked pair, the warmup and the timed pairs of both sizes, at least.
+            assert!(posted >= 2 * 64 * (8 + 4096), "{observed}");
+            assert_eq!(observed["sent_bytes"].as_u64(), Some(posted), "{observed}");
+        } else {
+            assert_eq!(v["devices"][0]["name"], "mem_0", "{v}");
+            assert!(observed.is_null(), "{observed}");
+            let text = bench(&args);
+            let stdout = String::from_utf8_lossy(&text.stdout);
+            assert!(text.status.success(), "{stdout}");
+            assert!(
+                stdout
+                    .contains("not reported: the library does not export ncclwasm_send_comm_stats"),
+                "{stdout}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -277,6 +277,9 @@ impl Drop for Ticker {
     }
 }
 
+/// zstd's default level, wasmtime's baseline for its cache entries.
+const CACHE_COMPRESSION_LEVEL: i32 = 3;
+
 /// wasmtime's on-disk cache of compiled components, as [`PolicyCache`] says. The per-user
 /// default never fails: a refused directory is WARNed once per process and the engine compiles
 /// in memory, so a squatter on the directory's name costs compile time, not the job.
@@ -285,7 +288,15 @@ fn disk_cache(choice: &PolicyCache) -> Result<Option<wasmtime::Cache>, PolicyErr
         // wasmtime takes absolute paths only.
         let dir = std::path::absolute(dir).map_err(|e| e.to_string())?;
         let mut cache = wasmtime::CacheConfig::new();
-        cache.with_directory(dir);
+        // wasmtime's worker recompresses an entry at zstd level 20 once it has been read 256
+        // times: seconds of a core in a background thread of the rank that reads it then,
+        // during the job (a third of the samples of a profile of the per-message bench, on 2
+        // cores), and started again by the next process when one exits first. An optimised
+        // level equal to the baseline's means never.
+        cache
+            .with_directory(dir)
+            .with_baseline_compression_level(CACHE_COMPRESSION_LEVEL)
+            .with_optimized_compression_level(CACHE_COMPRESSION_LEVEL);
         wasmtime::Cache::new(cache).map_err(|e| one_line(&e))
     };
     match choice {

@@ -15,7 +15,7 @@
 //! is test tooling, always the `ncclwasm_verbs_fault_*` hooks.
 //!
 //! Any verbs program can run on it: link `-libverbs` as usual and put a `libibverbs.so.1`
-//! pointing here first on `LD_LIBRARY_PATH` (`tests/verbs/`); [`DELIVERY_ENV`] chooses how WRs
+//! pointing here first on `LD_LIBRARY_PATH` (`tests/verbs/`); [`ncclwasm_soft::ENV_DELIVERY`] chooses how WRs
 //! between two QPs of one process travel.
 //!
 //! [`VerbsTable`]: ncclwasm_verbs::VerbsTable
@@ -29,32 +29,19 @@ use ibverbs_sys::{
 };
 use ncclwasm_verbs::VerbsTable;
 
-/// The soft provider's table; the first verb called also applies [`DELIVERY_ENV`].
+/// The soft provider's table; the first verb called also applies
+/// [`ncclwasm_soft::ENV_DELIVERY`] (`in-process`: a program — another NCCL net plugin among
+/// them — that owns both ends of its connections runs over the soft fabric with no socket and
+/// no thread hand-off, and what is measured is the program). A value that is neither `tcp` nor
+/// `in-process` is said on stderr (this library has no log of its own) and TCP kept.
 fn table() -> &'static VerbsTable {
     static DELIVERY: std::sync::Once = std::sync::Once::new();
-    DELIVERY.call_once(delivery_from_env);
+    DELIVERY.call_once(|| match ncclwasm_soft::Delivery::from_env() {
+        Ok(Some(d)) => ncclwasm_soft::set_delivery(d),
+        Ok(None) => {}
+        Err(e) => eprintln!("soft-ibverbs: {e}; using tcp"),
+    });
     ncclwasm_soft::table()
-}
-
-/// `in-process`: work requests between QPs of this process are carried out by the posting
-/// thread ([`ncclwasm_soft::Delivery::InProcess`]), so a program — another NCCL net plugin
-/// among them — that owns both ends of its connections runs over the soft fabric with no socket
-/// and no thread hand-off, and what is measured is the program. `tcp` or unset: over TCP, as
-/// between processes. Set before the first verb.
-pub const DELIVERY_ENV: &str = "NCCL_WASM_SOFT_DELIVERY";
-
-/// Applies [`DELIVERY_ENV`]; another value is said on stderr (this library has no log of its
-/// own) and TCP kept.
-fn delivery_from_env() {
-    match std::env::var(DELIVERY_ENV).as_deref() {
-        Ok("in-process") => ncclwasm_soft::set_delivery(ncclwasm_soft::Delivery::InProcess),
-        Ok("tcp") | Err(_) => {}
-        Ok(other) => {
-            eprintln!(
-                "soft-ibverbs: {DELIVERY_ENV}={other:?} is neither tcp nor in-process; using tcp"
-            )
-        }
-    }
 }
 
 /// Exports `ncclwasm_soft_ibv_<name>` and binds it to `ibv_<name>@@<version>`.

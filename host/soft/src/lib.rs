@@ -116,7 +116,8 @@
 //! Posting allocates nothing once the queues have grown to their working size: a WR's SGE is
 //! kept inline and inline payloads reuse the buffers of retired WRs.
 //!
-//! With [`set_delivery`]`(`[`Delivery::InProcess`]`)`, chosen explicitly (benches), a WR whose
+//! With [`set_delivery`]`(`[`Delivery::InProcess`]`)`, chosen explicitly (benches, or
+//! [`ENV_DELIVERY`]`=in-process`, which [`fabric`] and the `libibverbs.so.1` stand-in apply), a WR whose
 //! peer QP lives in this process is carried out by the posting thread instead — the same
 //! responder checks and placement, memory to memory, both completions before `post_send`
 //! returns — so what a bench times is the code above the fabric, not the fabric's threads.
@@ -232,11 +233,18 @@ pub const CAPABILITIES: ProviderCaps = ProviderCaps::ECE_REQUIRED;
 /// The soft fabric in process: this provider's table, its sysfs tree (materialised on the first
 /// call) and its capabilities, plus its fault hooks with the `fault-injection` feature. Devices
 /// come from `NCCL_WASM_TOPOLOGY` (default: the embedded loopback machine).
+///
+/// Applies [`ENV_DELIVERY`] when it is set, so the plugin's embedded provider honours it as
+/// the `libibverbs.so.1` stand-in does; a value that is neither `tcp` nor `in-process` fails.
 pub fn fabric() -> Result<Arc<Fabric>, VerbsError> {
-    let root = sysfs_root().map_err(|e| VerbsError::Load {
+    let load = |reason: String| VerbsError::Load {
         path: "soft".to_owned(),
-        reason: e.to_string(),
-    })?;
+        reason,
+    };
+    if let Some(d) = Delivery::from_env().map_err(load)? {
+        set_delivery(d);
+    }
+    let root = sysfs_root().map_err(|e| load(e.to_string()))?;
     let provider = Provider::new("soft", TABLE, root, CAPABILITIES);
     #[cfg(feature = "fault-injection")]
     let provider = provider.with_faults(fault::HOOKS);
@@ -272,10 +280,30 @@ pub enum Delivery {
     InProcess,
 }
 
+/// Chooses [`Delivery`] from outside the program: `in-process` or `tcp`; unset leaves what
+/// [`set_delivery`] chose (TCP unless a bench said otherwise). Read when the fabric is opened
+/// ([`fabric`]) or, in the `libibverbs.so.1` stand-in, at the first verb — set it before.
+pub const ENV_DELIVERY: &str = "NCCL_WASM_SOFT_DELIVERY";
+
+impl Delivery {
+    /// What [`ENV_DELIVERY`] asks for: `None` when unset, an error naming the value when it
+    /// is neither `tcp` nor `in-process`.
+    pub fn from_env() -> Result<Option<Delivery>, String> {
+        match std::env::var_os(ENV_DELIVERY) {
+            None => Ok(None),
+            Some(v) if v == "tcp" => Ok(Some(Delivery::Tcp)),
+            Some(v) if v == "in-process" => Ok(Some(Delivery::InProcess)),
+            Some(v) => Err(format!(
+                "{ENV_DELIVERY}={v:?} is neither `tcp` nor `in-process`"
+            )),
+        }
+    }
+}
+
 static IN_PROCESS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Chooses how QPs created from now on deliver to peers in this process (QPs already made keep
-/// theirs). Only explicitly: nothing in the plugin calls it.
+/// theirs). Only explicitly: by a bench, or by [`fabric`] from [`ENV_DELIVERY`].
 pub fn set_delivery(d: Delivery) {
     IN_PROCESS.store(
         d == Delivery::InProcess,

@@ -45,14 +45,15 @@ pub fn cdylib(name: &str) -> PathBuf {
 }
 
 /// Compiles the C program `src` (relative to the workspace root) into `exe` with the system C
-/// compiler (`CC`, else `cc`), warnings as errors, then `libs` (`-ldl`, `-libverbs`).
-pub fn c_program(src: &str, exe: &Path, libs: &[&str]) {
+/// compiler (`CC`, else `cc`), warnings as errors, then `flags` (libraries such as `-ldl` and
+/// `-libverbs`, or `-shared -fPIC` for a library).
+pub fn c_program(src: &str, exe: &Path, flags: &[&str]) {
     let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join(src);
     let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
         .args(["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o"])
         .arg(exe)
         .arg(&src)
-        .args(libs)
+        .args(flags)
         .status()
         .expect("run the C compiler");
     assert!(status.success(), "{} does not compile", src.display());

@@ -10,9 +10,11 @@ use clap::Args as ClapArgs;
 use ncclwasm_model::Topology;
 use ncclwasm_soft::FabricChoice;
 
+use super::pairs::DEPTHS;
 use super::ranks::{Expected, Ranks};
 use super::tables::{
-    BenchReport, PluginView, connection_scale, large_ratio, latency_rows, render, rows,
+    BenchReport, PairsReport, PluginView, connection_scale, large_ratio, latency_rows, render,
+    render_pairs, rows,
 };
 use super::wire::list;
 use crate::fail::{Fail, Outcome};
@@ -89,6 +91,27 @@ pub struct Args {
     /// to this binary]
     #[arg(long, value_name = "SO|NAME")]
     pub plugin: Option<PathBuf>,
+
+    /// One process owns both ends of one connection on device 0 and times matched
+    /// isend/irecv/test pairs, 1 and 8 in flight: the plugin's own cost per message (on the
+    /// soft fabric with in-process delivery, NCCL_WASM_SOFT_DELIVERY=in-process), for this
+    /// plugin or any other given with --plugin; instead of the two ranks' tables
+    #[arg(long)]
+    pub single_process: bool,
+
+    /// --single-process: message sizes, comma-separated (bytes; K, M, G suffixes)
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = LATENCY_SIZES,
+        value_parser = setup::parse_size
+    )]
+    pub pair_sizes: Vec<u64>,
+
+    /// --single-process: timed pairs per size and depth (a tenth as many untimed first)
+    #[arg(long, value_name = "N", default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub pairs: u32,
 
     #[command(flatten)]
     pub config: ConfigArgs,
@@ -203,10 +226,44 @@ fn topology(args: &Args) -> Result<(Topology, Option<PathBuf>), Fail> {
     }
 }
 
+/// The children's `NCCL_WASM_*` environment: the fabric, topology, policy and configuration
+/// this run resolved (`None`: removed, so the plugin's own default applies).
+fn environment(
+    args: &Args,
+    fabric: &FabricView,
+    topo_path: Option<PathBuf>,
+    policy: &PolicyArg,
+) -> Vec<(String, Option<String>)> {
+    let mut env: Vec<(String, Option<String>)> = vec![
+        ("NCCL_WASM_FABRIC".into(), Some(fabric.name.clone())),
+        (
+            "NCCL_WASM_TOPOLOGY".into(),
+            topo_path.map(|p| p.display().to_string()),
+        ),
+        (
+            "NCCL_WASM_POLICY".into(),
+            match policy {
+                PolicyArg::File(p) => Some(p.display().to_string()),
+                PolicyArg::Builtin => None,
+            },
+        ),
+    ];
+    if let Some(c) = &args.config.config {
+        env.push(("NCCL_WASM_POLICY_CONFIG".into(), Some(c.clone())));
+    }
+    env.extend(
+        args.config
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), Some(v.clone()))),
+    );
+    env
+}
+
 pub fn run(args: &Args) -> Result<Outcome, Fail> {
-    if args.sizes.is_empty() || args.latency_sizes.is_empty() {
+    if args.sizes.is_empty() || args.latency_sizes.is_empty() || args.pair_sizes.is_empty() {
         return Err(Fail::trouble(
-            "--sizes and --latency-sizes may not be empty",
+            "--sizes, --latency-sizes and --pair-sizes may not be empty",
         ));
     }
     let lib = plugin_path(args)?;
@@ -214,6 +271,61 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
     let (topo, topo_path) = topology(args)?;
     let policy = policy_arg(args)?;
     let (host, view) = setup::host(setup::settings(&args.config)?, &policy)?;
+    let mut env = environment(args, &fabric, topo_path, &policy);
+    if args.single_process {
+        drop(host);
+        // Unless the caller chose the delivery (`tcp` times the fabric's threads too): first,
+        // so a `--env` of it still wins.
+        if std::env::var_os(ncclwasm_soft::ENV_DELIVERY).is_none() {
+            env.insert(
+                0,
+                (
+                    ncclwasm_soft::ENV_DELIVERY.into(),
+                    Some("in-process".into()),
+                ),
+            );
+        }
+        let delivery = env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == ncclwasm_soft::ENV_DELIVERY)
+            .and_then(|(_, v)| v.clone())
+            .or_else(|| std::env::var(ncclwasm_soft::ENV_DELIVERY).ok())
+            .unwrap_or_default();
+        let measured = Ranks::start_single(
+            &[
+                "--plugin".into(),
+                lib.display().to_string(),
+                "--device".into(),
+                "0".into(),
+                "--sizes".into(),
+                list(&args.pair_sizes),
+                "--pairs".into(),
+                args.pairs.to_string(),
+                "--warmup".into(),
+                (args.pairs / 10).to_string(),
+            ],
+            &env,
+        )?
+        .drive_single(args.pair_sizes.len() * DEPTHS.len())?;
+        let report = PairsReport::new(
+            PluginView {
+                path: lib.display().to_string(),
+                abi: measured.abi,
+            },
+            fabric,
+            delivery,
+            view,
+            TopologyView::from(&topo),
+            measured,
+        )?;
+        let text = if args.json {
+            crate::json(&report)?
+        } else {
+            render_pairs(&report)
+        };
+        return Ok(Outcome::success(text));
+    }
     // The device of `policy explain`'s sample connection: a vNIC when the policy accepts the
     // sample fusion (the ranks then ask `makeVDevice` for it, as NCCL core does), else NCCL
     // device 0 — always device 0 on the `ib` fabric, whose ports are discovered, not read.
@@ -247,30 +359,6 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
         }
         None => (0, Vec::new()),
     };
-
-    let mut env: Vec<(String, Option<String>)> = vec![
-        ("NCCL_WASM_FABRIC".into(), Some(fabric.name.clone())),
-        (
-            "NCCL_WASM_TOPOLOGY".into(),
-            topo_path.map(|p| p.display().to_string()),
-        ),
-        (
-            "NCCL_WASM_POLICY".into(),
-            match &policy {
-                PolicyArg::File(p) => Some(p.display().to_string()),
-                PolicyArg::Builtin => None,
-            },
-        ),
-    ];
-    if let Some(c) = &args.config.config {
-        env.push(("NCCL_WASM_POLICY_CONFIG".into(), Some(c.clone())));
-    }
-    env.extend(
-        args.config
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), Some(v.clone()))),
-    );
 
     let mut rank_args: Vec<String> = vec![
         "--plugin".into(),

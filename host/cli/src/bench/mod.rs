@@ -10,10 +10,17 @@
 //! plan and the bytes per QP, from the plugin itself rather than recomputed here. A rank that
 //! dies or stalls fails the run with one line, never a hang.
 //!
+//! With `--single-process` the parent starts one child instead ([`pairs`]), which owns both ends
+//! of one connection and times matched `irecv` + `isend` + `test` pairs through the library —
+//! this plugin or any other — on the soft fabric's in-process delivery: the plugin's own cost
+//! per message, with no second process, socket or fabric thread in the figure.
+//!
 //! The modules, each using only those after it in this list (no circle):
 //! * [`driver`]: the parent — options, what to run, the report;
 //! * [`ranks`]: the rank processes as the parent sees them: started, read, relayed, reaped;
 //! * [`tables`]: the report's rows and how it prints;
+//! * [`pairs`]: `--single-process`, the child that owns both ends of a connection and times
+//!   matched pairs;
 //! * [`rank`]: one rank — the plugin's half of each part, in order;
 //! * [`tcp`]: the TCP baseline's half;
 //! * [`scale`]: the connection-scale part;
@@ -22,6 +29,7 @@
 //! * [`wire`]: what the parent and the ranks say to each other (command line and JSON lines).
 
 mod driver;
+mod pairs;
 mod rank;
 mod ranks;
 mod scale;
@@ -32,5 +40,6 @@ mod wire;
 mod workload;
 
 pub use driver::{Args, run};
+pub use pairs::{PairArgs, run as run_pairs};
 pub use rank::run as run_rank;
 pub use wire::RankArgs;

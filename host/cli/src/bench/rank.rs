@@ -14,6 +14,7 @@
 
 use std::collections::VecDeque;
 use std::io::BufRead;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ncclwasm_abi::load::{HANDLE_BYTES, ListenComm, Mr, Plugin, RecvComm, Request, SendComm};
@@ -50,7 +51,7 @@ struct Ends<'a, 'c, 'p> {
 }
 
 /// A transfer that completed with another size than posted.
-fn expect_size(what: &str, size: usize, got: usize) -> Result<(), Fail> {
+pub(super) fn expect_size(what: &str, size: usize, got: usize) -> Result<(), Fail> {
     if got == size {
         Ok(())
     } else {
@@ -96,25 +97,24 @@ fn stream<'m>(
     Ok(total)
 }
 
-/// `init`, the devices (fusing `--fuse` first, as NCCL core would) and the `Hello` line.
-fn open(args: &RankArgs) -> Result<Plugin, Fail> {
-    let mut plugin = Plugin::open(&args.plugin).map_err(plugin_fail)?;
+/// `init`, the devices (fusing `fuse` first, as NCCL core would, into `device`) and the
+/// `Hello` line.
+pub(super) fn open(path: &Path, device: i32, fuse: &[i32]) -> Result<Plugin, Fail> {
+    let mut plugin = Plugin::open(path).map_err(plugin_fail)?;
     plugin.init().map_err(plugin_fail)?;
     let n = plugin.devices().map_err(plugin_fail)?;
-    if !args.fuse.is_empty() {
-        let d = plugin.make_vdevice(&args.fuse).map_err(plugin_fail)?;
-        if d != args.device {
+    if !fuse.is_empty() {
+        let d = plugin.make_vdevice(fuse).map_err(plugin_fail)?;
+        if d != device {
             return Err(Fail::trouble(format!(
-                "the plugin made vNIC {d}, the plan expected device {}",
-                args.device
+                "the plugin made vNIC {d}, the plan expected device {device}"
             )));
         }
     }
     let total = plugin.devices().map_err(plugin_fail)?;
-    if args.device < 0 || args.device >= total {
+    if device < 0 || device >= total {
         return Err(Fail::trouble(format!(
-            "the plugin has {total} device(s) ({n} physical); device {} is not one",
-            args.device
+            "the plugin has {total} device(s) ({n} physical); device {device} is not one"
         )));
     }
     let devices = (0..total)
@@ -136,7 +136,7 @@ fn open(args: &RankArgs) -> Result<Plugin, Fail> {
 
 /// This rank's send comm (to the peer's listener) and recv comm (the peer's connect), both
 /// advanced in one loop as NCCL's proxy does, so neither rank waits for the other's half first.
-fn connect_both<'p>(
+pub(super) fn connect_both<'p>(
     plugin: &'p Plugin,
     device: i32,
     listen: &ListenComm<'p>,
@@ -164,7 +164,7 @@ fn connect_both<'p>(
 /// alike.
 fn measure(args: &RankArgs, stdin: &mut impl BufRead) -> Result<(), Fail> {
     let (bw, lat) = (largest(&args.sizes)?, largest(&args.latency_sizes)?);
-    let plugin = open(args)?;
+    let plugin = open(&args.plugin, args.device, &args.fuse)?;
     let (listen, handle) = plugin.listen(args.device).map_err(plugin_fail)?;
     wire::send(&Msg::Handle(wire::hex(&handle)))?;
     let line = wire::read_line(stdin, "peer's listen handle")?;

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use super::wait::STALL;
 use super::wire::{
-    DeviceLine, Msg, Observed, PLUGIN_DONE, ROLES, Role, RoundTrips, SCALE_DONE, Scale, Timing,
+    DeviceLine, Msg, Observed, PLUGIN_DONE, PairTiming, ROLES, Role, RoundTrips, SCALE_DONE, Scale,
+    Timing,
 };
 use crate::fail::Fail;
 use crate::render;
@@ -41,6 +42,8 @@ pub struct Expected {
 /// The two rank processes; killed (and reaped) on drop unless they finished.
 #[derive(Debug)]
 pub struct Ranks {
+    /// Each child's name in a failure's line.
+    names: Vec<&'static str>,
     children: Vec<Child>,
     /// Each rank's stdin: the peer's handle, the TCP port (the sender) and the end of the run
     /// go there.
@@ -56,21 +59,44 @@ const REAP: Duration = Duration::from_secs(10);
 
 impl Ranks {
     pub fn start(rank_args: &[String], env: &[(String, Option<String>)]) -> Result<Ranks, Fail> {
+        let children = ROLES.map(|(role, name)| {
+            let role = if role == Role::Recv { "recv" } else { "send" };
+            let mut args = vec![
+                "bench-rank".to_owned(),
+                "--role".to_owned(),
+                role.to_owned(),
+            ];
+            args.extend_from_slice(rank_args);
+            (name, args)
+        });
+        Ranks::spawn(&children, env)
+    }
+
+    /// `--single-process`: one child, `ncclwasm bench-pairs` with `args`.
+    pub fn start_single(args: &[String], env: &[(String, Option<String>)]) -> Result<Ranks, Fail> {
+        let mut command = vec!["bench-pairs".to_owned()];
+        command.extend_from_slice(args);
+        Ranks::spawn(&[("single process", command)], env)
+    }
+
+    /// Starts this binary once per `(name, arguments)`, each with `env` applied.
+    fn spawn(
+        children: &[(&'static str, Vec<String>)],
+        env: &[(String, Option<String>)],
+    ) -> Result<Ranks, Fail> {
         let exe = std::env::current_exe()
             .map_err(|e| Fail::trouble(format!("cannot re-run this binary: {e}")))?;
         let (tx, events) = mpsc::channel();
         let mut ranks = Ranks {
+            names: children.iter().map(|(name, _)| *name).collect(),
             children: Vec::new(),
             stdins: Vec::new(),
             events,
             errors: Vec::new(),
         };
-        for (i, (role, _)) in ROLES.iter().enumerate() {
+        for (i, (_, args)) in children.iter().enumerate() {
             let mut cmd = Command::new(&exe);
-            cmd.arg("bench-rank")
-                .arg("--role")
-                .arg(if *role == Role::Recv { "recv" } else { "send" })
-                .args(rank_args)
+            cmd.args(args)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
@@ -128,7 +154,7 @@ impl Ranks {
 
     /// Why rank `i` stopped: its `error:` line, or its exit status.
     fn failure(&mut self, i: usize) -> Fail {
-        let name = ROLES[i].1;
+        let name = self.names[i];
         let status = self.reap(i);
         let text = self.errors[i]
             .take()
@@ -207,6 +233,8 @@ impl Ranks {
                 }
                 Some(Msg::Hello { .. }) => {}
                 Some(Msg::Observed(o)) => m.observed = Some(o),
+                // Only `bench-pairs` times pairs.
+                Some(Msg::Pairs(_)) => {}
                 // Each rank connects to the other's listener.
                 Some(Msg::Handle(h)) => self.relay(1 - i, &h)?,
                 Some(Msg::TcpPort(p)) => self.relay(1, &p.to_string())?,
@@ -261,6 +289,64 @@ impl Ranks {
             if !self.reap(i).is_some_and(|s| s.success()) {
                 return Err(self.failure(i));
             }
+        }
+        self.children.clear();
+        Ok(m)
+    }
+}
+
+/// What the `--single-process` child reported.
+#[derive(Debug)]
+pub struct SingleMeasured {
+    pub abi: u32,
+    pub devices: Vec<DeviceLine>,
+    pub pairs: Vec<PairTiming>,
+    /// `None` when the library does not export `ncclwasm_send_comm_stats`.
+    pub observed: Option<Observed>,
+}
+
+impl Ranks {
+    /// Collects what the `--single-process` child says until it is done (`expected`: its
+    /// timings, for the progress line); every wait bounded.
+    pub fn drive_single(mut self, expected: usize) -> Result<SingleMeasured, Fail> {
+        let mut m = SingleMeasured {
+            abi: 0,
+            devices: Vec::new(),
+            pairs: Vec::new(),
+            observed: None,
+        };
+        let progress = Progress::new();
+        let limit = STALL + Duration::from_secs(30);
+        loop {
+            let Ok((_, msg)) = self.events.recv_timeout(limit) else {
+                return Err(Fail::trouble(format!(
+                    "the bench made no progress for {} s",
+                    limit.as_secs()
+                )));
+            };
+            match msg {
+                None => return Err(self.failure(0)),
+                Some(Msg::Done) => break,
+                Some(Msg::Hello { abi, devices }) => {
+                    m.abi = abi;
+                    m.devices = devices;
+                }
+                Some(Msg::Pairs(p)) => {
+                    m.pairs.push(p);
+                    let phase = format!("pairs, {} in flight,", p.depth);
+                    progress.show(&phase, p.size, m.pairs.len(), expected);
+                }
+                Some(Msg::Observed(o)) => m.observed = Some(o),
+                Some(other) => {
+                    return Err(Fail::trouble(format!(
+                        "the single-process bench said {other:?}, which only a rank says"
+                    )));
+                }
+            }
+        }
+        progress.clear();
+        if !self.reap(0).is_some_and(|s| s.success()) {
+            return Err(self.failure(0));
         }
         self.children.clear();
         Ok(m)

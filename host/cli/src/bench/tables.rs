@@ -4,7 +4,10 @@
 
 use serde::Serialize;
 
-use super::wire::{DeviceLine, Footprint, Observed, ROLES, RoundTrips, Scale, Timing, list};
+use super::ranks::SingleMeasured;
+use super::wire::{
+    DeviceLine, Footprint, Observed, PairTiming, ROLES, RoundTrips, Scale, Timing, list,
+};
 use crate::fail::Fail;
 use crate::live::FabricView;
 use crate::render::{self, Table, field};
@@ -40,6 +43,58 @@ pub struct BenchReport {
     pub latency: Vec<LatencyRow>,
     /// The connection-scale part (`None` with `--connections 0`).
     pub connections: Option<ConnectionScale>,
+}
+
+/// `--single-process`: what one process timed of matched pairs through the plugin, and
+/// everything needed to read it.
+#[derive(Debug, Serialize)]
+pub struct PairsReport {
+    pub plugin: PluginView,
+    pub fabric: FabricView,
+    /// `NCCL_WASM_SOFT_DELIVERY` as the process had it (`in-process` unless the caller chose).
+    pub delivery: String,
+    /// This plugin's policy: what a library that reports its plan ran (another plugin has
+    /// its own decisions).
+    pub policy: PolicyView,
+    pub topology: TopologyView,
+    /// The NCCL device both ends used (always 0) and its name.
+    pub device: i32,
+    pub device_name: String,
+    pub devices: Vec<DeviceLine>,
+    /// What the connection ran, when the library exports `ncclwasm_send_comm_stats`.
+    pub observed: Option<Observed>,
+    /// One per size and depth, sizes in `--pair-sizes` order, depths 1 then 8.
+    pub rows: Vec<PairTiming>,
+}
+
+impl PairsReport {
+    pub fn new(
+        plugin: PluginView,
+        fabric: FabricView,
+        delivery: String,
+        policy: PolicyView,
+        topology: TopologyView,
+        measured: SingleMeasured,
+    ) -> Result<PairsReport, Fail> {
+        if measured.pairs.is_empty() {
+            return Err(Fail::trouble("the single-process bench timed nothing"));
+        }
+        Ok(PairsReport {
+            plugin,
+            fabric,
+            delivery,
+            policy,
+            topology,
+            device: 0,
+            device_name: measured
+                .devices
+                .first()
+                .map_or_else(String::new, |d| d.name.clone()),
+            devices: measured.devices,
+            observed: measured.observed,
+            rows: measured.pairs,
+        })
+    }
 }
 
 /// `--connections` set up at once: each rank's wall time and what the connections added to it.
@@ -198,6 +253,20 @@ pub fn connection_scale(
     }))
 }
 
+/// The devices as the plugin's `getProperties` reports them.
+fn devices_section(devices: &[DeviceLine]) -> String {
+    let mut t = Table::new(2, &["dev", "name", "speed", "ports of"]);
+    for (i, d) in devices.iter().enumerate() {
+        t.row(vec![
+            i.to_string(),
+            d.name.clone(),
+            render::speed(u32::try_from(d.speed_mbps).unwrap_or(0)),
+            list(&d.children),
+        ]);
+    }
+    field("devices", "as the plugin's getProperties reports them") + &t.render()
+}
+
 /// The plan the sender's connection ran and the bytes each QP carried. The plan's fields are
 /// shown as `policy explain` shows them ([`report::plan_values`]), so a new one appears in both.
 fn observed_section(o: &Observed) -> String {
@@ -246,6 +315,22 @@ pub fn large_ratio(rows: &[Row]) -> Option<f64> {
     (!large.is_empty()).then(|| large.iter().sum::<f64>() / large.len() as f64)
 }
 
+/// What the run ran on: the fabric, the policy, the topology.
+fn setup_section(fabric: &FabricView, policy: &PolicyView, topology: &TopologyView) -> String {
+    let mut out = field("fabric", &format!("{}  ({})", fabric.name, fabric.why));
+    out += &field(
+        "policy",
+        &match &policy.origin {
+            Some(origin) => format!("{} {}  ({origin})", policy.name, policy.version),
+            None => "built-in default (NCCL's own decisions)".to_owned(),
+        },
+    );
+    out + &field(
+        "topology",
+        &format!("{}  ({})", topology.name, topology.origin),
+    )
+}
+
 /// The run for people: setup, the plan the connection ran, the nccl-tests-style bandwidth table,
 /// then the latency table.
 pub fn render(r: &BenchReport) -> String {
@@ -256,30 +341,9 @@ pub fn render(r: &BenchReport) -> String {
             r.plugin.path, r.plugin.abi
         ),
     );
-    out += &field("fabric", &format!("{}  ({})", r.fabric.name, r.fabric.why));
-    out += &field(
-        "policy",
-        &match &r.policy.origin {
-            Some(origin) => format!("{} {}  ({origin})", r.policy.name, r.policy.version),
-            None => "built-in default (NCCL's own decisions)".to_owned(),
-        },
-    );
-    out += &field(
-        "topology",
-        &format!("{}  ({})", r.topology.name, r.topology.origin),
-    );
+    out += &setup_section(&r.fabric, &r.policy, &r.topology);
     out.push('\n');
-    out += &field("devices", "as the plugin's getProperties reports them");
-    let mut t = Table::new(2, &["dev", "name", "speed", "ports of"]);
-    for (i, d) in r.devices.iter().enumerate() {
-        t.row(vec![
-            i.to_string(),
-            d.name.clone(),
-            render::speed(u32::try_from(d.speed_mbps).unwrap_or(0)),
-            list(&d.children),
-        ]);
-    }
-    out += &t.render();
+    out += &devices_section(&r.devices);
     if !r.fuse_request.is_empty() {
         out += &field(
             "vnic",
@@ -376,6 +440,72 @@ pub fn render(r: &BenchReport) -> String {
         out += &scale_section(c);
     }
     out
+}
+
+/// `--single-process` for people: setup, the plan when the library reports it, the table.
+pub fn render_pairs(r: &PairsReport) -> String {
+    let mut out = field(
+        "bench",
+        &format!(
+            "1 process, both ends of one connection, through {} (ncclNetPlugin_v{})",
+            r.plugin.path, r.plugin.abi
+        ),
+    );
+    // The NCCL_WASM_* settings are this plugin's; another has its own decisions.
+    out += &match r.observed {
+        Some(_) => setup_section(&r.fabric, &r.policy, &r.topology),
+        None => field(
+            "settings",
+            "not this plugin (no ncclwasm_send_comm_stats): fabric, policy and topology are its own; it reaches the soft fabric only through a libibverbs.so.1 on LD_LIBRARY_PATH",
+        ),
+    };
+    out += &field(
+        "delivery",
+        &format!(
+            "NCCL_WASM_SOFT_DELIVERY={} (the soft provider's)",
+            r.delivery
+        ),
+    );
+    out.push('\n');
+    out += &devices_section(&r.devices);
+    out.push('\n');
+    out += &match &r.observed {
+        Some(o) => observed_section(o),
+        None => field(
+            "plan",
+            "not reported: the library does not export ncclwasm_send_comm_stats",
+        ),
+    };
+    out.push('\n');
+    out += &field(
+        "pairs",
+        &format!(
+            "device {} ({}); matched irecv + isend + test until both are done, `in flight` of them posted at once and timed together, per pair; the first pair of each size checked byte for byte",
+            r.device, r.device_name
+        ),
+    );
+    out + &render::table(
+        2,
+        &[
+            "size",
+            "in flight",
+            "pairs",
+            "median ns",
+            "p99 ns",
+            "mean ns",
+        ],
+        &r.rows,
+        |row| {
+            vec![
+                row.size.to_string(),
+                row.depth.to_string(),
+                row.pairs.to_string(),
+                format!("{:.0}", row.median_ns),
+                format!("{:.0}", row.p99_ns),
+                format!("{:.0}", row.mean_ns),
+            ]
+        },
+    )
 }
 
 /// The connection-scale part: time per connection, and what each rank's process grew by.

@@ -77,6 +77,8 @@ pub enum Msg {
     PluginPingPong(RoundTrips),
     /// The sender's connection after its last send through the plugin.
     Observed(Observed),
+    /// `--single-process`: one size at one depth of matched pairs.
+    Pairs(PairTiming),
     /// This rank's requests through the plugin are all done; it closes its comms when the
     /// parent answers [`PLUGIN_DONE`], once both ranks said so.
     PluginDone,
@@ -217,6 +219,41 @@ impl RoundTrips {
     }
 }
 
+/// One size at one depth: ns per matched pair over the timed batches.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PairTiming {
+    pub size: u64,
+    /// Pairs in flight at once.
+    pub depth: u32,
+    /// Timed pairs (whole batches of `depth`).
+    pub pairs: u32,
+    pub median_ns: f64,
+    /// The 99th percentile: what the odd slow pair costs (a page fault, a preemption).
+    pub p99_ns: f64,
+    pub mean_ns: f64,
+}
+
+impl PairTiming {
+    /// `batches` must not be empty; each is the time of `depth` pairs.
+    pub fn new(size: usize, depth: usize, mut batches: Vec<Duration>) -> PairTiming {
+        batches.sort_unstable();
+        let n = batches.len();
+        let per_pair = |d: Duration| d.as_nanos() as f64 / depth as f64;
+        let median = (per_pair(batches[(n - 1) / 2]) + per_pair(batches[n / 2])) / 2.0;
+        // Nearest rank: the smallest batch time at or above 99% of them.
+        let p99 = per_pair(batches[(n * 99).div_ceil(100).max(1) - 1]);
+        let mean = batches.iter().map(|&d| per_pair(d)).sum::<f64>() / n as f64;
+        PairTiming {
+            size: size as u64,
+            depth: depth as u32,
+            pairs: (n * depth) as u32,
+            median_ns: median,
+            p99_ns: p99,
+            mean_ns: mean,
+        }
+    }
+}
+
 /// One rank's side of the connection-scale part.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Scale {
@@ -320,5 +357,22 @@ mod tests {
         assert_eq!((odd.iters, odd.checked_bytes), (3, 16));
         let even = RoundTrips::new(8, vec![us(40), us(10), us(20), us(1000)]);
         assert!((even.median_secs - 15e-6).abs() < 1e-12);
+    }
+
+    #[test]
+    fn pairs_are_batches_divided_by_their_depth() {
+        let ns = Duration::from_nanos;
+        let one = PairTiming::new(8, 1, vec![ns(300), ns(100), ns(200)]);
+        assert_eq!((one.pairs, one.depth), (3, 1));
+        assert!((one.median_ns - 200.0).abs() < 1e-9);
+        assert!((one.p99_ns - 300.0).abs() < 1e-9);
+        assert!((one.mean_ns - 200.0).abs() < 1e-9);
+        let mut batches: Vec<Duration> = (1..=100).map(|i| ns(8 * i)).collect();
+        batches.push(ns(8000));
+        let eight = PairTiming::new(8, 8, batches);
+        assert_eq!(eight.pairs, 808);
+        assert!((eight.median_ns - 51.0).abs() < 1e-9);
+        // The 100th of 101 batches, 800 ns, over 8 pairs.
+        assert!((eight.p99_ns - 100.0).abs() < 1e-9);
     }
 }
