@@ -166,6 +166,7 @@ fn plan(u: &mut Unstructured<'_>) -> Result<()> {
         (0..n).map(|_| Ok(u.choose(table())?.endpoint(1))).collect()
     };
     let conn = Connection {
+        net_attr: None,
         comm_id: 1,
         traffic_class: -1,
         device: 0,

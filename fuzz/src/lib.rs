@@ -57,6 +57,7 @@ pub fn connector() -> Connector {
     Connector::new(ConnectorConfig {
         comm_id: 7,
         traffic_class: -1,
+        net_attr: None,
         device: 0,
         device_name: "mlx5_0+mlx5_1".to_owned(),
         endpoints: sides().0.clone(),
@@ -220,6 +221,7 @@ pub fn check_setup(
         (peer, local)
     };
     let conn = Connection {
+        net_attr: None,
         comm_id: 0,
         traffic_class: -1,
         device: 0,

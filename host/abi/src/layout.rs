@@ -143,6 +143,51 @@ pub struct PropsV12 {
     pub plane_id: i16,
 }
 
+/// `ncclNetCommAttr_v11_t` (= v12): -1 is undefined.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CommAttrC {
+    pub max_concurrent_peers: i32,
+    pub min_concurrent_peers: i32,
+    pub max_flows_per_peer: i32,
+    pub min_flows_per_peer: i32,
+}
+
+/// `ncclNetAttr_v11_t` (= v12), what `setNetAttr` receives: the masks are `u32::MAX` when
+/// undefined.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct NetAttrC {
+    pub send: CommAttrC,
+    pub recv: CommAttrC,
+    pub op: u32,
+    pub algo: u32,
+    pub proto: u32,
+}
+
+impl CommAttrC {
+    fn to_model(self) -> ncclwasm_model::CommAttr {
+        ncclwasm_model::CommAttr::from_raw(
+            self.max_concurrent_peers,
+            self.min_concurrent_peers,
+            self.max_flows_per_peer,
+            self.min_flows_per_peer,
+        )
+    }
+}
+
+impl NetAttrC {
+    pub fn to_model(&self) -> ncclwasm_model::NetAttr {
+        ncclwasm_model::NetAttr::from_raw(
+            self.send.to_model(),
+            self.recv.to_model(),
+            self.op,
+            self.algo,
+            self.proto,
+        )
+    }
+}
+
 /// `ncclNetCommConfig_v10_t` (= v11, v12).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -181,7 +226,7 @@ type GetDeviceMr = unsafe extern "C" fn(P, P, PP) -> NcclResult;
 type IrecvConsumed = unsafe extern "C" fn(P, c_int, P) -> NcclResult;
 type MakeVDevice<T> = unsafe extern "C" fn(*mut c_int, *mut T) -> NcclResult;
 type Finalize = unsafe extern "C" fn(P) -> NcclResult;
-type SetNetAttr = unsafe extern "C" fn(P, P) -> NcclResult;
+type SetNetAttr = unsafe extern "C" fn(P, *mut NetAttrC) -> NcclResult;
 
 /// The slots every version has, in slot order, parameterised by what changed.
 macro_rules! table {
@@ -234,6 +279,10 @@ const _: () = {
     assert!(size_of::<NetV10>() == 160);
     assert!(size_of::<NetV11>() == 176);
     assert!(size_of::<NetV12>() == 176);
+    assert!(size_of::<NetAttrC>() == 44);
+    assert!(offset_of!(NetAttrC, recv) == 16);
+    assert!(offset_of!(NetAttrC, op) == 32);
+    assert!(offset_of!(NetAttrC, proto) == 40);
     assert!(offset_of!(NetV9, make_vdevice) == 152);
     assert!(offset_of!(NetV11, finalize) == 160);
     assert!(offset_of!(NetV12, set_net_attr) == 168);

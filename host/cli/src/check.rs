@@ -109,6 +109,7 @@ pub fn check(file: &Path, settings: Settings) -> Result<Checked, Fail> {
         None,
         &[],
         report::Connections::Sample,
+        None,
     )?;
     if let Some((decision, source)) = report::fallbacks(&report).first() {
         return Err(Fail::no(format!(

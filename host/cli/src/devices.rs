@@ -125,6 +125,7 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
         None,
         &sizes,
         report::Connections::Sample,
+        None,
     )?;
     let devices = Devices {
         fabric: live.fabric,

@@ -63,6 +63,7 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
             peer.as_ref(),
             &[],
             report::Connections::Sample,
+            None,
         )?);
     }
     let diff = compare(&reports[0], &reports[1]);

@@ -56,7 +56,15 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
         (None, true) => Connections::All,
         (None, false) => Connections::Sample,
     };
-    let report = report::evaluate(&host, policy, &local, peer.as_ref(), &args.sizes, which)?;
+    let report = report::evaluate(
+        &host,
+        policy,
+        &local,
+        peer.as_ref(),
+        &args.sizes,
+        which,
+        None,
+    )?;
     if let Some(n) = args.device
         && n as usize >= report.nccl_devices.len()
     {

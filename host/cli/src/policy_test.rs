@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args as ClapArgs;
 use ncclwasm_model::file::{self, Limit};
-use ncclwasm_model::{PortChange, Topology};
+use ncclwasm_model::{NetAttr, PortChange, Topology};
 use serde::{Deserialize, Serialize};
 
 use crate::explain::{self, port_answer, qp_pairs};
@@ -60,6 +60,10 @@ struct Case {
     /// The connection whose plan and port events are checked: NCCL device `device` (default:
     /// the sample connection `explain` shows).
     device: Option<u32>,
+    /// NCCL's `setNetAttr` hint the connection is planned with (default: none given), by the
+    /// WIT's names: `net-attr = { send = { max-concurrent-peers = 2 } }`.
+    #[serde(rename = "net-attr")]
+    net_attr: Option<NetAttr>,
     expect: Expect,
 }
 
@@ -203,7 +207,15 @@ fn run_case(
     settings.config = case.config.clone();
     let (host, view) = setup::host(settings, policy).map_err(|f| Fail::trouble(at(&f.text())))?;
     let which = case.device.map_or(Connections::Sample, Connections::Device);
-    let report = report::evaluate(&host, view.clone(), &local, peer.as_ref(), &[], which)?;
+    let report = report::evaluate(
+        &host,
+        view.clone(),
+        &local,
+        peer.as_ref(),
+        &[],
+        which,
+        case.net_attr,
+    )?;
     if let Some(n) = case.device
         && report.connection.is_none()
     {

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use ncclwasm_default::IbConfig;
 use ncclwasm_model::device_table::{DeviceTable, RailPlane, TableDevice, TableEnv};
 use ncclwasm_model::{
-    ConnPlan, Connection, DeviceGroup, Endpoint, GidType, LinkLayer, Port, PortAnswer, PortChange,
-    PortEvent, PortEventCause, PortState, QpPlan, Topology, VnicAnswer,
+    ConnPlan, Connection, DeviceGroup, Endpoint, GidType, LinkLayer, NetAttr, Port, PortAnswer,
+    PortChange, PortEvent, PortEventCause, PortState, QpPlan, Topology, VnicAnswer,
 };
 use ncclwasm_policy::{Decision, PolicyError, PolicyHost, PolicyId, Source};
 use serde::Serialize;
@@ -663,7 +663,8 @@ pub enum Connections {
     All,
 }
 
-/// Ask every decision, as the plugin does at start-up and on the connections `which` names.
+/// Ask every decision, as the plugin does at start-up and on the connections `which` names,
+/// each planned with `hint` as its communicator's latest `setNetAttr` (`None`: NCCL gave none).
 pub fn evaluate(
     host: &PolicyHost,
     policy: PolicyView,
@@ -671,6 +672,7 @@ pub fn evaluate(
     peer: Option<&Topology>,
     sizes: &[u64],
     which: Connections,
+    hint: Option<NetAttr>,
 ) -> Result<Report, PolicyError> {
     // The peer makes its own decisions first, with the same policy; plans are then held to the
     // QP limit of the local (live) ports, as in the plugin.
@@ -679,7 +681,7 @@ pub fn evaluate(
     let local_side = side(host, &local.ports())?;
     let remote = peer_side.as_ref().unwrap_or(&local_side);
     let plan = |device: Option<u32>| match (local_side.device(device), remote.device(device)) {
-        (Some(l), Some(r)) => connection(host, &local_side, l, remote, r).map(Some),
+        (Some(l), Some(r)) => connection(host, &local_side, l, remote, r, hint).map(Some),
         _ => Ok(None),
     };
     let connection = match which {
@@ -747,8 +749,10 @@ fn connection(
     device: &NcclDevice,
     peer: &Side,
     peer_device: &NcclDevice,
+    hint: Option<NetAttr>,
 ) -> Result<ConnectionView, PolicyError> {
     let conn = Connection {
+        net_attr: hint,
         comm_id: 0,
         traffic_class: -1,
         device: device.device,
@@ -852,6 +856,7 @@ pub(crate) fn corpus_report(name: &str) -> Report {
         None,
         &[8, 1 << 20],
         Connections::Sample,
+        None,
     )
     .unwrap()
 }

@@ -22,7 +22,9 @@ const ALIGN: u32 = 128;
 /// - TC and SL (as `ncclIbConnect`): `NCCL_IB_TC` / `NCCL_IB_SL` if set, else the communicator's
 ///   traffic class if defined, else 0; the CTS FIFO's TC is `NCCL_IB_FIFO_TC` if set, else the
 ///   data TC (as `ncclIbRtrQp`). A traffic class outside a field's range is truncated to the
-///   field's width, as the C assignment to the verbs attribute does.
+///   field's width, as the C assignment to the verbs attribute does; for the SL that is the 4 bits
+///   of the link header: NCCL hands the NIC the whole class (106) and the NIC keeps its low 4 bits
+///   (10), which is what the plan says, so that it passes the SL check every plan gets.
 /// - ECE per `NCCL_IB_ECE_ENABLE`, timeout and retry count per `NCCL_IB_TIMEOUT` and
 ///   `NCCL_IB_RETRY_CNT` (as `ncclIbRtsQp`).
 pub fn plan_connection(cfg: &IbConfig, conn: &Connection) -> ConnPlan {
@@ -109,7 +111,7 @@ pub fn plan_connection(cfg: &IbConfig, conn: &Connection) -> ConnPlan {
     };
     let (sl, sl_from) = match cfg.sl {
         Some(sl) => (sl, "NCCL_IB_SL"),
-        None if defined => (class, "communicator traffic class"),
+        None if defined => (class & 0xf, "communicator traffic class, its low 4 bits"),
         None => (0, "default"),
     };
     let (fifo_tc, fifo_from) = match cfg.fifo_tc {
@@ -168,6 +170,7 @@ mod tests {
     ) -> Connection {
         let ports = corpus(file);
         Connection {
+            net_attr: None,
             comm_id: 7,
             traffic_class,
             device: 0,
@@ -275,8 +278,13 @@ mod tests {
     fn traffic_class_precedence_env_then_communicator_then_default() {
         let c = cfg(&[]);
         let plan = plan_connection(&c, &conn(&c, "loopback.toml", 1, 1, 41));
-        assert_eq!((plan.tc, plan.sl, plan.fifo_tc), (41, 41, 41));
-        assert!(plan.reason.contains("TC 41 (communicator traffic class), SL 41 (communicator traffic class), FIFO TC 41 (the data TC)"), "{}", plan.reason);
+        assert_eq!((plan.tc, plan.sl, plan.fifo_tc), (41, 9, 41));
+        assert!(plan.reason.contains("TC 41 (communicator traffic class), SL 9 (communicator traffic class, its low 4 bits), FIFO TC 41 (the data TC)"), "{}", plan.reason);
+        // A policy's answer that keeps this plan passes the checks every answer gets.
+        let c106 = conn(&c, "loopback.toml", 1, 1, 106);
+        let plan = plan_connection(&c, &c106);
+        assert_eq!((plan.tc, plan.sl), (106, 10));
+        ncclwasm_model::validate::check_plan(&plan, &c106, 128).unwrap();
         let c = cfg(&[("NCCL_IB_TC", "106"), ("NCCL_IB_SL", "3")]);
         let plan = plan_connection(&c, &conn(&c, "loopback.toml", 1, 1, 41));
         assert_eq!((plan.tc, plan.sl, plan.fifo_tc), (106, 3, 106));

@@ -99,6 +99,7 @@ mod tests {
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
         let local: Vec<_> = eth_ports(&names).iter().map(|p| p.endpoint(0)).collect();
         Connection {
+            net_attr: None,
             comm_id: 7,
             traffic_class: -1,
             device: 0,

@@ -17,6 +17,7 @@ mod failover;
 pub mod file;
 mod hook;
 pub mod name_list;
+mod net_attr;
 mod plan;
 mod port;
 #[cfg(unix)]
@@ -29,6 +30,7 @@ pub mod validate;
 pub use decision::*;
 pub use failover::*;
 pub use hook::Hook;
+pub use net_attr::{CommAttr, NetAttr};
 pub use plan::*;
 pub use port::*;
 pub use topology::{Topology, TopologyError};

@@ -117,6 +117,10 @@ pub struct Connection {
     pub device_name: String,
     pub local: Vec<Endpoint>,
     pub peer: Vec<Endpoint>,
+    /// NCCL's latest hint for the communicator (`setNetAttr`), `None` when it gave none
+    /// (NCCL before 2.28, or no transfer shaped yet).
+    #[serde(default)]
+    pub net_attr: Option<crate::NetAttr>,
 }
 
 impl Connection {
@@ -132,6 +136,7 @@ impl Connection {
             device_name: port.device.clone(),
             local: vec![endpoint.clone()],
             peer: vec![endpoint],
+            net_attr: None,
         }
     }
 }

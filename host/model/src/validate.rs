@@ -488,6 +488,7 @@ mod tests {
     #[test]
     fn plan_rules() {
         let conn = Connection {
+            net_attr: None,
             comm_id: 1,
             traffic_class: -1,
             device: 0,
@@ -520,6 +521,7 @@ mod tests {
     fn port_answer_rules() {
         use crate::PortEventCause;
         let conn = Connection {
+            net_attr: None,
             comm_id: 1,
             traffic_class: -1,
             device: 0,

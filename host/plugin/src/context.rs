@@ -72,9 +72,44 @@ pub(crate) fn init_net(
     Ok(())
 }
 
-/// A v11+ per-communicator context.
+/// A v11+ per-communicator context: its id, traffic class and NCCL's latest `setNetAttr` hint
+/// (written by the proxy's progress thread, read by `connect` on its proxy thread).
 pub(crate) struct Ctx {
-    pub(crate) comm: CommConfig,
+    comm: Mutex<CommConfig>,
+}
+
+impl Ctx {
+    /// What a connection of this communicator is planned with.
+    pub(crate) fn config(&self) -> CommConfig {
+        *self.comm.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// `setNetAttr` (v11+): NCCL's hint about the communicator's coming transfers, kept for the
+/// plans of its next connections (a connection already planned keeps its plan).
+pub(crate) unsafe extern "C" fn set_net_attr(ctx: *mut c_void, attr: *mut NetAttrC) -> NcclResult {
+    guard("setNetAttr", || {
+        // SAFETY: NULL or a context from `init_ctx`, alive until `finalize`.
+        let ctx = unsafe { ctx.cast::<Ctx>().as_ref() }.ok_or_else(|| null_arg("ctx"))?;
+        // SAFETY: NULL or NCCL's struct, valid for the call.
+        let hint = unsafe { attr.as_ref() }
+            .ok_or_else(|| null_arg("netAttr"))?
+            .to_model();
+        let mut comm = ctx.comm.lock().unwrap_or_else(|p| p.into_inner());
+        if comm.net_attr != Some(hint) {
+            tracing::info!(
+                "NET/WASM: comm {:#x} hint: send {:?}, recv {:?}, ops {:?}, algos {:?}, protos {:?}",
+                comm.comm_id,
+                hint.send,
+                hint.recv,
+                hint.ops,
+                hint.algos,
+                hint.protos
+            );
+        }
+        comm.net_attr = Some(hint);
+        Ok(())
+    })
 }
 
 pub(crate) fn init_ctx(
@@ -93,10 +128,11 @@ pub(crate) fn init_ctx(
         let tc = unsafe { config.as_ref() }.map_or(-1, |c| c.traffic_class);
         tracing::info!("NET/WASM: init comm {comm_id:#x} traffic class {tc}");
         *out = Box::into_raw(Box::new(Ctx {
-            comm: CommConfig {
+            comm: Mutex::new(CommConfig {
                 comm_id,
                 traffic_class: tc,
-            },
+                net_attr: None,
+            }),
         }))
         .cast();
         Ok(())

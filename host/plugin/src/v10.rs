@@ -35,6 +35,7 @@ unsafe extern "C" fn connect(
         CommConfig {
             comm_id: 0,
             traffic_class: tc,
+            net_attr: None,
         },
     )
 }

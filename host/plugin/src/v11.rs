@@ -1,6 +1,6 @@
 //! `ncclNetPlugin_v11`: a context per communicator (`init` makes it, `finalize` drops it;
-//! `listen` and `connect` take it), `setNetAttr`, `maxMultiRequestSize` in the properties. Its
-//! `listen`, `connect` and `setNetAttr` serve v12 too.
+//! `listen` and `connect` take it), `setNetAttr` (kept in the context, `context.rs`),
+//! `maxMultiRequestSize` in the properties. Its `listen` and `connect` serve v12 too.
 
 use std::ffi::{c_int, c_void};
 
@@ -8,7 +8,7 @@ use ncclwasm_abi::*;
 use ncclwasm_transport::CommConfig;
 
 use crate::comms::{accept, close_listen, close_recv, close_send, connect_impl, listen_impl};
-use crate::context::{Ctx, finalize, init_ctx};
+use crate::context::{Ctx, finalize, init_ctx, set_net_attr};
 use crate::edge::{NAME, guard, null_arg};
 use crate::memory::{dereg_mr, reg_mr, reg_mr_dma_buf};
 use crate::messages::{iflush, test};
@@ -70,12 +70,8 @@ pub(crate) unsafe extern "C" fn connect(
     _dc: *mut *mut c_void,
 ) -> NcclResult {
     // SAFETY: NULL or a context from `init_ctx` (this version's `init` and v12's).
-    let comm = unsafe { ctx.cast::<Ctx>().as_ref() }.map_or_else(CommConfig::default, |c| c.comm);
+    let comm = unsafe { ctx.cast::<Ctx>().as_ref() }.map_or_else(CommConfig::default, Ctx::config);
     connect_impl(dev, handle, sc, comm)
-}
-
-pub(crate) unsafe extern "C" fn set_net_attr(_ctx: *mut c_void, _attr: *mut c_void) -> NcclResult {
-    NCCL_SUCCESS
 }
 
 #[unsafe(no_mangle)]

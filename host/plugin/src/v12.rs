@@ -5,7 +5,7 @@ use std::ffi::{c_int, c_void};
 use ncclwasm_abi::*;
 
 use crate::comms::{accept, close_listen, close_recv, close_send};
-use crate::context::{finalize, init_ctx};
+use crate::context::{finalize, init_ctx, set_net_attr};
 use crate::edge::{NAME, guard, null_arg};
 use crate::memory::{dereg_mr, reg_mr, reg_mr_dma_buf};
 use crate::messages::{iflush, test};
@@ -85,5 +85,5 @@ pub static ncclNetPlugin_v12: NetV12 = NetV12 {
     irecv_consumed: None,
     make_vdevice: Some(make_vdevice),
     finalize: Some(finalize),
-    set_net_attr: Some(v11::set_net_attr),
+    set_net_attr: Some(set_net_attr),
 };

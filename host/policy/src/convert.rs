@@ -99,6 +99,22 @@ pub(crate) fn connection(c: &m::Connection) -> t::Connection {
         device_name: c.device_name.clone(),
         local: c.local.iter().map(endpoint).collect(),
         peer: c.peer.iter().map(endpoint).collect(),
+        net_attr: c.net_attr.map(|a| t::NetAttr {
+            send: comm_attr(a.send),
+            recv: comm_attr(a.recv),
+            ops: a.ops,
+            algos: a.algos,
+            protos: a.protos,
+        }),
+    }
+}
+
+fn comm_attr(a: m::CommAttr) -> t::CommAttr {
+    t::CommAttr {
+        max_concurrent_peers: a.max_concurrent_peers,
+        min_concurrent_peers: a.min_concurrent_peers,
+        max_flows_per_peer: a.max_flows_per_peer,
+        min_flows_per_peer: a.min_flows_per_peer,
     }
 }
 

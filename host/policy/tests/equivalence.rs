@@ -168,6 +168,7 @@ fn compare(
         .filter_map(|p| Some(p.endpoint(native.select_gid(p).ok()?.value.index)))
         .collect();
     let conn = Connection {
+        net_attr: None,
         comm_id: 1,
         traffic_class: -1,
         device: 0,

@@ -95,6 +95,7 @@ fn connection(port: &Port, gid_index: u32) -> Connection {
     );
     let endpoint = port.endpoint(gid_index);
     Connection {
+        net_attr: None,
         comm_id: 0xc0ffee,
         traffic_class: -1,
         device: port.index,

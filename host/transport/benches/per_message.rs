@@ -48,6 +48,7 @@ fn connect(policy: Arc<PolicyHost>) -> Conn {
     let cfg = CommConfig {
         comm_id: 0xbe9c,
         traffic_class: -1,
+        net_attr: None,
     };
     let (mut s, mut r) = (None, None);
     while s.is_none() || r.is_none() {

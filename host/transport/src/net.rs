@@ -19,7 +19,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use ncclwasm_model::device_table::{
     DeviceTable, RailPlane, TableDevice, TableEnv, data_direct_name,
 };
-use ncclwasm_model::{LinkLayer, Port, PortState, VnicAnswer};
+use ncclwasm_model::{LinkLayer, NetAttr, Port, PortState, VnicAnswer};
 use ncclwasm_verbs::Fabric;
 
 use crate::decide::Decisions;
@@ -62,6 +62,8 @@ pub struct CommConfig {
     pub comm_id: u64,
     /// -1 when undefined.
     pub traffic_class: i32,
+    /// NCCL's latest `setNetAttr` hint for the communicator, handed to the plan.
+    pub net_attr: Option<NetAttr>,
 }
 
 impl Default for CommConfig {
@@ -69,6 +71,7 @@ impl Default for CommConfig {
         CommConfig {
             comm_id: 0,
             traffic_class: -1,
+            net_attr: None,
         }
     }
 }
@@ -446,6 +449,7 @@ impl Net {
                 let machine = Connector::new(ConnectorConfig {
                     comm_id: comm.comm_id,
                     traffic_class: comm.traffic_class,
+                    net_attr: comm.net_attr,
                     device: dev as u32,
                     device_name: props.name.clone(),
                     endpoints: ports.iter().map(|p| p.endpoint.clone()).collect(),

@@ -33,6 +33,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 const CFG: CommConfig = CommConfig {
     comm_id: 0x5747,
     traffic_class: -1,
+    net_attr: None,
 };
 
 /// What the accepting thread saw.

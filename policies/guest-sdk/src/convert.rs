@@ -101,6 +101,30 @@ impl From<wit::Connection> for model::Connection {
             device_name: c.device_name,
             local: c.local.into_iter().map(Into::into).collect(),
             peer: c.peer.into_iter().map(Into::into).collect(),
+            net_attr: c.net_attr.map(Into::into),
+        }
+    }
+}
+
+impl From<wit::CommAttr> for model::CommAttr {
+    fn from(a: wit::CommAttr) -> Self {
+        model::CommAttr {
+            max_concurrent_peers: a.max_concurrent_peers,
+            min_concurrent_peers: a.min_concurrent_peers,
+            max_flows_per_peer: a.max_flows_per_peer,
+            min_flows_per_peer: a.min_flows_per_peer,
+        }
+    }
+}
+
+impl From<wit::NetAttr> for model::NetAttr {
+    fn from(a: wit::NetAttr) -> Self {
+        model::NetAttr {
+            send: a.send.into(),
+            recv: a.recv.into(),
+            ops: a.ops,
+            algos: a.algos,
+            protos: a.protos,
         }
     }
 }
@@ -345,9 +369,35 @@ mod tests {
             device_name: "a+b".into(),
             local: vec![ep("a", 0), ep("b", 1)],
             peer: vec![ep("c", 2)],
+            net_attr: Some(wit::NetAttr {
+                send: wit::CommAttr {
+                    max_concurrent_peers: Some(2),
+                    min_concurrent_peers: Some(2),
+                    max_flows_per_peer: Some(8),
+                    min_flows_per_peer: None,
+                },
+                recv: wit::CommAttr {
+                    max_concurrent_peers: None,
+                    min_concurrent_peers: None,
+                    max_flows_per_peer: None,
+                    min_flows_per_peer: None,
+                },
+                ops: Some(1 << 4),
+                algos: Some(1 << 1),
+                protos: None,
+            }),
         }
         .into();
         assert_eq!((c.comm_id, c.traffic_class, c.device), (0xfeed, -1, 3));
+        let hint = c.net_attr.expect("the hint crosses");
+        assert_eq!(
+            (hint.send.max_flows_per_peer, hint.send.min_flows_per_peer),
+            (Some(8), None)
+        );
+        assert_eq!(
+            (hint.ops, hint.algos, hint.protos),
+            (Some(16), Some(2), None)
+        );
         assert_eq!(c.device_name, "a+b");
         let names: Vec<_> = c
             .local

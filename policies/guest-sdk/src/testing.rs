@@ -46,6 +46,7 @@ pub fn connection(local: Vec<Endpoint>, peer: Vec<Endpoint>) -> Connection {
         .collect::<Vec<_>>()
         .join("+");
     Connection {
+        net_attr: None,
         comm_id: 0x5eed,
         traffic_class: -1,
         device: 0,

@@ -337,6 +337,7 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
             None,
             &[],
             report::Connections::Sample,
+            None,
         )?)
     } else {
         None

@@ -214,6 +214,7 @@ mod tests {
         let ib = IbConfig::from_pairs(&[]).unwrap();
         let ends: Vec<Endpoint> = ports[..2].iter().map(|p| p.endpoint(0)).collect();
         let conn = Connection {
+            net_attr: None,
             comm_id: 0,
             traffic_class: -1,
             device: 0,

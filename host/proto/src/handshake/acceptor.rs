@@ -201,6 +201,7 @@ impl Acceptor {
     ) -> Result<(), ProtoError> {
         let local = &self.config.endpoints;
         let conn = Connection {
+            net_attr: None,
             comm_id: 0,
             traffic_class: -1,
             device: 0,

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::mem;
 
-use ncclwasm_model::{ConnPlan, Connection, Endpoint};
+use ncclwasm_model::{ConnPlan, Connection, Endpoint, NetAttr};
 use tracing::debug;
 
 use super::bring_up::{QpBringUp, bring_up, routes};
@@ -28,6 +28,8 @@ pub struct ConnectorConfig {
     pub comm_id: u64,
     /// NCCL's traffic class for the communicator, -1 when undefined.
     pub traffic_class: i32,
+    /// NCCL's latest hint for the communicator (`setNetAttr`), if any.
+    pub net_attr: Option<NetAttr>,
     /// The NCCL device index and its name.
     pub device: u32,
     pub device_name: String,
@@ -180,6 +182,7 @@ impl Connector {
                     check_peer_endpoints(&self.config.endpoints, &endpoints)?;
                     let c = &self.config;
                     let conn = Connection {
+                        net_attr: c.net_attr,
                         comm_id: c.comm_id,
                         traffic_class: c.traffic_class,
                         device: c.device,

@@ -15,6 +15,7 @@ pub(crate) fn connector(n_eps: usize) -> Connector {
     Connector::new(ConnectorConfig {
         comm_id: 77,
         traffic_class: -1,
+        net_attr: None,
         device: 0,
         device_name: "mlx5_0+mlx5_1".to_owned(),
         endpoints: (0..n_eps)
@@ -395,6 +396,34 @@ fn the_right_nonce_authenticates_even_if_the_handshake_fails_later() {
         a.authenticated(),
         "the real peer's failure stays the real peer's"
     );
+}
+
+/// The communicator's hint from `setNetAttr` reaches the plan's input unchanged.
+#[test]
+fn the_plan_sees_the_communicators_hint() {
+    let hint = ncclwasm_model::NetAttr {
+        send: ncclwasm_model::CommAttr::from_raw(2, 2, 4, 4),
+        ..Default::default()
+    };
+    let c = connector(1);
+    let mut c = Connector::new(ConnectorConfig {
+        net_attr: Some(hint),
+        ..c.config.clone()
+    })
+    .unwrap();
+    let mut a = acceptor(1);
+    let mut seen = None;
+    run_pair(
+        &mut c,
+        &mut a,
+        |_| 100,
+        |conn| {
+            seen = Some(conn.net_attr);
+            rail_plan(conn)
+        },
+    )
+    .unwrap();
+    assert_eq!(seen, Some(Some(hint)));
 }
 
 #[test]

@@ -93,6 +93,7 @@ pub fn connect_through(
     let cfg = CommConfig {
         comm_id: 0xc0ffee,
         traffic_class: -1,
+        net_attr: None,
     };
     let (mut s, mut r) = (None, None);
     let end = deadline();
