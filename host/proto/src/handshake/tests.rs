@@ -405,13 +405,13 @@ fn the_plan_sees_the_communicators_hint() {
         send: ncclwasm_model::CommAttr::from_raw(2, 2, 4, 4),
         ..Default::default()
     };
-    let c = connector(1);
+    let c = connector(2);
     let mut c = Connector::new(ConnectorConfig {
         net_attr: Some(hint),
         ..c.config.clone()
     })
     .unwrap();
-    let mut a = acceptor(1);
+    let mut a = acceptor(3);
     let mut seen = None;
     run_pair(
         &mut c,
