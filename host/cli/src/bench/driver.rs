@@ -274,24 +274,10 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
     let mut env = environment(args, &fabric, topo_path, &policy);
     if args.single_process {
         drop(host);
-        // Unless the caller chose the delivery (`tcp` times the fabric's threads too): first,
-        // so a `--env` of it still wins.
-        if std::env::var_os(ncclwasm_soft::ENV_DELIVERY).is_none() {
-            env.insert(
-                0,
-                (
-                    ncclwasm_soft::ENV_DELIVERY.into(),
-                    Some("in-process".into()),
-                ),
-            );
-        }
-        let delivery = env
-            .iter()
-            .rev()
-            .find(|(k, _)| k == ncclwasm_soft::ENV_DELIVERY)
-            .and_then(|(_, v)| v.clone())
-            .or_else(|| std::env::var(ncclwasm_soft::ENV_DELIVERY).ok())
-            .unwrap_or_default();
+        // Unless the caller chose the delivery (`tcp` times the fabric's threads too).
+        let delivery =
+            std::env::var(ncclwasm_soft::ENV_DELIVERY).unwrap_or_else(|_| "in-process".to_owned());
+        env.push((ncclwasm_soft::ENV_DELIVERY.into(), Some(delivery.clone())));
         let measured = Ranks::start_single(
             &[
                 "--plugin".into(),
@@ -308,17 +294,27 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
             &env,
         )?
         .drive_single(args.pair_sizes.len() * DEPTHS.len())?;
-        let report = PairsReport::new(
-            PluginView {
+        if measured.pairs.is_empty() {
+            return Err(Fail::trouble("the single-process bench timed nothing"));
+        }
+        let report = PairsReport {
+            plugin: PluginView {
                 path: lib.display().to_string(),
                 abi: measured.abi,
             },
             fabric,
             delivery,
-            view,
-            TopologyView::from(&topo),
-            measured,
-        )?;
+            policy: view,
+            topology: TopologyView::from(&topo),
+            device: 0,
+            device_name: measured
+                .devices
+                .first()
+                .map_or_else(String::new, |d| d.name.clone()),
+            devices: measured.devices,
+            observed: measured.observed,
+            rows: measured.pairs,
+        };
         let text = if args.json {
             crate::json(&report)?
         } else {

@@ -4,7 +4,6 @@
 
 use serde::Serialize;
 
-use super::ranks::SingleMeasured;
 use super::wire::{
     DeviceLine, Footprint, Observed, PairTiming, ROLES, RoundTrips, Scale, Timing, list,
 };
@@ -65,36 +64,6 @@ pub struct PairsReport {
     pub observed: Option<Observed>,
     /// One per size and depth, sizes in `--pair-sizes` order, depths 1 then 8.
     pub rows: Vec<PairTiming>,
-}
-
-impl PairsReport {
-    pub fn new(
-        plugin: PluginView,
-        fabric: FabricView,
-        delivery: String,
-        policy: PolicyView,
-        topology: TopologyView,
-        measured: SingleMeasured,
-    ) -> Result<PairsReport, Fail> {
-        if measured.pairs.is_empty() {
-            return Err(Fail::trouble("the single-process bench timed nothing"));
-        }
-        Ok(PairsReport {
-            plugin,
-            fabric,
-            delivery,
-            policy,
-            topology,
-            device: 0,
-            device_name: measured
-                .devices
-                .first()
-                .map_or_else(String::new, |d| d.name.clone()),
-            devices: measured.devices,
-            observed: measured.observed,
-            rows: measured.pairs,
-        })
-    }
 }
 
 /// `--connections` set up at once: each rank's wall time and what the connections added to it.
