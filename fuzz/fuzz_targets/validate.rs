@@ -58,6 +58,7 @@ fn one_link_layer(indices: impl IntoIterator<Item = u32>) {
 fn selection(u: &mut Unstructured<'_>) -> Result<()> {
     let sel = DeviceSelection {
         ports: list(u, 12)?,
+        rails: None,
         reason: String::new(),
     };
     if check_selection(&sel, table()).is_ok() {

@@ -261,6 +261,7 @@ bool exports_policy_select_devices(policy_list_port_t *ports, policy_device_sele
 
   ret->ports.ptr = kept;
   ret->ports.len = n_kept;
+  ret->rails.is_some = false;  // every field of an answer is set: the rails stay the host's
   policy_string_dup(&ret->reason, reason);
   return true;
 }

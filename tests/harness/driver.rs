@@ -130,6 +130,69 @@ fn a_python_policy_decides_in_the_plugin() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// A policy names the rails NCCL 2.30's topology search reads: rail-aligned, on two ports whose
+/// addresses sit on two subnets (two veths of a network namespace, 10.11.0.1/24 and
+/// 10.12.0.1/24, the subnets discovery reads from the interfaces), gives each its subnet's rank
+/// as `railId` through v12 `getProperties`, and the vNIC of the two rails has none — what NCCL
+/// core would see. Both harness processes run in that namespace.
+#[test]
+fn a_policy_names_the_rails_nccl_reads() {
+    if let Some(why) = ncclwasm_testkit::netns::unavailable() {
+        ncclwasm_testkit::skip(why);
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("ncclwasm-harness-rails-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    let (lib, exe) = build(&out);
+    let hosts = ncclwasm_testkit::netns::Hosts::new(2);
+    hosts.link(0, ("rail0", "10.11.0.1/24"), 1, ("peer0", "10.11.0.2/24"));
+    hosts.link(0, ("rail1", "10.12.0.1/24"), 1, ("peer1", "10.12.0.2/24"));
+    hosts.loopback_up(0);
+    let topology = out.join("two-rails.toml");
+    let port = |name: &str, guid: u8, address: &str| {
+        format!(
+            "[[devices]]\nname = \"{name}\"\nprovider = \"soft\"\nguid = \"0x02005e00000000{guid:02x}\"\n\
+             [[devices.ports]]\nport = 1\nlink-layer = \"ethernet\"\nspeed-mbps = 100000\naddress = \"{address}\"\n"
+        )
+    };
+    let text = format!(
+        "name = \"two-rails\"\n{}{}",
+        port("soft_0", 1, "10.11.0.1"),
+        port("soft_1", 2, "10.12.0.1")
+    );
+    std::fs::write(&topology, text).unwrap();
+    let run = hosts
+        .exec(0)
+        .arg(&exe)
+        .arg(&lib)
+        .arg("12")
+        .env("NCCL_WASM_FABRIC", "soft")
+        .env("NCCL_WASM_TOPOLOGY", &topology)
+        .env("NCCL_WASM_POLICY", ncclwasm_testkit::guest("rail-aligned"))
+        .env("NCCL_WASM_POLICY_FAILURE", "closed")
+        .env("HARNESS_PTR", "5")
+        .env("HARNESS_FLUSH", "1")
+        .env("HARNESS_RAILS", "0,-1,1,-1,-1,16385")
+        .env_remove("NCCL_WASM_POLICY_CONFIG")
+        .env_remove("NCCL_IB_HCA")
+        .env_remove("NCCL_IB_GDR_FLUSH_DISABLE")
+        .output()
+        .expect("run the harness");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success() && stdout.contains("harness v12: OK"),
+        "harness with rail-aligned failed ({}):\n{stdout}\n{stderr}",
+        run.status
+    );
+    assert!(
+        stderr.contains("rail 0 10.11.0.0/24, rail 1 10.12.0.0/24"),
+        "{stderr}"
+    );
+    drop(hosts);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// A host with a peer-memory module (the soft fabric's sysfs tree, copied, plus
 /// `module/nvidia_peermem/version`, given through `NCCL_WASM_SYSFS_ROOT`): every device reports
 /// `NCCL_PTR_CUDA` too, and a CUDA-typed `regMr` succeeds (the harness checks both, and without

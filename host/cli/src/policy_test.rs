@@ -81,6 +81,8 @@ struct Expect {
     fused: Option<Vec<Vec<String>>>,
     /// The device names NCCL sees, in order.
     nccl_devices: Option<Vec<String>>,
+    /// v12 `railId` per NCCL device name (-1: undefined), only those named.
+    rails: Option<BTreeMap<String, i16>>,
     /// The sample fusion request's answer: `accept`, `refuse` or `reshape to devices 0,1`.
     vnic: Option<String>,
     /// Plan fields by WIT name; `qps` is a count or the QPs as `local>remote` port names.
@@ -293,6 +295,16 @@ fn compare(expect: &Expect, r: &Report) -> Result<Vec<Difference>, String> {
     if let Some(want) = &expect.nccl_devices {
         let got: Vec<&str> = r.nccl_devices.iter().map(|d| d.name.as_str()).collect();
         check("nccl devices", want.join(" "), got.join(" "));
+    }
+    if let Some(want) = &expect.rails {
+        for (name, rail) in want {
+            let got = r
+                .nccl_devices
+                .iter()
+                .find(|d| d.name == *name)
+                .map_or_else(|| "no such device".to_owned(), |d| d.rail.to_string());
+            check(&format!("rail {name}"), rail.to_string(), got);
+        }
     }
     if let Some(want) = &expect.vnic {
         let got = r.vnic.as_ref().map_or(

@@ -404,6 +404,8 @@ struct Chosen {
     devices: Decided<Vec<DeviceView>>,
     gids: Vec<PortGid>,
     selected: Vec<Port>,
+    /// The selected ports' rails and planes, in their order.
+    rails: Vec<RailPlane>,
     endpoints: Vec<Endpoint>,
 }
 
@@ -435,6 +437,7 @@ fn choose(host: &PolicyHost, ports: &[Port]) -> Result<Chosen, PolicyError> {
         .iter()
         .filter_map(|i| ports.iter().find(|p| p.index == *i).cloned())
         .collect();
+    let rails = host.rails(&selection.value, &selected);
     let devices = decided(selection, |_| {
         selected
             .iter()
@@ -470,21 +473,20 @@ fn choose(host: &PolicyHost, ports: &[Port]) -> Result<Chosen, PolicyError> {
         devices,
         gids,
         selected,
+        rails,
         endpoints,
     })
 }
 
 /// The device table the plugin makes of these decisions under NCCL's defaults (the topology's
-/// PCI paths are merged with `NCCL_IB_MERGE_VFS=1`), with the rails and planes `host` gives the
-/// ports. A topology file does not say which NICs have an mlx5 Data Direct function, so there
-/// are no `<dev>_dma` twins.
-fn device_table(host: &PolicyHost, selected: &[Port], groups: &[DeviceGroup]) -> DeviceTable {
-    let ids: Vec<RailPlane> = selected.iter().map(|p| host.rail_plane(p)).collect();
+/// PCI paths are merged with `NCCL_IB_MERGE_VFS=1`). A topology file does not say which NICs
+/// have an mlx5 Data Direct function, so there are no `<dev>_dma` twins.
+fn device_table(chosen: &Chosen, groups: &[DeviceGroup]) -> DeviceTable {
     DeviceTable::new(
-        selected,
+        &chosen.selected,
         groups,
         &BTreeMap::new(),
-        &ids,
+        &chosen.rails,
         TableEnv::default(),
     )
 }
@@ -580,7 +582,7 @@ impl Side {
 fn side(host: &PolicyHost, ports: &[Port]) -> Result<Side, PolicyError> {
     let chosen = choose(host, ports)?;
     let groups = host.group_devices(&chosen.selected)?;
-    let table = device_table(host, &chosen.selected, &groups.value);
+    let table = device_table(&chosen, &groups.value);
     let nccl = nccl_devices(&table, &chosen.selected);
     let groups = decided(groups, |gs| {
         gs.iter()

@@ -91,6 +91,7 @@ pub fn select_devices(cfg: &IbConfig, ports: &[Port]) -> DeviceSelection {
     }
     DeviceSelection {
         ports: chosen,
+        rails: None,
         reason,
     }
 }

@@ -6,6 +6,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceSelection {
     pub ports: Vec<u32>,
+    /// Each port's rail and plane, in `ports` order; `None`: the host's (`NCCL_IB_HCA`'s).
+    #[serde(default)]
+    pub rails: Option<Vec<crate::device_table::RailPlane>>,
     pub reason: String,
 }
 

@@ -37,8 +37,9 @@
 //!
 //! # Rails and planes
 //! v12's `railId`/`planeId` (NCCL 2.30 uses them in topology search: with `NCCL_CROSS_NIC=0`
-//! rails must match, planes never cross): each port's comes with the selection ([`RailPlane`],
-//! from its `NCCL_IB_HCA` entry `<hca>:<port>:<rail>:<plane>`). A device of one port keeps its
+//! rails must match, planes never cross): each port's comes with the selection ([`RailPlane`]:
+//! the policy's `select-devices` answer's, else its `NCCL_IB_HCA` entry's
+//! `<hca>:<port>:<rail>:<plane>`). A device of one port keeps its
 //! port's; a device of several (a group, a vNIC) has its members' rail when they all share one
 //! defined rail and [`ID_UNDEF`] otherwise, and as plane [`PLANE_VIRT_BIT`] with one bit per
 //! member's plane index — the position of its plane among the distinct planes of the selection,
@@ -56,10 +57,10 @@ pub const PLANE_VIRT_BIT: i16 = 1 << 14;
 
 /// Plane indices below this have a bit of their own (`NCCL_IB_PLANE_MAX_INDEX`); NCCL refuses
 /// a node with more distinct planes, the table gives the extra ones no bit.
-const PLANE_INDICES: usize = 14;
+pub const PLANE_INDICES: usize = 14;
 
 /// A port's rail and plane, as v12 reports them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RailPlane {
     pub rail: i16,
     pub plane: i16,

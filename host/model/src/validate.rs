@@ -9,6 +9,7 @@
 use std::collections::HashSet;
 use std::fmt;
 
+use crate::device_table::{ID_UNDEF, PLANE_INDICES, PLANE_VIRT_BIT};
 use crate::{
     ConnPlan, Connection, DeviceGroup, DeviceSelection, GidChoice, LinkLayer, MAX_PORT_WAIT_MS,
     Port, PortAnswer, PortChange, PortEvent, PortState, QpPlan, VnicAnswer,
@@ -108,7 +109,9 @@ fn fused_size(n: usize, max_devs_per_nic: usize, what: &str) -> Checked {
 }
 
 /// `select-devices`: every entry names a port of `ports`, once, and only active ports (NCCL
-/// cannot use the others).
+/// cannot use the others); rails, when given, are one per port, each rail undefined or
+/// non-negative, each plane undefined or below the bit that marks a fused device's, and no more
+/// distinct planes than NCCL takes on a node.
 pub fn check_selection(sel: &DeviceSelection, ports: &[Port]) -> Checked {
     no_duplicates(&sel.ports, "the device selection")?;
     for &i in &sel.ports {
@@ -120,6 +123,44 @@ pub fn check_selection(sel: &DeviceSelection, ports: &[Port]) -> Checked {
             )
         })?;
     }
+    let Some(rails) = &sel.rails else {
+        return Ok(());
+    };
+    ensure(rails.len() == sel.ports.len(), || {
+        format!(
+            "{} rail(s) for {} selected port(s): one per port, in order",
+            rails.len(),
+            sel.ports.len()
+        )
+    })?;
+    for (r, &i) in rails.iter().zip(&sel.ports) {
+        ensure(r.rail >= ID_UNDEF, || {
+            format!("port {i}: rail {} is negative (none: undefined)", r.rail)
+        })?;
+        ensure(
+            r.plane == ID_UNDEF || (0..PLANE_VIRT_BIT).contains(&r.plane),
+            || {
+                format!(
+                    "port {i}: plane {} is outside 0..={} (the higher bit marks a fused device's; none: undefined)",
+                    r.plane,
+                    PLANE_VIRT_BIT - 1
+                )
+            },
+        )?;
+    }
+    let mut planes: Vec<i16> = rails
+        .iter()
+        .map(|r| r.plane)
+        .filter(|&p| p != ID_UNDEF)
+        .collect();
+    planes.sort_unstable();
+    planes.dedup();
+    ensure(planes.len() <= PLANE_INDICES, || {
+        format!(
+            "{} distinct planes; NCCL takes at most {PLANE_INDICES} on a node",
+            planes.len()
+        )
+    })?;
     Ok(())
 }
 
@@ -371,6 +412,7 @@ mod tests {
     fn sel(ports: &[u32]) -> DeviceSelection {
         DeviceSelection {
             ports: ports.to_vec(),
+            rails: None,
             reason: String::new(),
         }
     }
@@ -387,6 +429,22 @@ mod tests {
         assert!(err(check_selection(&sel(&[99]), &p)).contains("port 99"));
         assert!(err(check_selection(&sel(&[0, 0]), &p)).contains("twice"));
         assert!(err(check_selection(&sel(&[3]), &p)).contains("not active"));
+        let with = |ids: &[(i16, i16)]| DeviceSelection {
+            rails: Some(
+                ids.iter()
+                    .map(|&(rail, plane)| crate::device_table::RailPlane { rail, plane })
+                    .collect(),
+            ),
+            ..sel(&[0, 1, 2][..ids.len().min(3)])
+        };
+        assert!(check_selection(&with(&[(0, 5), (1, -1), (-1, 16383)]), &p).is_ok());
+        let short = DeviceSelection {
+            ports: vec![0, 1, 2],
+            ..with(&[(0, 0), (1, 0)])
+        };
+        assert!(err(check_selection(&short, &p)).contains("2 rail(s) for 3 selected port(s)"));
+        assert!(err(check_selection(&with(&[(-2, 0)]), &p)).contains("rail -2 is negative"));
+        assert!(err(check_selection(&with(&[(0, 16384)]), &p)).contains("plane 16384"));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! hostile guest could otherwise hand back megabytes that end up in every log line.
 
 use ncclwasm_model as m;
+use ncclwasm_model::device_table::{ID_UNDEF, RailPlane};
 
 use crate::engine::wit;
 use wit::ncclwasm::policy::types as t;
@@ -119,8 +120,19 @@ fn comm_attr(a: m::CommAttr) -> t::CommAttr {
 }
 
 pub(crate) fn selection(s: t::DeviceSelection) -> m::DeviceSelection {
+    let id = |v: Option<i16>| v.unwrap_or(ID_UNDEF);
     m::DeviceSelection {
         ports: s.ports,
+        // A policy's negative value stays negative (not undefined) for validation to refuse.
+        rails: s.rails.map(|rails| {
+            rails
+                .into_iter()
+                .map(|r| RailPlane {
+                    rail: id(r.rail),
+                    plane: id(r.plane),
+                })
+                .collect()
+        }),
         reason: reason(s.reason),
     }
 }

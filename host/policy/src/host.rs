@@ -22,7 +22,7 @@ use arc_swap::ArcSwapOption;
 use ncclwasm_default::IbConfig;
 use ncclwasm_model::file::{self, Limit};
 use ncclwasm_model::validate::{self, InvalidAnswer};
-use ncclwasm_model::{Connection, Port, PortAnswer, PortEvent, PortState, QpPlan};
+use ncclwasm_model::{Connection, DeviceSelection, Port, PortAnswer, PortEvent, PortState, QpPlan};
 
 use crate::convert;
 use crate::engine::{Compilation, Fault, Instance, LOG_TARGET, PolicyEngine, Pool};
@@ -372,10 +372,20 @@ impl PolicyHost {
         &self.shared.ib
     }
 
-    /// The rail and plane of a selected port (v12 `railId`/`planeId`): from `NCCL_IB_HCA`, as
-    /// NCCL 2.30 (no hook decides them yet).
-    pub fn rail_plane(&self, port: &Port) -> ncclwasm_model::device_table::RailPlane {
-        ncclwasm_default::rail_plane(&self.shared.ib, port)
+    /// The rail and plane of each port of `selection` (`selected`, in its order; v12
+    /// `railId`/`planeId`): the selection's own when `select-devices` gave them, else from
+    /// `NCCL_IB_HCA`, as NCCL 2.30.
+    pub fn rails(
+        &self,
+        selection: &DeviceSelection,
+        selected: &[Port],
+    ) -> Vec<ncclwasm_model::device_table::RailPlane> {
+        selection.rails.clone().unwrap_or_else(|| {
+            selected
+                .iter()
+                .map(|p| ncclwasm_default::rail_plane(&self.shared.ib, p))
+                .collect()
+        })
     }
 
     /// The wasm policy now deciding; `None` = the built-in default.

@@ -234,6 +234,15 @@ fn out_of_range_answers_are_refused() {
         );
     }
 
+    let host = host_with(
+        "hostile-out-of-range",
+        FailureMode::Open,
+        Some("virt-plane"),
+    );
+    let devices = host.select_devices(&ports).unwrap();
+    invalid(&devices.source, "plane 16384 is outside 0..=16383");
+    assert_eq!(devices.value, ncclwasm_default::select_devices(ib, &ports));
+
     let closed = host_with("hostile-out-of-range", FailureMode::Closed, None);
     failed(
         closed.select_devices(&ports),

@@ -11,7 +11,7 @@
 use std::fmt;
 
 use ncclwasm_model::device_table::RailPlane;
-use ncclwasm_model::{Connection, Port, PortAnswer, PortEvent, PortState, QpPlan};
+use ncclwasm_model::{Connection, DeviceSelection, Port, PortAnswer, PortEvent, PortState, QpPlan};
 
 /// A decision that could not be made: a policy fault under `NCCL_WASM_POLICY_FAILURE=closed`,
 /// an invalid setting. The implementation's own error, which says what to do.
@@ -63,10 +63,14 @@ macro_rules! decisions_trait {
             /// and dry runs see the port as it is now.
             fn port_changed(&self, device: &str, port: u8, state: PortState);
 
-            /// The rail and plane of a selected port, for v12's `railId`/`planeId`: none by
-            /// default (the policy engine answers from `NCCL_IB_HCA`, as NCCL 2.30).
-            fn rail_plane(&self, _port: &Port) -> RailPlane {
-                RailPlane::UNDEF
+            /// The rail and plane of each port of `selection` (`selected`, in its order), for
+            /// v12's `railId`/`planeId`: the selection's own, else none by default (the policy
+            /// engine answers from `NCCL_IB_HCA`, as NCCL 2.30).
+            fn rails(&self, selection: &DeviceSelection, selected: &[Port]) -> Vec<RailPlane> {
+                selection
+                    .rails
+                    .clone()
+                    .unwrap_or_else(|| vec![RailPlane::UNDEF; selected.len()])
             }
         }
     };

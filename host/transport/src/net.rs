@@ -251,7 +251,7 @@ impl Net {
             merge_vfs,
             data_direct_both: gpu_env.data_direct_both,
         };
-        let ids: Vec<RailPlane> = selected.iter().map(|p| decisions.rail_plane(p)).collect();
+        let ids: Vec<RailPlane> = decisions.rails(&sel.value, &selected);
         let table = DeviceTable::new(&selected, &groups.value, &data_direct, &ids, env);
         let net = physical_devices(&table, &mut port_ctxs)?;
         for (i, d) in net.iter().enumerate() {

@@ -3,7 +3,7 @@
 //! methods are generated from `ncclwasm_model::for_each_hook!`.
 
 use ncclwasm_model::device_table::RailPlane;
-use ncclwasm_model::{Connection, Port, PortAnswer, PortEvent, PortState, QpPlan};
+use ncclwasm_model::{Connection, DeviceSelection, Port, PortAnswer, PortEvent, PortState, QpPlan};
 use ncclwasm_policy::{Decision, PolicyError, PolicyHost};
 
 use crate::decide::{Decided, DecisionError, Decisions};
@@ -56,8 +56,8 @@ macro_rules! decisions_for_policy_host {
                 PolicyHost::port_changed(self, device, port, state);
             }
 
-            fn rail_plane(&self, port: &Port) -> RailPlane {
-                PolicyHost::rail_plane(self, port)
+            fn rails(&self, selection: &DeviceSelection, selected: &[Port]) -> Vec<RailPlane> {
+                PolicyHost::rails(self, selection, selected)
             }
         }
     };

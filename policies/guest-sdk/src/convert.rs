@@ -4,6 +4,7 @@
 
 use crate::bindings::ncclwasm::policy::types as wit;
 use crate::model;
+use crate::model::device_table::ID_UNDEF;
 use crate::rt::{FromWit, IntoWit};
 
 impl From<wit::LinkLayer> for model::LinkLayer {
@@ -131,8 +132,18 @@ impl From<wit::NetAttr> for model::NetAttr {
 
 impl From<model::DeviceSelection> for wit::DeviceSelection {
     fn from(d: model::DeviceSelection) -> Self {
+        let id = |v: i16| (v != ID_UNDEF).then_some(v);
         wit::DeviceSelection {
             ports: d.ports,
+            rails: d.rails.map(|rails| {
+                rails
+                    .into_iter()
+                    .map(|r| wit::RailPlane {
+                        rail: id(r.rail),
+                        plane: id(r.plane),
+                    })
+                    .collect()
+            }),
             reason: d.reason,
         }
     }

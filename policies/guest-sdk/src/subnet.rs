@@ -11,8 +11,9 @@ use crate::{AddrFamily, Gid};
 /// The first 96 bits of an IPv4-mapped IPv6 address.
 const V4_MAPPED: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
 
-/// A network prefix over 128-bit GIDs (bits past `len` are zero).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// A network prefix over 128-bit GIDs (bits past `len` are zero). Ordered by prefix bytes,
+/// then length, so every node ranks the same subnets the same way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Subnet {
     prefix: [u8; 16],
     len: u8,

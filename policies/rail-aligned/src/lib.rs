@@ -11,24 +11,37 @@
 //! peer carry nothing; when no endpoint pairs at all the policy has no opinion and the built-in
 //! plan stands.
 //!
+//! It also tells NCCL 2.30 the rails, which NCCL cannot discover (NVIDIA/nccl#1755, #1933,
+//! #2097): each selected port's v12 `railId` is the rank of its subnet among the distinct
+//! subnets of the selected ports (the subnet of the routable GID the built-in default picks for
+//! it; undefined for a port on a link-local one), so
+//! NIC *k* of every node — on leaf *k*'s subnet — is rail *k* everywhere, and NCCL's topology
+//! search (`NCCL_CROSS_NIC=0`) keeps its rings on rails. The ports and their order stay the
+//! built-in's. No opinion when the ports share one subnet, or when `NCCL_IB_HCA` gives rails
+//! itself (`<hca>:<port>:<rail>:<plane>`: the operator's word stands).
+//!
 //! Settings (`NCCL_WASM_POLICY_CONFIG`): `qps-per-pair=N` (1..=128), default
 //! `NCCL_IB_QPS_PER_CONNECTION` (1), NCCL's QPs per device.
 
 use ncclwasm_default::IbConfig;
-use ncclwasm_guest::{Config, Connection, Hooks, PlanPatch, Policy, QpPlan, Subnet};
+use ncclwasm_guest::model::device_table::{ID_UNDEF, RailPlane};
+use ncclwasm_guest::{
+    Config, Connection, DeviceSelection, Hooks, PlanPatch, Policy, Port, QpPlan, Subnet,
+};
 
 /// The most QPs a plan may hold (`conn-plan.qps` in the WIT).
 const MAX_QPS: usize = 128;
 
 #[derive(Debug)]
 struct RailAligned {
+    ib: IbConfig,
     qps_per_pair: u32,
     /// `NCCL_IB_SPLIT_DATA_ON_QPS`: stripe each message over every QP, not one per pair.
     split_data_on_qps: bool,
 }
 
 impl Policy for RailAligned {
-    const HOOKS: Hooks = Hooks::PLAN_CONNECTION;
+    const HOOKS: Hooks = Hooks::SELECT_DEVICES.union(Hooks::PLAN_CONNECTION);
 
     fn init(config: &Config) -> Result<Self, String> {
         let ib = IbConfig::from_pairs(config.pairs()).map_err(|e| e.to_string())?;
@@ -45,12 +58,71 @@ impl Policy for RailAligned {
         Ok(RailAligned {
             qps_per_pair,
             split_data_on_qps: ib.split_data_on_qps,
+            ib,
         })
+    }
+
+    fn select_devices(&mut self, ports: &[Port]) -> Option<DeviceSelection> {
+        rails_by_subnet(&self.ib, ports)
     }
 
     fn plan_connection(&mut self, conn: &Connection) -> Option<PlanPatch> {
         self.plan(conn)
     }
+}
+
+/// The built-in selection with each port's rail the rank of its subnet; `None` when there is
+/// one subnet or none, or `NCCL_IB_HCA` names rails.
+fn rails_by_subnet(ib: &IbConfig, ports: &[Port]) -> Option<DeviceSelection> {
+    let base = ncclwasm_default::select_devices(ib, ports);
+    let selected: Vec<&Port> = base
+        .ports
+        .iter()
+        .filter_map(|&i| ports.iter().find(|p| p.index == i))
+        .collect();
+    if selected
+        .iter()
+        .any(|p| ncclwasm_default::rail_plane(ib, p).rail != ID_UNDEF)
+    {
+        return None;
+    }
+    // A link-local GID (fe80::/64 on every port alike) says nothing about the rail.
+    let subnets: Vec<Option<Subnet>> = selected
+        .iter()
+        .map(|p| {
+            let gid = p.endpoint(ncclwasm_default::select_gid(ib, p).index).gid;
+            gid.is_routable().then(|| Subnet::of(&gid)).flatten()
+        })
+        .collect();
+    let mut distinct: Vec<Subnet> = subnets.iter().flatten().copied().collect();
+    distinct.sort();
+    distinct.dedup();
+    if distinct.len() < 2 {
+        return None;
+    }
+    let rank = |s: &Option<Subnet>| s.and_then(|s| distinct.iter().position(|d| *d == s));
+    let rails = selected
+        .iter()
+        .zip(&subnets)
+        .map(|(p, s)| RailPlane {
+            rail: rank(s).map_or(ID_UNDEF, |r| r as i16),
+            plane: ncclwasm_default::rail_plane(ib, p).plane,
+        })
+        .collect();
+    let named: Vec<String> = distinct
+        .iter()
+        .enumerate()
+        .map(|(r, s)| format!("rail {r} {s}"))
+        .collect();
+    Some(DeviceSelection {
+        ports: base.ports,
+        rails: Some(rails),
+        reason: format!(
+            "{}; rails by subnet, the same rank on every node: {}",
+            base.reason,
+            named.join(", ")
+        ),
+    })
 }
 
 ncclwasm_guest::export_policy!(RailAligned);
@@ -149,7 +221,7 @@ impl RailAligned {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ncclwasm_guest::model::validate::check_plan;
+    use ncclwasm_guest::model::validate::{check_plan, check_selection};
     use ncclwasm_guest::testing::{connection, endpoint, port, topology};
     use ncclwasm_guest::{AddrFamily, Endpoint, GidType, POLICY_CONFIG_KEY, Port};
 
@@ -173,6 +245,7 @@ mod tests {
 
     fn rails(qps_per_pair: u32) -> RailAligned {
         RailAligned {
+            ib: IbConfig::default(),
             qps_per_pair,
             split_data_on_qps: false,
         }
@@ -358,5 +431,51 @@ mod tests {
         assert_eq!(from_nccl.qps_per_pair, 2);
         assert!(init("qps-per-pair=0").unwrap_err().contains("1..=128"));
         assert!(init("qps=2").unwrap_err().contains("unknown setting `qps`"));
+    }
+
+    #[test]
+    fn rails_rank_the_selected_ports_subnets() {
+        let ports = topology("roce-8nic");
+        let ib = IbConfig::default();
+        let sel = rails_by_subnet(&ib, &ports).expect("eight NICs, eight subnets");
+        assert_eq!(
+            sel.ports,
+            ncclwasm_default::select_devices(&ib, &ports).ports
+        );
+        let rails = sel.rails.as_ref().unwrap();
+        let mut ranks: Vec<i16> = rails.iter().map(|r| r.rail).collect();
+        assert!(rails.iter().all(|r| r.plane == ID_UNDEF), "{rails:?}");
+        // Every subnet its own rail; the IPv4-mapped ones (::ffff:10.0.k.0/24) rank first, in
+        // address order, so mlx5_0 (10.0.0.21) is rail 0 and mlx5_2 (10.0.2.21) rail 2.
+        let name = |i: usize| {
+            &ports
+                .iter()
+                .find(|p| p.index == sel.ports[i])
+                .unwrap()
+                .device
+        };
+        let rail_of =
+            |dev: &str| rails[(0..sel.ports.len()).find(|&i| name(i) == dev).unwrap()].rail;
+        assert_eq!((rail_of("mlx5_0"), rail_of("mlx5_2")), (0, 2));
+        // mlx5_3 has no IPv4 GID: the built-in picks its link-local one, which names no rail.
+        assert_eq!(rail_of("mlx5_3"), ID_UNDEF);
+        ranks.sort_unstable();
+        assert_eq!(ranks, [-1, 0, 1, 2, 3, 4, 5, 6]);
+        assert!(sel.reason.contains("rail 0 10.0.0.0/24"), "{}", sel.reason);
+        check_selection(&sel, &ports).unwrap();
+    }
+
+    #[test]
+    fn one_subnet_or_the_operators_rails_leave_the_rails_alone() {
+        assert_eq!(
+            rails_by_subnet(&IbConfig::default(), &topology("loopback")),
+            None
+        );
+        let pairs = vec![(
+            "NCCL_IB_HCA".to_owned(),
+            "mlx5_0:1:5:0,mlx5_2:1:6:0".to_owned(),
+        )];
+        let ib = IbConfig::from_pairs(&pairs).unwrap();
+        assert_eq!(rails_by_subnet(&ib, &topology("roce-8nic")), None);
     }
 }

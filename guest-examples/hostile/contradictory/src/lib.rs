@@ -24,6 +24,7 @@ impl Policy for Contradictory {
         let first = ports.first()?.index;
         Some(DeviceSelection {
             ports: vec![first, first],
+            rails: None,
             reason: "the first port, twice".into(),
         })
     }

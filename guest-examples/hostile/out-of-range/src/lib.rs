@@ -1,6 +1,8 @@
 //! Answers with indices and values out of range. The plan's fault is chosen by
-//! `NCCL_WASM_POLICY_CONFIG`: `zero-qps` (default), `weight0`, `align3` or `timeout0`.
+//! `NCCL_WASM_POLICY_CONFIG`: `zero-qps` (default), `weight0`, `align3` or `timeout0`; with
+//! `virt-plane` the device selection is valid but for a port's plane with a fused device's bit.
 
+use ncclwasm_guest::model::device_table::RailPlane;
 use ncclwasm_guest::{
     Config, Connection, DeviceGroup, DeviceSelection, GidChoice, Hooks, POLICY_CONFIG_KEY,
     PlanPatch, Policy, Port, PortAnswer, PortEvent, PortState, QpPlan, VnicAnswer,
@@ -27,10 +29,28 @@ impl Policy for OutOfRange {
         })
     }
 
-    fn select_devices(&mut self, _ports: &[Port]) -> Option<DeviceSelection> {
-        Some(DeviceSelection {
-            ports: vec![99],
-            reason: "device 99 does not exist".into(),
+    fn select_devices(&mut self, ports: &[Port]) -> Option<DeviceSelection> {
+        Some(match self.case.as_str() {
+            // Every active port, the first with the bit that marks a fused device's plane.
+            "virt-plane" => {
+                let active: Vec<u32> = ports
+                    .iter()
+                    .filter(|p| p.state == PortState::Active)
+                    .map(|p| p.index)
+                    .collect();
+                let mut rails = vec![RailPlane { rail: 0, plane: 0 }; active.len()];
+                rails[0].plane = 1 << 14;
+                DeviceSelection {
+                    ports: active,
+                    rails: Some(rails),
+                    reason: "a fused device's plane on a port".into(),
+                }
+            }
+            _ => DeviceSelection {
+                ports: vec![99],
+                rails: None,
+                reason: "device 99 does not exist".into(),
+            },
         })
     }
 

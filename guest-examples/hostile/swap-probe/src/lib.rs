@@ -34,6 +34,7 @@ impl Policy for SwapProbe {
         }
         Some(DeviceSelection {
             ports: active,
+            rails: None,
             reason: format!("swap-probe {}", char::from(v)),
         })
     }

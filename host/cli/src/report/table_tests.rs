@@ -215,9 +215,9 @@ fn a_group_listed_out_of_selection_order_stands_in_one_place() {
     let host = host(None);
     let ports = Topology::load(&file).unwrap().ports();
     host.set_topology(ports.clone());
-    let selected = choose(&host, &ports).unwrap().selected;
-    let table = device_table(&host, &selected, &third_and_first(&selected));
-    let report = report_table(&nccl_devices(&table, &selected));
+    let chosen = choose(&host, &ports).unwrap();
+    let table = device_table(&chosen, &third_and_first(&chosen.selected));
+    let report = report_table(&nccl_devices(&table, &chosen.selected));
     assert_eq!(*transport, report);
     // Where the rule puts it: at the first selected port, which the group lists last.
     assert_eq!(report[0], line("mlx5_2+mlx5_0", 1, &[2, 0]), "{report:?}");
