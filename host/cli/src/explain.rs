@@ -354,10 +354,18 @@ fn fused_section(r: &Report) -> String {
             ]);
         }
         out += &t.render();
+    }
+    // The device list NCCL then sees, when fusing changed it or a device has a rail or plane
+    // (v12 `railId`/`planeId`, as NCCL logs them, `-` when undefined).
+    let undef = ncclwasm_model::device_table::ID_UNDEF;
+    let ids = r
+        .nccl_devices
+        .iter()
+        .any(|d| d.rail != undef || d.plane != undef);
+    if !g.value.is_empty() || ids {
         out += &field("  nccl sees", "");
-        // Rail and plane as NCCL logs them, `-` when undefined.
         let id = |v: i16| {
-            if v == ncclwasm_model::device_table::ID_UNDEF {
+            if v == undef {
                 "-".to_owned()
             } else {
                 v.to_string()
