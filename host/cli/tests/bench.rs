@@ -115,6 +115,8 @@ fn both_tables_through_the_plugin_and_tcp_as_json() {
             "ratio",
             "time_us",
             "tcp_time_us",
+            "cpu_us",
+            "tcp_cpu_us",
         ],
         1,
     );
@@ -131,6 +133,8 @@ fn both_tables_through_the_plugin_and_tcp_as_json() {
             "tcp_latency_us",
             "tcp_mean_us",
             "ratio",
+            "cpu_us",
+            "tcp_cpu_us",
         ],
         2,
     );

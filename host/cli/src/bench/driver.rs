@@ -389,8 +389,12 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
         connections: args.connections,
     })?;
     let connections = connection_scale(args.connections, &measured.scale)?;
-    let rows = rows(&measured.plugin, &measured.tcp)?;
-    let latency = latency_rows(&measured.plugin_latency, &measured.tcp_latency)?;
+    let rows = rows(&measured.plugin, &measured.tcp, &measured.cpu)?;
+    let latency = latency_rows(
+        &measured.plugin_latency,
+        &measured.tcp_latency,
+        &measured.cpu,
+    )?;
     let observed = measured
         .observed
         .ok_or_else(|| Fail::trouble("the sender did not report what its connection ran"))?;

@@ -23,11 +23,13 @@
 //!   matched pairs;
 //! * [`rank`]: one rank — the plugin's half of each part, in order;
 //! * [`tcp`]: the TCP baseline's half;
+//! * [`cpu`]: what each part of a rank cost in CPU;
 //! * [`scale`]: the connection-scale part;
 //! * [`workload`]: how many transfers and which bytes, and their check;
 //! * [`wait`]: every wait bounded, and how a rank gives up;
 //! * [`wire`]: what the parent and the ranks say to each other (command line and JSON lines).
 
+mod cpu;
 mod driver;
 mod pairs;
 mod rank;

@@ -19,11 +19,12 @@ use std::time::{Duration, Instant};
 
 use ncclwasm_abi::load::{HANDLE_BYTES, ListenComm, Mr, Plugin, RecvComm, Request, SendComm};
 
+use super::cpu::CpuClock;
 use super::scale;
 use super::tcp::{tcp_connect, tcp_ping, tcp_pong, tcp_stream};
 use super::wait::{STALL, plugin_fail, retry};
 use super::wire::{
-    self, DeviceLine, Msg, Observed, PLUGIN_DONE, RankArgs, Role, RoundTrips, Timing,
+    self, DeviceLine, Msg, Observed, PLUGIN_DONE, Part, RankArgs, Role, RoundTrips, Timing,
 };
 use super::workload::{fill, iterations, largest, patterned, spoil, verify};
 use crate::fail::{Fail, Outcome};
@@ -243,9 +244,12 @@ fn plugin_stream(
             stream(args.warmup, || {
                 rx.irecv(mr, 0..size, TAG).map_err(plugin_fail)
             })?;
+            let cpu = CpuClock::start()?;
             let start = Instant::now();
             stream(iters, || rx.irecv(mr, 0..size, TAG).map_err(plugin_fail))?;
-            wire::send(&Msg::Plugin(Timing::since(size, iters, start)))?;
+            let timing = Timing::since(size, iters, start);
+            cpu.report(Part::Plugin, size, iters)?;
+            wire::send(&Msg::Plugin(timing))?;
             Ok(0)
         }
         Role::Send => {
@@ -253,10 +257,12 @@ fn plugin_stream(
             fill(&mut mr.bytes()[..size], k);
             let got = stream(1, || tx.isend(mr, 0..size, TAG).map_err(plugin_fail))?;
             expect_size("plugin", size, got)?;
-            Ok(got
-                + stream(args.warmup + iters, || {
-                    tx.isend(mr, 0..size, TAG).map_err(plugin_fail)
-                })?)
+            let cpu = CpuClock::start()?;
+            let rest = stream(args.warmup + iters, || {
+                tx.isend(mr, 0..size, TAG).map_err(plugin_fail)
+            })?;
+            cpu.report(Part::Plugin, size, args.warmup + iters)?;
+            Ok(got + rest)
         }
     }
 }
@@ -277,9 +283,11 @@ fn ping(
     for _ in 0..args.latency_warmup {
         trip(ends, size)?;
     }
+    let cpu = CpuClock::start()?;
     let trips = (0..args.latency_iters)
         .map(|_| trip(ends, size))
         .collect::<Result<Vec<_>, _>>()?;
+    cpu.report(Part::PluginPingPong, size, args.latency_iters)?;
     wire::send(&Msg::PluginPingPong(RoundTrips::new(size, trips)))?;
     Ok(size * (1 + args.latency_warmup + args.latency_iters) as usize)
 }
@@ -324,6 +332,7 @@ fn pong(args: &RankArgs, size: usize, k: usize, ends: &mut Ends<'_, '_, '_>) -> 
     // The receive of the next ping; none before the echo.
     let mut next: Option<Request<'_>> = None;
     let rest = args.latency_warmup + args.latency_iters;
+    let cpu = CpuClock::start()?;
     for i in 0..=rest {
         if let Some(mut ping) = next.take() {
             let got = retry("a ping", || ping.test().map_err(plugin_fail))?;
@@ -336,5 +345,5 @@ fn pong(args: &RankArgs, size: usize, k: usize, ends: &mut Ends<'_, '_, '_>) -> 
         let sent = retry("a pong", || answer.test().map_err(plugin_fail))?;
         expect_size("plugin pong", size, sent)?;
     }
-    Ok(())
+    cpu.report(Part::PluginPingPong, size, rest + 1)
 }

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use super::wait::STALL;
 use super::wire::{
-    DeviceLine, Msg, Observed, PLUGIN_DONE, PairTiming, ROLES, Role, RoundTrips, SCALE_DONE, Scale,
-    Timing,
+    CpuUse, DeviceLine, Msg, Observed, PLUGIN_DONE, PairTiming, ROLES, Role, RoundTrips,
+    SCALE_DONE, Scale, Timing,
 };
 use crate::fail::Fail;
 use crate::render;
@@ -29,6 +29,8 @@ pub struct Measured {
     pub observed: Option<Observed>,
     /// Each rank's connection-scale part and its close time, by rank.
     pub scale: [Option<(Scale, Option<f64>)>; 2],
+    /// Each rank's CPU per part and size, in the order it reported them, by rank.
+    pub cpu: [Vec<CpuUse>; 2],
 }
 
 /// How many rows each table gets.
@@ -206,6 +208,7 @@ impl Ranks {
             tcp_latency: Vec::new(),
             observed: None,
             scale: [None, None],
+            cpu: [Vec::new(), Vec::new()],
         };
         let progress = Progress::new();
         let mut done = [false; 2];
@@ -235,6 +238,7 @@ impl Ranks {
                 Some(Msg::Observed(o)) => m.observed = Some(o),
                 // Only `bench-pairs` times pairs.
                 Some(Msg::Pairs(_)) => {}
+                Some(Msg::Cpu(c)) => m.cpu[i].push(c),
                 // Each rank connects to the other's listener.
                 Some(Msg::Handle(h)) => self.relay(1 - i, &h)?,
                 Some(Msg::TcpPort(p)) => self.relay(1, &p.to_string())?,

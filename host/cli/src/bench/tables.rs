@@ -5,7 +5,8 @@
 use serde::Serialize;
 
 use super::wire::{
-    DeviceLine, Footprint, Observed, PairTiming, ROLES, RoundTrips, Scale, Timing, list,
+    CpuUse, DeviceLine, Footprint, Observed, PairTiming, Part, ROLES, RoundTrips, Scale, Timing,
+    list,
 };
 use crate::fail::Fail;
 use crate::live::FabricView;
@@ -112,6 +113,9 @@ pub struct Row {
     pub tcp_algbw_gbps: f64,
     /// Plugin algbw / TCP algbw.
     pub ratio: f64,
+    /// CPU per message, both ranks' processes (every thread) together, µs.
+    pub cpu_us: f64,
+    pub tcp_cpu_us: f64,
     /// Bytes of the first transfer the receiver compared with the sender's pattern.
     pub checked_bytes: u64,
     pub tcp_checked_bytes: u64,
@@ -131,23 +135,42 @@ pub struct LatencyRow {
     /// Plugin latency / TCP latency (medians): how many times the socket's time the plugin
     /// takes (the inverse sense of the bandwidth ratio).
     pub ratio: f64,
+    /// CPU per round trip, both ranks' processes (every thread) together, µs.
+    pub cpu_us: f64,
+    pub tcp_cpu_us: f64,
     /// Bytes of the first exchange compared with the sender's pattern, both ways.
     pub checked_bytes: u64,
     pub tcp_checked_bytes: u64,
 }
 
+/// Both ranks' CPU per message (or round trip) for the `i`-th size of `part`, µs: each rank's
+/// reports of a part come in size order.
+fn cpu_us(cpu: &[Vec<CpuUse>; 2], part: Part, i: usize, size: u64) -> Result<f64, Fail> {
+    cpu.iter()
+        .map(|rank| {
+            rank.iter()
+                .filter(|c| c.part == part)
+                .nth(i)
+                .filter(|c| c.size == size)
+                .map(CpuUse::per_message_us)
+                .ok_or_else(|| Fail::trouble("a rank did not report the CPU of every part"))
+        })
+        .sum()
+}
+
 /// The table's rows: both runs of each size, in order.
-pub fn rows(plugin: &[Timing], tcp: &[Timing]) -> Result<Vec<Row>, Fail> {
+pub fn rows(plugin: &[Timing], tcp: &[Timing], cpu: &[Vec<CpuUse>; 2]) -> Result<Vec<Row>, Fail> {
     if plugin.len() != tcp.len() {
         return Err(Fail::trouble("the ranks reported an incomplete run"));
     }
-    Ok(plugin
+    plugin
         .iter()
         .zip(tcp)
-        .map(|(p, t)| {
+        .enumerate()
+        .map(|(i, (p, t))| {
             let per = |x: &Timing| x.secs / f64::from(x.iters.max(1));
             let bw = |x: &Timing| x.size as f64 / per(x).max(1e-12) / 1e9;
-            Row {
+            Ok(Row {
                 size: p.size,
                 count: p.size / 4,
                 iters: p.iters,
@@ -156,33 +179,44 @@ pub fn rows(plugin: &[Timing], tcp: &[Timing]) -> Result<Vec<Row>, Fail> {
                 tcp_time_us: per(t) * 1e6,
                 tcp_algbw_gbps: bw(t),
                 ratio: bw(p) / bw(t),
+                cpu_us: cpu_us(cpu, Part::Plugin, i, p.size)?,
+                tcp_cpu_us: cpu_us(cpu, Part::Tcp, i, t.size)?,
                 checked_bytes: p.checked_bytes,
                 tcp_checked_bytes: t.checked_bytes,
-            }
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// The latency table's rows: both ping-pongs of each size, in order.
-pub fn latency_rows(plugin: &[RoundTrips], tcp: &[RoundTrips]) -> Result<Vec<LatencyRow>, Fail> {
+pub fn latency_rows(
+    plugin: &[RoundTrips],
+    tcp: &[RoundTrips],
+    cpu: &[Vec<CpuUse>; 2],
+) -> Result<Vec<LatencyRow>, Fail> {
     if plugin.len() != tcp.len() {
         return Err(Fail::trouble("the ranks reported an incomplete ping-pong"));
     }
-    Ok(plugin
+    plugin
         .iter()
         .zip(tcp)
-        .map(|(p, t)| LatencyRow {
-            size: p.size,
-            iters: p.iters,
-            latency_us: p.median_secs * 1e6,
-            mean_us: p.mean_secs * 1e6,
-            tcp_latency_us: t.median_secs * 1e6,
-            tcp_mean_us: t.mean_secs * 1e6,
-            ratio: p.median_secs / t.median_secs.max(1e-12),
-            checked_bytes: p.checked_bytes,
-            tcp_checked_bytes: t.checked_bytes,
+        .enumerate()
+        .map(|(i, (p, t))| {
+            Ok(LatencyRow {
+                size: p.size,
+                iters: p.iters,
+                latency_us: p.median_secs * 1e6,
+                mean_us: p.mean_secs * 1e6,
+                tcp_latency_us: t.median_secs * 1e6,
+                tcp_mean_us: t.mean_secs * 1e6,
+                ratio: p.median_secs / t.median_secs.max(1e-12),
+                cpu_us: cpu_us(cpu, Part::PluginPingPong, i, p.size)?,
+                tcp_cpu_us: cpu_us(cpu, Part::TcpPingPong, i, t.size)?,
+                checked_bytes: p.checked_bytes,
+                tcp_checked_bytes: t.checked_bytes,
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// The connection-scale figures from both ranks' reports (`None` when none was asked for).
@@ -344,6 +378,8 @@ pub fn render(r: &BenchReport) -> String {
             "tcp µs",
             "tcp GB/s",
             "ratio",
+            "cpu µs",
+            "tcp cpu µs",
         ],
         &r.rows,
         |row| {
@@ -356,6 +392,8 @@ pub fn render(r: &BenchReport) -> String {
                 format!("{:.1}", row.tcp_time_us),
                 format!("{:.3}", row.tcp_algbw_gbps),
                 format!("{:.2}", row.ratio),
+                format!("{:.1}", row.cpu_us),
+                format!("{:.1}", row.tcp_cpu_us),
             ]
         },
     );
@@ -386,6 +424,8 @@ pub fn render(r: &BenchReport) -> String {
             "tcp median µs",
             "tcp mean µs",
             "ratio",
+            "cpu µs",
+            "tcp cpu µs",
         ],
         &r.latency,
         |row| {
@@ -397,12 +437,18 @@ pub fn render(r: &BenchReport) -> String {
                 format!("{:.1}", row.tcp_latency_us),
                 format!("{:.1}", row.tcp_mean_us),
                 format!("{:.2}", row.ratio),
+                format!("{:.1}", row.cpu_us),
+                format!("{:.1}", row.tcp_cpu_us),
             ]
         },
     );
     out += &field(
         "ratio",
         "plugin median / raw TCP median: how many times the socket's latency the plugin takes",
+    );
+    out += &field(
+        "cpu",
+        "µs of CPU per message (ping-pong: per round trip), both ranks' processes, every thread (/proc/self/task/*/schedstat)",
     );
     if let Some(c) = &r.connections {
         out.push('\n');
@@ -524,13 +570,42 @@ mod tests {
         }
     }
 
+    fn cpu(part: Part, size: u64, messages: u32, secs: f64) -> CpuUse {
+        CpuUse {
+            part,
+            size,
+            messages,
+            secs,
+        }
+    }
+
+    /// Each rank's CPU reports for `parts`, one per size in `sizes`: the receiver 1 µs and the
+    /// sender 3 µs per message.
+    fn both_ranks(parts: &[Part], sizes: &[u64]) -> [Vec<CpuUse>; 2] {
+        let rank = |per: f64| {
+            parts
+                .iter()
+                .flat_map(|&p| sizes.iter().map(move |&s| cpu(p, s, 4, 4.0 * per)))
+                .collect()
+        };
+        [rank(1e-6), rank(3e-6)]
+    }
+
     #[test]
     fn rows_divide_by_iterations_and_compare_to_tcp() {
+        let sizes = [8, 1 << 20];
         let rows = rows(
             &[timing(8, 4, 4e-6), timing(1 << 20, 2, 2e-3)],
             &[timing(8, 4, 8e-6), timing(1 << 20, 2, 1e-3)],
+            &both_ranks(&[Part::Plugin, Part::Tcp], &sizes),
         )
         .unwrap();
+        // Both ranks' CPU per message, summed.
+        assert!((rows[1].cpu_us - 4.0).abs() < 1e-9 && (rows[1].tcp_cpu_us - 4.0).abs() < 1e-9);
+        // A rank that did not say: the run is incomplete.
+        let mut missing = both_ranks(&[Part::Plugin, Part::Tcp], &sizes);
+        missing[1].retain(|c| c.part != Part::Tcp);
+        assert!(super::rows(&[timing(8, 4, 1.0)], &[timing(8, 4, 1.0)], &missing).is_err());
         assert_eq!(rows[0].count, 2);
         assert!((rows[0].time_us - 1.0).abs() < 1e-9);
         assert!((rows[0].algbw_gbps - 0.008).abs() < 1e-9);
@@ -538,7 +613,8 @@ mod tests {
         assert!((rows[1].ratio - 0.5).abs() < 1e-9);
         assert_eq!(large_ratio(&rows), Some(0.5));
         assert_eq!(large_ratio(&rows[..1]), None);
-        assert!(super::rows(&[timing(8, 1, 1.0)], &[]).is_err());
+        let cpu = both_ranks(&[Part::Plugin, Part::Tcp], &sizes);
+        assert!(super::rows(&[timing(8, 1, 1.0)], &[], &cpu).is_err());
     }
 
     #[test]
@@ -550,12 +626,14 @@ mod tests {
             mean_secs,
             checked_bytes: 16,
         };
-        let rows = latency_rows(&[trips(30e-6, 40e-6)], &[trips(10e-6, 11e-6)]).unwrap();
+        let cpu = both_ranks(&[Part::PluginPingPong, Part::TcpPingPong], &[8]);
+        let rows = latency_rows(&[trips(30e-6, 40e-6)], &[trips(10e-6, 11e-6)], &cpu).unwrap();
+        assert!((rows[0].cpu_us - 4.0).abs() < 1e-9);
         assert!((rows[0].latency_us - 30.0).abs() < 1e-9);
         assert!((rows[0].mean_us - 40.0).abs() < 1e-9);
         assert!((rows[0].tcp_latency_us - 10.0).abs() < 1e-9);
         assert!((rows[0].ratio - 3.0).abs() < 1e-9);
         assert_eq!((rows[0].checked_bytes, rows[0].tcp_checked_bytes), (16, 16));
-        assert!(latency_rows(&[trips(1.0, 1.0)], &[]).is_err());
+        assert!(latency_rows(&[trips(1.0, 1.0)], &[], &cpu).is_err());
     }
 }

@@ -5,8 +5,9 @@ use std::io::{BufRead, Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use super::cpu::CpuClock;
 use super::wait::{STALL, retry};
-use super::wire::{self, Msg, RankArgs, Role, RoundTrips, Timing};
+use super::wire::{self, Msg, Part, RankArgs, Role, RoundTrips, Timing};
 use super::workload::{fill, iterations, spoil, verify};
 use crate::fail::Fail;
 
@@ -86,12 +87,15 @@ pub fn tcp_stream(
             for _ in 0..args.warmup {
                 stream.read_exact(msg).map_err(io_fail("receive"))?;
             }
+            let cpu = CpuClock::start()?;
             let start = Instant::now();
             stream.write_all(b"g").map_err(io_fail("go"))?;
             for _ in 0..iters {
                 stream.read_exact(msg).map_err(io_fail("receive"))?;
             }
-            wire::send(&Msg::Tcp(Timing::since(msg.len(), iters, start)))
+            let timing = Timing::since(msg.len(), iters, start);
+            cpu.report(Part::Tcp, msg.len(), iters)?;
+            wire::send(&Msg::Tcp(timing))
         }
         Role::Send => {
             fill(msg, k);
@@ -100,10 +104,11 @@ pub fn tcp_stream(
             }
             let mut go = [0u8; 1];
             stream.read_exact(&mut go).map_err(io_fail("go"))?;
+            let cpu = CpuClock::start()?;
             for _ in 0..iters {
                 stream.write_all(msg).map_err(io_fail("send"))?;
             }
-            Ok(())
+            cpu.report(Part::Tcp, msg.len(), iters)
         }
     }
 }
@@ -124,9 +129,11 @@ pub fn tcp_ping(
     for _ in 0..args.latency_warmup {
         tcp_trip(stream, out, back)?;
     }
+    let cpu = CpuClock::start()?;
     let trips = (0..args.latency_iters)
         .map(|_| tcp_trip(stream, out, back))
         .collect::<Result<Vec<_>, _>>()?;
+    cpu.report(Part::TcpPingPong, out.len(), args.latency_iters)?;
     wire::send(&Msg::TcpPingPong(RoundTrips::new(out.len(), trips)))
 }
 
@@ -146,12 +153,14 @@ pub fn tcp_pong(
     msg: &mut [u8],
 ) -> Result<(), Fail> {
     spoil(msg, k);
-    for i in 0..=args.latency_warmup + args.latency_iters {
+    let rest = args.latency_warmup + args.latency_iters;
+    let cpu = CpuClock::start()?;
+    for i in 0..=rest {
         stream.read_exact(msg).map_err(io_fail("ping"))?;
         if i == 0 {
             verify(msg, k, "tcp ping-pong, the ping")?;
         }
         stream.write_all(msg).map_err(io_fail("pong"))?;
     }
-    Ok(())
+    cpu.report(Part::TcpPingPong, msg.len(), rest + 1)
 }

@@ -79,6 +79,8 @@ pub enum Msg {
     Observed(Observed),
     /// `--single-process`: one size at one depth of matched pairs.
     Pairs(PairTiming),
+    /// The CPU this rank used over one part of one size.
+    Cpu(CpuUse),
     /// This rank's requests through the plugin are all done; it closes its comms when the
     /// parent answers [`PLUGIN_DONE`], once both ranks said so.
     PluginDone,
@@ -161,6 +163,35 @@ impl Observed {
             posted_bytes,
             sent_bytes,
         }
+    }
+}
+
+/// Which part of a size a [`CpuUse`] is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Part {
+    Plugin,
+    Tcp,
+    PluginPingPong,
+    TcpPingPong,
+}
+
+/// One rank's CPU (all its threads) over one part of one size: `secs` over `messages` messages,
+/// or round trips for a ping-pong. Each rank reports its own stretch: the receiver's timed
+/// stream, the sender's whole stream with its warmup; the sender's timed round trips, the
+/// receiver's every answer.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CpuUse {
+    pub part: Part,
+    pub size: u64,
+    pub messages: u32,
+    pub secs: f64,
+}
+
+impl CpuUse {
+    /// Microseconds of CPU per message.
+    pub fn per_message_us(&self) -> f64 {
+        self.secs * 1e6 / f64::from(self.messages.max(1))
     }
 }
 
