@@ -32,10 +32,18 @@ pub(super) fn nak_status(syndrome: u8) -> ibv_wc_status::Type {
 }
 
 impl Qp {
-    /// Marks everything up to `seq` acknowledged and retires WRs up to the last signaled one
-    /// among them (unsignaled WRs keep their slot until then, as on hardware).
+    /// The peer acknowledged everything up to `seq`: heard from now (the retry timer restarts),
+    /// and those WRs retired ([`retire_upto`](Self::retire_upto)).
     pub(super) fn ack_upto(&self, st: &mut St, seq: u64) {
         st.last_heard = Instant::now();
+        self.retire_upto(st, seq);
+    }
+
+    /// Marks everything up to `seq` acknowledged and retires WRs up to the last signaled one
+    /// among them (unsignaled WRs keep their slot until then, as on hardware). The in-process
+    /// path calls it directly: its WRs complete before `post_send` returns, with no retry timer
+    /// to restart, so it reads no clock.
+    pub(super) fn retire_upto(&self, st: &mut St, seq: u64) {
         let cursor = st.send_cursor;
         let mut last_signaled = None;
         let mut progressed = false;

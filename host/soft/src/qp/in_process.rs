@@ -165,7 +165,7 @@ impl Qp {
     /// our pinned memory, and the WR completes as if acknowledged.
     fn deliver(&self, epoch: u64, peer: &Qp) {
         let mut inline_copy = [0u8; MAX_INLINE as usize];
-        let Some((req, sges, inline)) = self.claim(epoch, &mut inline_copy) else {
+        let Some((req, sges, inline)) = self.claim(epoch, &mut inline_copy, None) else {
             return;
         };
         let Some(guards) = self.pin_local(epoch, &req, &sges, inline.is_some()) else {
@@ -191,7 +191,7 @@ impl Qp {
             return;
         }
         match result {
-            Ok(()) => self.ack_upto(&mut st, req.seq),
+            Ok(()) => self.retire_upto(&mut st, req.seq),
             Err(status) => self.fail(&mut st, Some((req.seq, status)), None),
         }
     }

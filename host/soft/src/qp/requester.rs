@@ -322,7 +322,8 @@ impl Qp {
     /// sender thread instead of waiting. The caller holds `tx_busy`.
     fn transmit(&self, epoch: u64, conn: &Conn, try_first: bool) {
         let mut inline_copy = [0u8; MAX_INLINE as usize];
-        let Some((req, sges, inline)) = self.claim(epoch, &mut inline_copy) else {
+        let Some((req, sges, inline)) = self.claim(epoch, &mut inline_copy, Some(Instant::now()))
+        else {
             return;
         };
         let Some(guards) = self.pin_local(epoch, &req, &sges, inline.is_some()) else {
@@ -376,11 +377,13 @@ impl Qp {
 
     /// Takes the WR at the send cursor: its request header, its SGEs, and its inline payload
     /// copied into `inline_copy` (the WR keeps its own copy for a retransmission, and nothing
-    /// here allocates). `None` when the QP moved on meanwhile.
+    /// here allocates). `sent_at` starts the WR's retry timer (over TCP; the in-process path
+    /// completes it before returning and reads no clock). `None` when the QP moved on meanwhile.
     pub(super) fn claim<'b>(
         &self,
         epoch: u64,
         inline_copy: &'b mut [u8; MAX_INLINE as usize],
+        sent_at: Option<Instant>,
     ) -> Option<(Request, Sges, Option<&'b [u8]>)> {
         let mut st = self.lock();
         if st.epoch != epoch {
@@ -389,7 +392,7 @@ impl Qp {
         let seq = st.send_cursor;
         st.send_cursor += 1;
         let w = Self::wqe_mut(&mut st, seq)?;
-        w.sent_at = Some(Instant::now());
+        w.sent_at = sent_at;
         let req = Request {
             op: w.op,
             flags: if w.ack_req() { FLAG_ACK_REQ } else { 0 },
