@@ -89,24 +89,16 @@ fn every_abi_version_across_two_processes() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
-/// A policy written in Python (componentize-py, its WASI stubbed) loads in the plugin, and its
-/// decisions reach NCCL's log with its reasons: the GID of each port from its per-HCA table.
-#[test]
-fn a_python_policy_decides_in_the_plugin() {
-    let out = std::env::temp_dir().join(format!("ncclwasm-harness-py-{}", std::process::id()));
-    std::fs::create_dir_all(&out).unwrap();
-    let (lib, exe) = build(&out);
-    let run = Command::new(&exe)
-        .arg(&lib)
+/// Runs `harness` (the harness, or a launcher with it as first argument) on `lib` as v12 on the
+/// soft fabric, with the environment `harness` already has for its policy, and asserts it
+/// passed; returns its stderr (NCCL's log).
+fn v12_with_policy(mut harness: Command, lib: &Path, what: &str) -> String {
+    let run = harness
+        .arg(lib)
         .arg("12")
         .env("NCCL_WASM_FABRIC", "soft")
-        .env("NCCL_WASM_POLICY", ncclwasm_testkit::guest("gid-per-hca"))
-        .env("NCCL_WASM_POLICY_CONFIG", "soft_0=1, soft_1:1=1")
         .env("HARNESS_PTR", "5")
         .env("HARNESS_FLUSH", "1")
-        .env_remove("NCCL_WASM_TOPOLOGY")
-        .env_remove("NCCL_IB_HCA")
-        .env_remove("HARNESS_RAILS")
         .env_remove("NCCL_IB_GDR_FLUSH_DISABLE")
         .output()
         .expect("run the harness");
@@ -114,9 +106,26 @@ fn a_python_policy_decides_in_the_plugin() {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(
         run.status.success() && stdout.contains("harness v12: OK"),
-        "harness with the Python policy failed ({}):\n{stdout}\n{stderr}",
+        "harness with {what} failed ({}):\n{stdout}\n{stderr}",
         run.status
     );
+    stderr.into_owned()
+}
+
+/// A policy written in Python (componentize-py, its WASI stubbed) loads in the plugin, and its
+/// decisions reach NCCL's log with its reasons: the GID of each port from its per-HCA table.
+#[test]
+fn a_python_policy_decides_in_the_plugin() {
+    let out = std::env::temp_dir().join(format!("ncclwasm-harness-py-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    let (lib, exe) = build(&out);
+    let mut cmd = Command::new(&exe);
+    cmd.env("NCCL_WASM_POLICY", ncclwasm_testkit::guest("gid-per-hca"))
+        .env("NCCL_WASM_POLICY_CONFIG", "soft_0=1, soft_1:1=1")
+        .env_remove("NCCL_WASM_TOPOLOGY")
+        .env_remove("NCCL_IB_HCA")
+        .env_remove("HARNESS_RAILS");
+    let stderr = v12_with_policy(cmd, &lib, "the Python policy");
     assert!(
         stderr.contains("policy gid-per-hca@0.1.0 published"),
         "{stderr}"
@@ -161,30 +170,15 @@ fn a_policy_names_the_rails_nccl_reads() {
         port("soft_1", 2, "10.12.0.1")
     );
     std::fs::write(&topology, text).unwrap();
-    let run = hosts
-        .exec(0)
-        .arg(&exe)
-        .arg(&lib)
-        .arg("12")
-        .env("NCCL_WASM_FABRIC", "soft")
+    let mut cmd = hosts.exec(0);
+    cmd.arg(&exe)
         .env("NCCL_WASM_TOPOLOGY", &topology)
         .env("NCCL_WASM_POLICY", ncclwasm_testkit::guest("rail-aligned"))
         .env("NCCL_WASM_POLICY_FAILURE", "closed")
-        .env("HARNESS_PTR", "5")
-        .env("HARNESS_FLUSH", "1")
         .env("HARNESS_RAILS", "0,-1,1,-1,-1,16385")
         .env_remove("NCCL_WASM_POLICY_CONFIG")
-        .env_remove("NCCL_IB_HCA")
-        .env_remove("NCCL_IB_GDR_FLUSH_DISABLE")
-        .output()
-        .expect("run the harness");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(
-        run.status.success() && stdout.contains("harness v12: OK"),
-        "harness with rail-aligned failed ({}):\n{stdout}\n{stderr}",
-        run.status
-    );
+        .env_remove("NCCL_IB_HCA");
+    let stderr = v12_with_policy(cmd, &lib, "rail-aligned");
     assert!(
         stderr.contains("rail 0 10.11.0.0/24, rail 1 10.12.0.0/24"),
         "{stderr}"
