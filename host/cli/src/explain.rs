@@ -2,7 +2,7 @@
 //! source, the plan of a sample connection and how messages are striped over it.
 
 use clap::Args as ClapArgs;
-use ncclwasm_model::{PortAnswer, PortChange};
+use ncclwasm_model::{NetAttr, PortAnswer, PortChange};
 use serde::Serialize;
 
 use crate::fail::{Exit, Fail, Outcome};
@@ -39,12 +39,55 @@ pub struct Args {
     #[arg(long)]
     pub all_connections: bool,
 
+    /// NCCL's setNetAttr hint the connections are planned with, a TOML inline table by the WIT's
+    /// names, e.g. 'send = { max-concurrent-peers = 2, max-flows-per-peer = 4 }, ops = 16'
+    /// [default: none given]
+    #[arg(long, value_name = "TOML", value_parser = parse_net_attr)]
+    pub net_attr: Option<NetAttr>,
+
     #[command(flatten)]
     pub config: ConfigArgs,
 
     /// Print the report as JSON (shape in host/cli/README.md)
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--net-attr`: the fields of `net-attr` as the inside of a TOML inline table (`send`/`recv`
+/// tables, `ops`/`algos`/`protos`), comma-separated on one line.
+fn parse_net_attr(text: &str) -> Result<NetAttr, String> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Given {
+        hint: NetAttr,
+    }
+    toml::from_str::<Given>(&format!("hint = {{ {text} }}"))
+        .map(|g| g.hint)
+        .map_err(|e| e.message().to_owned())
+}
+
+/// The hint in one line: each direction's peers and flows per peer as `min–max` (`?` where NCCL
+/// left a bound undefined), then the masks.
+fn hint_text(a: &NetAttr) -> String {
+    let bound = |v: Option<i32>| v.map_or("?".to_owned(), |v| v.to_string());
+    let side = |c: &ncclwasm_model::CommAttr| {
+        format!(
+            "{}–{} peer(s), {}–{} flow(s) per peer",
+            bound(c.min_concurrent_peers),
+            bound(c.max_concurrent_peers),
+            bound(c.min_flows_per_peer),
+            bound(c.max_flows_per_peer)
+        )
+    };
+    let mask = |v: Option<u32>| v.map_or("?".to_owned(), |v| format!("{v:#x}"));
+    format!(
+        "send {}; recv {}; ops {}, algos {}, protos {}",
+        side(&a.send),
+        side(&a.recv),
+        mask(a.ops),
+        mask(a.algos),
+        mask(a.protos)
+    )
 }
 
 pub fn run(args: &Args) -> Result<Outcome, Fail> {
@@ -63,7 +106,7 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
         peer.as_ref(),
         &args.sizes,
         which,
-        None,
+        args.net_attr,
     )?;
     if let Some(n) = args.device
         && n as usize >= report.nccl_devices.len()
@@ -402,6 +445,9 @@ fn connection_section(c: &report::ConnectionView) -> String {
         ),
     );
     out += &field("  source", &plan.source.text);
+    if let Some(hint) = &c.net_attr {
+        out += &field("  hint", &format!("setNetAttr: {}", hint_text(hint)));
+    }
     let mut t = Table::new(2, &["qp", "local", "gid", "remote", "gid", "weight"]);
     for (i, qp) in plan.value.qps.iter().enumerate() {
         let end = |list: &[report::EndpointView], k: u32| {

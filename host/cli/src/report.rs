@@ -336,6 +336,8 @@ pub struct ConnectionView {
     /// `on-port-event` for the connection's first local port: down (the others active), then
     /// up again.
     pub port_events: Vec<PortEventView>,
+    /// NCCL's `setNetAttr` hint the connection was planned with (`null`: none given).
+    pub net_attr: Option<NetAttr>,
 }
 
 /// What the sample connection would do about one port event.
@@ -774,6 +776,7 @@ fn connection(
         peer: conn.peer.iter().map(endpoint_view).collect(),
         plan: plan_view(plan, &base),
         port_events,
+        net_attr: hint,
     })
 }
 

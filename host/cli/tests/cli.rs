@@ -616,6 +616,51 @@ fn usage_errors_are_one_line_with_status_2() {
     assert!(stdout(&help).contains("Exit status"));
 }
 
+/// `explain --net-attr` plans with NCCL's hint, shows it, and puts it in the JSON; a field the
+/// WIT does not name is one line, exit status 2.
+#[test]
+fn explain_plans_with_a_given_setnetattr_hint() {
+    let hint = "send = { max-concurrent-peers = 2, min-concurrent-peers = 2, max-flows-per-peer = 4 }, ops = 16";
+    let args = |extra: &[&'static str]| {
+        let mut a = vec![
+            "policy".to_owned(),
+            "explain".to_owned(),
+            guest("qps-by-peers"),
+            "-t".to_owned(),
+            topology("loopback"),
+            "--device".to_owned(),
+            "0".to_owned(),
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let run_owned = |a: Vec<String>| run(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let o = run_owned(args(&["--net-attr", hint]));
+    assert_ok(&o);
+    let out = stdout(&o);
+    assert!(line(&out, "connection").ends_with("4 QP(s)"), "{out}");
+    assert!(
+        out.contains("setNetAttr: send 2–2 peer(s), ?–4 flow(s) per peer"),
+        "{out}"
+    );
+    let none = run_owned(args(&[]));
+    assert_ok(&none);
+    assert!(line(&stdout(&none), "connection").ends_with("1 QP(s)"));
+    let json = run_owned(args(&["--net-attr", hint, "--json"]));
+    assert_ok(&json);
+    let v: Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(
+        v["connection"]["net_attr"]["send"]["max-concurrent-peers"],
+        2
+    );
+    assert_eq!(v["connection"]["net_attr"]["ops"], 16);
+    assert_fails(
+        &run_owned(args(&["--net-attr", "send = { peers = 2 }"])),
+        2,
+        "unknown field `peers`",
+    );
+}
+
 #[test]
 fn check_reports_name_version_and_hooks() {
     let o = run(&["policy", "check", &guest("nccl-default")]);
