@@ -96,8 +96,10 @@ pub(crate) unsafe extern "C" fn set_net_attr(ctx: *mut c_void, attr: *mut NetAtt
             .ok_or_else(|| null_arg("netAttr"))?
             .to_model();
         let mut comm = ctx.comm.lock().unwrap_or_else(|p| p.into_inner());
+        // NCCL sends one whenever the shape of its transfers changes: its own log has them at
+        // TRACE, so does this one.
         if comm.net_attr != Some(hint) {
-            tracing::info!(
+            tracing::debug!(
                 "NET/WASM: comm {:#x} hint: send {:?}, recv {:?}, ops {:?}, algos {:?}, protos {:?}",
                 comm.comm_id,
                 hint.send,
