@@ -6,15 +6,14 @@
 //! plans the connections run. The v12 table is driven directly, in a child process on the soft
 //! fabric's loopback machine.
 
-use std::ffi::c_void;
+mod common;
+
 use std::ptr::null_mut;
-use std::time::{Duration, Instant};
 
 use nccl_net_wasm::{ncclNetPlugin_v12 as T, ncclwasm_send_comm_stats};
 use ncclwasm_abi::{CommAttrC, CommConfigC, NCCL_SUCCESS, NetAttrC, SendStatsV2};
 
 const TEST: &str = "two_communicators_plan_from_their_own_hints";
-const BOUND: Duration = Duration::from_secs(30);
 
 #[test]
 fn two_communicators_plan_from_their_own_hints() {
@@ -79,29 +78,7 @@ unsafe fn drive() {
         assert!(n >= 1);
 
         for (&ctx, &(id, tc, peers, qps)) in ctxs.iter().zip(&comms) {
-            let mut handle = [0u8; 128];
-            let (mut lc, mut sc, mut rc, mut dev) = (
-                null_mut::<c_void>(),
-                null_mut::<c_void>(),
-                null_mut::<c_void>(),
-                null_mut::<c_void>(),
-            );
-            assert_eq!(
-                T.listen.unwrap()(ctx, 0, handle.as_mut_ptr().cast(), &mut lc),
-                NCCL_SUCCESS
-            );
-            let start = Instant::now();
-            while sc.is_null() || rc.is_null() {
-                assert!(start.elapsed() < BOUND, "comm {id:#x}: connect and accept");
-                if sc.is_null() {
-                    let h = handle.as_mut_ptr().cast();
-                    assert_eq!(T.connect.unwrap()(ctx, 0, h, &mut sc, &mut dev), 0);
-                }
-                if rc.is_null() {
-                    assert_eq!(T.accept.unwrap()(lc, &mut rc, &mut dev), 0);
-                }
-                std::thread::yield_now();
-            }
+            let (lc, sc, rc) = common::connect_pair(ctx, 0, 0);
             let mut out = SendStatsV2::empty();
             assert_eq!(ncclwasm_send_comm_stats(sc, &mut out), NCCL_SUCCESS);
             let stats = out.read().expect("the stats read back");

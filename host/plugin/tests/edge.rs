@@ -3,24 +3,16 @@
 //! communicator gets `ncclInvalidUsage` (5) and a WARN, never a read of freed memory. The v12
 //! table is driven as NCCL drives it, in one process on the soft fabric's loopback machine.
 
+mod common;
+
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
-use std::time::{Duration, Instant};
 
+use common::until;
 use nccl_net_wasm::ncclNetPlugin_v12 as T;
 use ncclwasm_abi::{CommConfigC, NCCL_INVALID_ARGUMENT, NCCL_INVALID_USAGE, NCCL_SUCCESS};
 
 const TEST: &str = "stale_handles_are_invalid_usage_not_freed_memory";
-const BOUND: Duration = Duration::from_secs(30);
-
-/// Calls `f` until it is done, up to a hang bound.
-fn until(what: &str, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < BOUND, "{what}: no progress in {BOUND:?}");
-        std::thread::yield_now();
-    }
-}
 
 #[test]
 fn stale_handles_are_invalid_usage_not_freed_memory() {
@@ -48,27 +40,7 @@ unsafe fn drive() {
         let rc = T.init.unwrap()(&mut ctx, 1, &mut config, None, null_mut());
         assert_eq!(rc, NCCL_SUCCESS);
 
-        let mut handle = [0u8; 128];
-        let (mut lc, mut sc, mut rc_comm, mut dev) = (
-            null_mut::<c_void>(),
-            null_mut::<c_void>(),
-            null_mut::<c_void>(),
-            null_mut::<c_void>(),
-        );
-        assert_eq!(
-            T.listen.unwrap()(ctx, 0, handle.as_mut_ptr().cast(), &mut lc),
-            0
-        );
-        until("connect and accept", || {
-            if sc.is_null() {
-                let h = handle.as_mut_ptr().cast();
-                assert_eq!(T.connect.unwrap()(ctx, 1, h, &mut sc, &mut dev), 0);
-            }
-            if rc_comm.is_null() {
-                assert_eq!(T.accept.unwrap()(lc, &mut rc_comm, &mut dev), 0);
-            }
-            !sc.is_null() && !rc_comm.is_null()
-        });
+        let (lc, sc, rc_comm) = common::connect_pair(ctx, 0, 1);
 
         let mut out = vec![7u8; 4096];
         let mut into = vec![0u8; 4096];
