@@ -80,10 +80,12 @@ fn rails_by_subnet(ib: &IbConfig, ports: &[Port]) -> Option<DeviceSelection> {
         .iter()
         .filter_map(|&i| ports.iter().find(|p| p.index == i))
         .collect();
-    if selected
+    // NCCL_IB_HCA's rails and planes: the rails the operator's, the planes kept.
+    let given: Vec<RailPlane> = selected
         .iter()
-        .any(|p| ncclwasm_default::rail_plane(ib, p).rail != ID_UNDEF)
-    {
+        .map(|p| ncclwasm_default::rail_plane(ib, p))
+        .collect();
+    if given.iter().any(|g| g.rail != ID_UNDEF) {
         return None;
     }
     // A link-local GID (fe80::/64 on every port alike) says nothing about the rail.
@@ -101,12 +103,12 @@ fn rails_by_subnet(ib: &IbConfig, ports: &[Port]) -> Option<DeviceSelection> {
         return None;
     }
     let rank = |s: &Option<Subnet>| s.and_then(|s| distinct.iter().position(|d| *d == s));
-    let rails = selected
+    let rails = given
         .iter()
         .zip(&subnets)
-        .map(|(p, s)| RailPlane {
+        .map(|(g, s)| RailPlane {
             rail: rank(s).map_or(ID_UNDEF, |r| r as i16),
-            plane: ncclwasm_default::rail_plane(ib, p).plane,
+            plane: g.plane,
         })
         .collect();
     let named: Vec<String> = distinct
