@@ -213,18 +213,8 @@ impl Ranks {
         let progress = Progress::new();
         let mut done = [false; 2];
         let mut plugin_done = [false; 2];
-        // A rank gives up after its own stall limit; this one covers a rank that hangs anyway.
-        let limit = STALL + Duration::from_secs(30);
         while !done.iter().all(|&d| d) {
-            let (i, msg) = match self.events.recv_timeout(limit) {
-                Ok(event) => event,
-                Err(_) => {
-                    return Err(Fail::trouble(format!(
-                        "the bench ranks made no progress for {} s",
-                        limit.as_secs()
-                    )));
-                }
-            };
+            let (i, msg) = self.next()?;
             match msg {
                 None if !done[i] => return Err(self.failure(i)),
                 None => {}
@@ -289,15 +279,36 @@ impl Ranks {
             }
         }
         progress.clear();
+        self.finish()?;
+        Ok(m)
+    }
+
+    /// The next line of any child (`None`: that child's stdout closed). A child gives up after
+    /// its own stall limit; [`HANG`] covers one that hangs anyway.
+    fn next(&self) -> Result<(usize, Option<Msg>), Fail> {
+        self.events.recv_timeout(HANG).map_err(|_| {
+            Fail::trouble(format!(
+                "the bench made no progress for {} s",
+                HANG.as_secs()
+            ))
+        })
+    }
+
+    /// Every child reaped once all said they were done: one that did not exit cleanly fails
+    /// the run with its reason.
+    fn finish(&mut self) -> Result<(), Fail> {
         for i in 0..self.children.len() {
             if !self.reap(i).is_some_and(|s| s.success()) {
                 return Err(self.failure(i));
             }
         }
         self.children.clear();
-        Ok(m)
+        Ok(())
     }
 }
+
+/// How long the parent waits for any line before it gives up on the children.
+const HANG: Duration = Duration::from_secs(STALL.as_secs() + 30);
 
 /// What the `--single-process` child reported.
 #[derive(Debug)]
@@ -320,14 +331,8 @@ impl Ranks {
             observed: None,
         };
         let progress = Progress::new();
-        let limit = STALL + Duration::from_secs(30);
         loop {
-            let Ok((_, msg)) = self.events.recv_timeout(limit) else {
-                return Err(Fail::trouble(format!(
-                    "the bench made no progress for {} s",
-                    limit.as_secs()
-                )));
-            };
+            let (_, msg) = self.next()?;
             match msg {
                 None => return Err(self.failure(0)),
                 Some(Msg::Done) => break,
@@ -349,10 +354,7 @@ impl Ranks {
             }
         }
         progress.clear();
-        if !self.reap(0).is_some_and(|s| s.success()) {
-            return Err(self.failure(0));
-        }
-        self.children.clear();
+        self.finish()?;
         Ok(m)
     }
 }
