@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use clap::Args as ClapArgs;
+use ncclwasm_model::telemetry::Telemetry;
 use ncclwasm_model::{Gid, GidType, LinkLayer, Port, PortState, topology};
 use serde::Serialize;
 
@@ -24,6 +25,11 @@ pub struct Args {
     #[command(flatten)]
     pub config: ConfigArgs,
 
+    /// A telemetry snapshot of this host, such as a running job's NCCL_WASM_TELEMETRY_FILE:
+    /// shown per port, and what the policy's `telemetry.read` returns in the report
+    #[arg(long, value_name = "FILE")]
+    pub telemetry: Option<PathBuf>,
+
     /// Print the ports and the report as JSON (shape in host/cli/README.md)
     #[arg(long)]
     pub json: bool,
@@ -34,6 +40,8 @@ pub struct Args {
 pub struct Devices {
     pub fabric: FabricView,
     pub ports: Vec<PortView>,
+    /// `--telemetry`'s snapshot, laid over the ports.
+    pub telemetry: Option<Telemetry>,
     pub report: Report,
 }
 
@@ -113,6 +121,15 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
         setup::settings(&args.config)?,
         &policy(args.policy.as_ref()),
     )?;
+    let telemetry = args
+        .telemetry
+        .as_deref()
+        .map(|path| Telemetry::load(path, &live.ports))
+        .transpose()
+        .map_err(Fail::trouble)?;
+    if let Some(t) = &telemetry {
+        host.set_telemetry(std::sync::Arc::new(t.clone()));
+    }
     let sizes: Vec<u64> = DEFAULT_SIZES
         .split(',')
         .map(setup::parse_size)
@@ -130,6 +147,7 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
     let devices = Devices {
         fabric: live.fabric,
         ports: live.ports.iter().map(PortView::from).collect(),
+        telemetry,
         report,
     };
     let text = if args.json {
@@ -192,6 +210,58 @@ pub fn render(d: &Devices) -> String {
         }
         out += &t.render();
     }
+    if let Some(t) = &d.telemetry {
+        out += &telemetry_table(t);
+    }
     out.push('\n');
     out + &crate::explain::render(&d.report)
+}
+
+/// The snapshot per port: what was posted, completed and failed, what runs on it now, and its
+/// latest state change.
+fn telemetry_table(t: &Telemetry) -> String {
+    let out = field(
+        "telemetry",
+        &format!(
+            "at {} ms since init, {} open connection(s)",
+            t.at_ms,
+            t.connections.len()
+        ),
+    );
+    let mut table = Table::new(
+        2,
+        &[
+            "port",
+            "sent",
+            "send wrs",
+            "recv wrs",
+            "done",
+            "errors",
+            "conns",
+            "qps",
+            "recent",
+            "changed",
+        ],
+    );
+    for p in &t.ports {
+        let errors: u64 = p.errors.iter().map(|e| e.count).sum();
+        table.row(vec![
+            format!("{}:{}", p.device, p.port),
+            render::bytes(p.send.bytes),
+            p.send.wrs.to_string(),
+            p.recv.wrs.to_string(),
+            p.completions.to_string(),
+            match p.last_error_ms {
+                Some(at) => format!("{errors}, last {at} ms"),
+                None => errors.to_string(),
+            },
+            p.connections.to_string(),
+            p.qps.to_string(),
+            format!("{}/{} ms", render::bytes(p.window_bytes), p.window_ms),
+            p.changes.last().map_or("-".to_owned(), |c| {
+                format!("{} {} ms", topology::state_name(c.state), c.at_ms)
+            }),
+        ]);
+    }
+    out + &table.render()
 }

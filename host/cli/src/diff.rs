@@ -49,6 +49,7 @@ pub struct Args {
 pub fn run(args: &Args) -> Result<Outcome, Fail> {
     let (local, peer) = setup::topologies(&args.machines)?;
     let settings = setup::settings(&args.config)?;
+    let telemetry = setup::telemetry(&args.machines, &local)?;
     let mut reports = Vec::with_capacity(2);
     for (policy, config) in [(&args.a, &args.config_a), (&args.b, &args.config_b)] {
         let mut settings = settings.clone();
@@ -56,6 +57,9 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
             settings.config = Some(config.clone());
         }
         let (host, view) = setup::host(settings, policy)?;
+        if let Some(t) = &telemetry {
+            host.set_telemetry(t.clone());
+        }
         reports.push(report::evaluate(
             &host,
             view,

@@ -94,6 +94,9 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
     let (local, peer) = setup::topologies(&args.machines)?;
     let settings = setup::settings(&args.config)?;
     let (host, policy) = setup::host(settings, &args.policy)?;
+    if let Some(t) = setup::telemetry(&args.machines, &local)? {
+        host.set_telemetry(t);
+    }
     let which = match (args.device, args.all_connections) {
         (Some(n), _) => Connections::Device(n),
         (None, true) => Connections::All,

@@ -10,9 +10,11 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use clap::Args as ClapArgs;
 use ncclwasm_model::file::{self, Limit};
+use ncclwasm_model::telemetry::Telemetry;
 use ncclwasm_model::{NetAttr, PortChange, Topology};
 use serde::{Deserialize, Serialize};
 
@@ -64,7 +66,18 @@ struct Case {
     /// WIT's names: `net-attr = { send = { max-concurrent-peers = 2 } }`.
     #[serde(rename = "net-attr")]
     net_attr: Option<NetAttr>,
+    /// What the policy's `telemetry.read` returns (default: every port idle): a snapshot file,
+    /// relative to the case file, or the snapshot itself as a table.
+    telemetry: Option<TelemetryGiven>,
     expect: Expect,
+}
+
+/// A case's telemetry: a file name, or the snapshot file's content inline.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum TelemetryGiven {
+    File(PathBuf),
+    Inline(toml::Table),
 }
 
 /// Expected decisions; every one optional.
@@ -208,6 +221,17 @@ fn run_case(
         .push((ncclwasm_default::STRICT_CONFIG.to_owned(), "1".to_owned()));
     settings.config = case.config.clone();
     let (host, view) = setup::host(settings, policy).map_err(|f| Fail::trouble(at(&f.text())))?;
+    let ports = local.ports();
+    let telemetry = match &case.telemetry {
+        None => None,
+        Some(TelemetryGiven::File(f)) => Some(Telemetry::load(&dir.join(f), &ports)),
+        Some(TelemetryGiven::Inline(t)) => {
+            Some(Telemetry::parse(&t.to_string(), "telemetry", &ports))
+        }
+    };
+    if let Some(t) = telemetry {
+        host.set_telemetry(Arc::new(t.map_err(|e| Fail::trouble(at(&e)))?));
+    }
     let which = case.device.map_or(Connections::Sample, Connections::Device);
     let report = report::evaluate(
         &host,

@@ -79,6 +79,25 @@ pub fn size(bytes: u64) -> String {
     bytes.to_string()
 }
 
+/// A byte count for a reader: bytes below 1 KiB, else the largest binary unit with one decimal
+/// (`3.1 MiB`).
+pub fn bytes(n: u64) -> String {
+    let mut unit = "B";
+    let mut value = n as f64;
+    for u in ["KiB", "MiB", "GiB", "TiB"] {
+        if value < 1024.0 {
+            break;
+        }
+        value /= 1024.0;
+        unit = u;
+    }
+    if unit == "B" {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {unit}")
+    }
+}
+
 /// A duration in the largest unit that keeps it above 1, with two significant digits.
 pub fn duration(secs: f64) -> String {
     let (value, unit) = if secs >= 1.0 {

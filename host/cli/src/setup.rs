@@ -8,10 +8,12 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use clap::Args;
 use ncclwasm_model::Topology;
 use ncclwasm_model::file::{self, Limit};
+use ncclwasm_model::telemetry::Telemetry;
 use ncclwasm_policy::{FailureMode, PolicyHost, Settings};
 
 use crate::fail::Fail;
@@ -41,6 +43,11 @@ pub struct MachineArgs {
     /// The peer machine's topology file [default: the same machine]
     #[arg(long, value_name = "T2")]
     pub peer: Option<PathBuf>,
+
+    /// A telemetry snapshot of the local machine (format in host/cli/README.md): what a
+    /// policy's `telemetry.read` returns [default: every port idle]
+    #[arg(long, value_name = "FILE")]
+    pub telemetry: Option<PathBuf>,
 }
 
 /// The policy a subcommand runs: a component file, or the built-in default.
@@ -102,6 +109,15 @@ pub fn host(settings: Settings, policy: &PolicyArg) -> Result<(PolicyHost, Polic
         }
     };
     Ok((host, view))
+}
+
+/// The snapshot `--telemetry` names, laid over the local machine's ports.
+pub fn telemetry(args: &MachineArgs, local: &Topology) -> Result<Option<Arc<Telemetry>>, Fail> {
+    args.telemetry
+        .as_deref()
+        .map(|path| Telemetry::load(path, &local.ports()).map(Arc::new))
+        .transpose()
+        .map_err(Fail::trouble)
 }
 
 /// The local machine and the peer's (`None`: the same machine).

@@ -1400,3 +1400,80 @@ fn misspelt_variables_are_warned_with_the_name_meant() {
         "{settings}"
     );
 }
+
+/// A telemetry snapshot replays offline: `explain --telemetry` plans with it (least-loaded moves
+/// the connection off the busy port), a snapshot naming a port the machine lacks is one line,
+/// and `devices --telemetry` shows a live job's file per port.
+#[test]
+fn explain_and_devices_read_a_telemetry_snapshot() {
+    let snapshot = workspace()
+        .join("policies/least-loaded/busy-rail.toml")
+        .display()
+        .to_string();
+    let policy = guest("least-loaded");
+    let dual = topology("dual-port");
+    let explain = |extra: &[&str]| {
+        let mut a = vec!["policy", "explain", policy.as_str(), "-t", dual.as_str()];
+        a.extend(extra);
+        run(&a)
+    };
+    let busy = explain(&["--telemetry", &snapshot]);
+    assert_ok(&busy);
+    let out = stdout(&busy);
+    assert!(line(&out, "connection").ends_with("1 QP(s)"), "{out}");
+    assert!(
+        line(&out, "qps").contains("QPs on mlx5_1:1 only; left out: mlx5_0:1"),
+        "{out}"
+    );
+    let idle = explain(&[]);
+    assert_ok(&idle);
+    assert!(line(&stdout(&idle), "connection").ends_with("2 QP(s)"));
+    let dir = scratch("telemetry");
+    let stranger = dir.join("stranger.toml");
+    std::fs::write(&stranger, "[[ports]]\ndevice = \"mlx5_9\"\nport = 1\n").unwrap();
+    assert_fails(
+        &explain(&["--telemetry", &stranger.display().to_string()]),
+        2,
+        "port mlx5_9:1 is not in the topology",
+    );
+
+    let live = dir.join("live.toml");
+    std::fs::write(
+        &live,
+        "at-ms = 9000\n[[ports]]\ndevice = \"soft_1\"\nport = 1\nsend = { wrs = 3, bytes = 3145728 }\n\
+         connections = 1\nqps = 2\nwindow-ms = 1000\nwindow-bytes = 1048576\n\
+         changes = [{ at-ms = 4000, state = \"down\" }, { at-ms = 5000, state = \"active\" }]\n",
+    )
+    .unwrap();
+    let o = run_env(
+        &["devices", "--telemetry", &live.display().to_string()],
+        &[("NCCL_WASM_FABRIC", "soft")],
+    );
+    assert_ok(&o);
+    let text = stdout(&o);
+    assert!(
+        line(&text, "telemetry").contains("at 9000 ms since init"),
+        "{text}"
+    );
+    let row: Vec<&str> = line(&text, "soft_1:1  3.0 MiB")
+        .split("  ")
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert_eq!(
+        row.iter().map(|c| c.trim()).collect::<Vec<_>>(),
+        [
+            "soft_1:1",
+            "3.0 MiB",
+            "3",
+            "0",
+            "0",
+            "0",
+            "1",
+            "2",
+            "1.0 MiB/1000 ms",
+            "active 5000 ms"
+        ],
+        "{text}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

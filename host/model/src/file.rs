@@ -46,6 +46,12 @@ impl Limit {
         what: "topology file",
         cap: 16 << 20,
     };
+    /// A telemetry snapshot file (`ncclwasm policy explain --telemetry`): a few hundred bytes
+    /// per port and per connection, and a snapshot lists at most 64 connections.
+    pub const TELEMETRY: Limit = Limit {
+        what: "telemetry snapshot",
+        cap: 4 << 20,
+    };
     /// A sysfs attribute. The kernel formats an attribute into one page and reports the page
     /// size as its `st_size`; pages are 4 KiB on x86 but 64 KiB on some arm64 and ppc64 kernels
     /// (Grace hosts), so the cap is the largest page, not the smallest.

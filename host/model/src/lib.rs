@@ -23,6 +23,7 @@ mod port;
 #[cfg(unix)]
 pub mod private_dir;
 pub mod spelling;
+pub mod telemetry;
 pub mod text;
 pub mod topology;
 pub mod validate;

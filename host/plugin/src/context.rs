@@ -13,6 +13,11 @@ use ncclwasm_transport::{CommConfig, Net, NetError};
 use crate::edge::{guard, null_arg};
 use crate::{fabric, log, pin};
 
+/// Where the plugin writes the policies' telemetry (the snapshot file format), when set.
+const ENV_TELEMETRY_FILE: &str = "NCCL_WASM_TELEMETRY_FILE";
+/// How often it rewrites it.
+const TELEMETRY_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The process-wide context and how many v11+ contexts use it.
 struct Global {
     net: Net,
@@ -64,6 +69,17 @@ pub(crate) fn init_net(
         }
         let net = Net::new(fabric::config(choice, max_devs_per_nic, decisions)?)
             .map_err(|e| fabric::hint(choice, e))?;
+        if let Some(path) = std::env::var_os(ENV_TELEMETRY_FILE).filter(|p| !p.is_empty()) {
+            let path = std::path::PathBuf::from(path);
+            log::emit(
+                LOG_INFO,
+                &format!(
+                    "NET/WASM: {ENV_TELEMETRY_FILE}: writing the policies' telemetry to {} every second",
+                    path.display()
+                ),
+            );
+            net.write_telemetry(path, TELEMETRY_EVERY)?;
+        }
         *st = Some(Global { net, contexts: 0 });
     }
     if context && let Some(g) = st.as_mut() {

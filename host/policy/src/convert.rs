@@ -8,6 +8,7 @@ use ncclwasm_model as m;
 use ncclwasm_model::device_table::{ID_UNDEF, RailPlane};
 
 use crate::engine::wit;
+use wit::ncclwasm::policy::telemetry as tel;
 use wit::ncclwasm::policy::types as t;
 
 /// Longest reason kept, in bytes: room for the built-in default's own reasons (up to ~600
@@ -225,5 +226,74 @@ pub(crate) fn port_answer(a: t::PortAnswer) -> m::PortAnswer {
         t::PortAnswer::Fail(r) => m::PortAnswer::Fail { reason: reason(r) },
         t::PortAnswer::FailBack(r) => m::PortAnswer::FailBack { reason: reason(r) },
         t::PortAnswer::Stay(r) => m::PortAnswer::Stay { reason: reason(r) },
+    }
+}
+
+/// The counters a policy's `telemetry.read` returns.
+pub(crate) fn telemetry(s: &m::telemetry::Telemetry) -> tel::Snapshot {
+    use m::telemetry as mt;
+    let traffic = |t: mt::Traffic| tel::Traffic {
+        wrs: t.wrs,
+        bytes: t.bytes,
+    };
+    let errors = |e: &[mt::StatusCount]| {
+        e.iter()
+            .map(|c| tel::StatusCount {
+                status: c.status,
+                count: c.count,
+            })
+            .collect()
+    };
+    tel::Snapshot {
+        at_ms: s.at_ms,
+        ports: s
+            .ports
+            .iter()
+            .map(|p| tel::PortTelemetry {
+                index: p.index,
+                device: p.device.clone(),
+                port: p.port,
+                send: traffic(p.send),
+                recv: traffic(p.recv),
+                completions: p.completions,
+                errors: errors(&p.errors),
+                last_error_ms: p.last_error_ms,
+                changes: p
+                    .changes
+                    .iter()
+                    .map(|c| tel::StateChange {
+                        at_ms: c.at_ms,
+                        state: port_state(c.state),
+                    })
+                    .collect(),
+                connections: p.connections,
+                qps: p.qps,
+                window_ms: p.window_ms,
+                window_bytes: p.window_bytes,
+            })
+            .collect(),
+        connections: s
+            .connections
+            .iter()
+            .map(|c| tel::ConnectionTelemetry {
+                id: c.id,
+                comm_id: c.comm_id,
+                device: c.device,
+                sending: c.sending,
+                done: traffic(c.done),
+                completions: c.completions,
+                errors: errors(&c.errors),
+                qps: c
+                    .qps
+                    .iter()
+                    .map(|q| tel::QpTelemetry {
+                        qpn: q.qpn,
+                        port: q.port,
+                        send: traffic(q.send),
+                        recv: traffic(q.recv),
+                    })
+                    .collect(),
+            })
+            .collect(),
     }
 }

@@ -27,6 +27,7 @@ use wasmtime_wasi::random::WasiRandom;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use ncclwasm_model::private_dir;
+use ncclwasm_model::telemetry::TelemetrySource;
 
 use crate::{ENV_CACHE_DIR, FailureCause, Hook, PolicyCache, PolicyError, Settings};
 
@@ -50,9 +51,10 @@ const LOG_LINES_PER_CALL: u32 = 16;
 const LOG_LINE_MAX: usize = 512;
 
 /// Import names (or name prefixes) a policy may have; see the module docs.
-const ALLOWED_IMPORTS: [&str; 5] = [
+const ALLOWED_IMPORTS: [&str; 6] = [
     "log",
     "ncclwasm:policy/types",
+    "ncclwasm:policy/telemetry",
     "wasi:io/",
     "wasi:cli/",
     "wasi:random/",
@@ -95,6 +97,10 @@ pub(crate) struct HostState {
     label: Arc<str>,
     log_left: u32,
     log_dropped: u32,
+    /// Where `telemetry.read` reads, set for each call; and what it read in this call, so that
+    /// every read of one call sees the same counters (and sums them once).
+    telemetry: Option<Arc<dyn TelemetrySource>>,
+    telemetry_read: Option<Arc<wit::ncclwasm::policy::telemetry::Snapshot>>,
 }
 
 impl HostState {
@@ -118,6 +124,8 @@ impl HostState {
             label,
             log_left: LOG_LINES_PER_CALL,
             log_dropped: 0,
+            telemetry: None,
+            telemetry_read: None,
         }
     }
 }
@@ -183,6 +191,19 @@ impl ResourceLimiter for HostState {
 }
 
 impl wit::ncclwasm::policy::types::Host for HostState {}
+
+impl wit::ncclwasm::policy::telemetry::Host for HostState {
+    /// The counters of the source the call was armed with (none: nothing ran, an empty
+    /// snapshot), read once per call.
+    fn read(&mut self) -> wit::ncclwasm::policy::telemetry::Snapshot {
+        let source = &self.telemetry;
+        let snapshot = self.telemetry_read.get_or_insert_with(|| {
+            let model = source.as_ref().map(|s| s.snapshot()).unwrap_or_default();
+            Arc::new(crate::convert::telemetry(&model))
+        });
+        (**snapshot).clone()
+    }
+}
 
 impl wit::PolicyImports for HostState {
     /// Guest lines go to `tracing` under the policy's name, capped in length and in number per
@@ -339,6 +360,8 @@ pub(crate) struct PolicyEngine {
     deadline_ticks: u64,
     timeout: Duration,
     memory_mb: u32,
+    /// What a guest's `telemetry.read` reads ([`PolicyEngine::set_telemetry`]).
+    telemetry: Mutex<Option<Arc<dyn TelemetrySource>>>,
     _ticker: Ticker,
 }
 
@@ -377,7 +400,29 @@ impl PolicyEngine {
             deadline_ticks: u64::from(TICKS_PER_TIMEOUT),
             timeout: settings.timeout,
             memory_mb: settings.memory_mb,
+            telemetry: Mutex::new(None),
         }))
+    }
+
+    /// Where every later call's `telemetry.read` reads: the data path's counters in a job, a
+    /// snapshot file offline.
+    pub(crate) fn set_telemetry(&self, source: Arc<dyn TelemetrySource>) {
+        *self.telemetry.lock().unwrap_or_else(|p| p.into_inner()) = Some(source);
+    }
+
+    /// Whether a source was set.
+    pub(crate) fn has_telemetry(&self) -> bool {
+        self.telemetry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    fn telemetry(&self) -> Option<Arc<dyn TelemetrySource>> {
+        self.telemetry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Compile `bytes` (or reuse the compilation of identical bytes) and check that the component
@@ -723,9 +768,12 @@ impl Pool {
 
     fn arm(&self, store: &mut Store<HostState>) {
         store.set_epoch_deadline(self.engine.deadline_ticks);
+        let telemetry = self.engine.telemetry();
         let state = store.data_mut();
         state.memory_refused = false;
         state.log_left = LOG_LINES_PER_CALL;
+        state.telemetry = telemetry;
+        state.telemetry_read = None;
     }
 
     fn fault(&self, store: &Store<HostState>, e: &wasmtime::Error) -> Fault {

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwapOption;
 use ncclwasm_default::IbConfig;
 use ncclwasm_model::file::{self, Limit};
+use ncclwasm_model::telemetry::{Telemetry, TelemetrySource};
 use ncclwasm_model::validate::{self, InvalidAnswer};
 use ncclwasm_model::{Connection, DeviceSelection, Port, PortAnswer, PortEvent, PortState, QpPlan};
 
@@ -403,8 +404,19 @@ impl PolicyHost {
 
     /// Tell the host the live ports. From then on a new policy is tried on them (every hook,
     /// with a sample connection) before it is published, and plans are held to their QP limit.
+    /// Until [`set_telemetry`](Self::set_telemetry) says otherwise, a policy's `telemetry.read`
+    /// finds these ports idle.
     pub fn set_topology(&self, ports: Vec<Port>) {
+        if !self.shared.engine.has_telemetry() {
+            self.set_telemetry(Arc::new(Telemetry::idle(&ports)));
+        }
         self.shared.topology.store(Some(Arc::new(ports)));
+    }
+
+    /// Where a policy's `telemetry.read` reads from now on: the transport's counters in a job,
+    /// a snapshot file (a [`Telemetry`]) offline.
+    pub fn set_telemetry(&self, source: Arc<dyn TelemetrySource>) {
+        self.shared.engine.set_telemetry(source);
     }
 
     /// Compile, `init`, try and publish the component at `path`; on failure the previous policy

@@ -11,6 +11,7 @@ use crate::device::{DevCtx, PortCtx};
 use crate::mr_cache::{Backing, RegMode};
 use crate::net_error::NetError;
 use crate::qp::ConnQp;
+use crate::telemetry::Meter;
 use ncclwasm_proto::request::{self, RequestPool};
 use ncclwasm_proto::{MAX_ENDPOINTS, MAX_RECVS, MAX_REQUESTS};
 
@@ -40,6 +41,8 @@ pub(crate) struct Side {
     pub(crate) qpns: Vec<(u64, u32)>,
     /// "local ports -> peer ports", for error messages.
     pub(crate) desc: String,
+    /// What this side counts for the policies' telemetry (`crate::telemetry`).
+    pub(crate) meter: Meter,
 }
 
 impl Side {
@@ -175,9 +178,21 @@ impl Side {
                         self.ports[d].dev.name()
                     )
                 }))?;
+                let mut ok = 0;
+                let mut result = Ok(());
                 for wc in &wcs[..n] {
-                    each(d, wc)?;
+                    if wc.status == WcStatus::Success {
+                        ok += 1;
+                    } else {
+                        self.meter.failed(d, wc.status);
+                    }
+                    result = each(d, wc);
+                    if result.is_err() {
+                        break;
+                    }
                 }
+                self.meter.completed(d, ok);
+                result?;
                 if n < POLL_BATCH {
                     break;
                 }

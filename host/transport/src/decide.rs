@@ -9,8 +9,10 @@
 //! has one method per hook of `ncclwasm_model::for_each_hook!`, generated from that list.
 
 use std::fmt;
+use std::sync::Arc;
 
 use ncclwasm_model::device_table::RailPlane;
+use ncclwasm_model::telemetry::TelemetrySource;
 use ncclwasm_model::{Connection, DeviceSelection, Port, PortAnswer, PortEvent, PortState, QpPlan};
 
 /// A decision that could not be made: a policy fault under `NCCL_WASM_POLICY_FAILURE=closed`,
@@ -58,6 +60,11 @@ macro_rules! decisions_trait {
             ) -> Result<Decided<PortAnswer>, DecisionError> {
                 self.on_port_event(event, conn, qps, states)
             }
+
+            /// The data path's counters (`Net`'s telemetry registry), handed over once, after
+            /// `live_ports`: decisions that read what the job has done read them there (a
+            /// policy's `telemetry` import). Ignored by default.
+            fn telemetry(&self, _source: Arc<dyn TelemetrySource>) {}
 
             /// A port changed state (an async `PORT_ERR`/`PORT_ACTIVE` event): later decisions
             /// and dry runs see the port as it is now.

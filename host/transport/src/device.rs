@@ -16,6 +16,7 @@ use crate::decide::Decisions;
 use crate::gpu::{self, GpuEnv, GpuFacts, GpuSupport};
 use crate::mr_cache::MrCache;
 use crate::net_error::NetError;
+use crate::telemetry::Registry;
 
 /// How long the event thread waits per poll, i.e. how quickly it notices it should stop.
 const EVENT_POLL: Duration = Duration::from_millis(50);
@@ -332,7 +333,8 @@ fn log_gpu(name: &str, gpu: &GpuSupport) {
     );
 }
 
-/// The async-event thread of one device; stopped and joined on drop.
+/// The async-event thread of one device; stopped and joined on drop. Port state changes also
+/// go to the telemetry, with their time.
 #[derive(Debug)]
 pub(crate) struct EventThread {
     stop: Arc<AtomicBool>,
@@ -344,6 +346,7 @@ impl EventThread {
     pub(crate) fn start(
         dev: Arc<DevCtx>,
         decisions: Arc<dyn Decisions>,
+        telemetry: Arc<Registry>,
     ) -> Result<EventThread, NetError> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
@@ -386,6 +389,7 @@ impl EventThread {
                                 };
                                 if let (Some(state), Some(port)) = (state, ev.port) {
                                     decisions.port_changed(dev.name(), port, state);
+                                    telemetry.port_changed(dev.name(), port, state);
                                     dev.note_port(port, state);
                                 }
                                 dev.record(ev.kind, ev.qp_id, ev.description);

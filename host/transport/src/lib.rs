@@ -53,6 +53,7 @@ mod qp;
 mod recv;
 mod send;
 mod socket;
+mod telemetry;
 
 pub use comm::{Done, MemHandle};
 pub use decide::{Decided, DecisionError, Decisions};

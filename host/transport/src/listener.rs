@@ -18,6 +18,7 @@ use crate::device::PortCtx;
 use crate::net_error::NetError;
 use crate::recv::{Accepting, RecvComm};
 use crate::socket::Stream;
+use crate::telemetry::MeterSpec;
 use ncclwasm_admission::{HELLO_DEADLINE, MAX_PENDING, Pending, Throttle, WARN_INTERVAL};
 use ncclwasm_proto::handshake::{Acceptor, AcceptorConfig};
 
@@ -46,6 +47,8 @@ pub struct Listener {
     peer_failed: Option<NetError>,
     dropped: u64,
     warn: Throttle,
+    /// Who the accepted sides are in the telemetry.
+    meter: MeterSpec,
 }
 
 impl Listener {
@@ -54,6 +57,7 @@ impl Listener {
         addr: SocketAddr,
         config: AcceptorConfig,
         ports: Vec<PortCtx>,
+        meter: MeterSpec,
     ) -> Self {
         let flush = ports.first().is_some_and(|p| p.dev.gpu.flush.value);
         Listener {
@@ -67,6 +71,7 @@ impl Listener {
             peer_failed: None,
             dropped: 0,
             warn: Throttle::new(WARN_INTERVAL),
+            meter,
         }
     }
 
@@ -81,7 +86,13 @@ impl Listener {
             let machine = Acceptor::new(self.config.clone())
                 .map_err(NetError::protocol("accepting a connection"))?;
             self.admit(
-                Accepting::new(machine, stream, self.ports.clone(), self.flush),
+                Accepting::new(
+                    machine,
+                    stream,
+                    self.ports.clone(),
+                    self.flush,
+                    self.meter.clone(),
+                ),
                 now,
             );
         }

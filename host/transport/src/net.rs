@@ -11,14 +11,17 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::TcpListener;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use socket2::{Domain, Protocol, Socket, Type};
 
 use ncclwasm_model::device_table::{
     DeviceTable, RailPlane, TableDevice, TableEnv, data_direct_name,
 };
+use ncclwasm_model::telemetry::{Telemetry, TelemetrySource};
 use ncclwasm_model::{LinkLayer, NetAttr, Port, PortState, VnicAnswer};
 use ncclwasm_verbs::Fabric;
 
@@ -32,6 +35,7 @@ use crate::oob_host::{announce, choose_on_host};
 use crate::qp::random_u64;
 use crate::send::{Connecting, SendComm};
 use crate::socket::Stream;
+use crate::telemetry::{FileWriter, MeterSpec, Registry};
 use ncclwasm_proto::MAX_QPS;
 use ncclwasm_proto::handle::ListenHandle;
 use ncclwasm_proto::handle::{HANDLE_SCRATCH, HANDLE_SIZE};
@@ -134,6 +138,10 @@ struct NetInner {
     /// Connections in progress, by the id written into the handle's scratch bytes.
     connecting: Mutex<HashMap<u64, Connecting>>,
     next_connect: AtomicU64,
+    /// Every side's counters, for the policies' `telemetry` import.
+    telemetry: Arc<Registry>,
+    /// Their file, when asked for ([`Net::write_telemetry`]).
+    telemetry_file: Mutex<Option<FileWriter>>,
 }
 
 /// The network context. Cheap to clone; the last clone (and every communicator) gone stops the
@@ -162,6 +170,8 @@ impl Net {
         );
         let decisions = config.decisions;
         decisions.live_ports(&ports);
+        let telemetry = Registry::new(&ports);
+        decisions.telemetry(Arc::clone(&telemetry) as Arc<dyn TelemetrySource>);
         let gpu_env = GpuEnv::from_env()?;
         let peer_memory = fabric.peer_memory_module();
 
@@ -208,7 +218,11 @@ impl Net {
                     let mlx5 = port.provider == "mlx5";
                     let d =
                         DevCtx::open(&fabric, &port.device, &gpu_env, peer_memory.clone(), mlx5)?;
-                    events.push(EventThread::start(Arc::clone(&d), Arc::clone(&decisions))?);
+                    events.push(EventThread::start(
+                        Arc::clone(&d),
+                        Arc::clone(&decisions),
+                        Arc::clone(&telemetry),
+                    )?);
                     devs.insert(port.device.clone(), Arc::clone(&d));
                     d
                 }
@@ -275,6 +289,8 @@ impl Net {
                 max_devs_per_nic: config.max_devs_per_nic,
                 connecting: Mutex::new(HashMap::new()),
                 next_connect: AtomicU64::new(1),
+                telemetry,
+                telemetry_file: Mutex::new(None),
             }),
         })
     }
@@ -419,7 +435,9 @@ impl Net {
             nonce,
             max_qps: max_qps(&ports),
         };
-        Ok((Listener::new(listener, addr, config, ports), handle))
+        // NCCL's `listen` names no communicator: the receiving side's id is unknown (0).
+        let meter = self.meter(0, dev, false);
+        Ok((Listener::new(listener, addr, config, ports, meter), handle))
     }
 
     /// `connect` to the listener behind `handle`: `Ok(None)` means "call again with the same
@@ -458,7 +476,13 @@ impl Net {
                 })
                 .map_err(NetError::protocol("connect"))?;
                 let stream = Stream::connect(target.addr)?;
-                Connecting::new(machine, stream, ports, Arc::clone(&inner.decisions))
+                Connecting::new(
+                    machine,
+                    stream,
+                    ports,
+                    Arc::clone(&inner.decisions),
+                    self.meter(comm.comm_id, dev, true),
+                )
             }
         };
         handle[HANDLE_SCRATCH].fill(0);
@@ -475,6 +499,34 @@ impl Net {
                     .insert(id, connecting);
                 Ok(None)
             }
+        }
+    }
+
+    /// The counters of every port and open connection now: what a policy's `telemetry.read`
+    /// returns (and the plugin's `NCCL_WASM_TELEMETRY_FILE`).
+    pub fn telemetry(&self) -> Telemetry {
+        self.inner.telemetry.snapshot()
+    }
+
+    /// Writes [`telemetry`](Self::telemetry) to `path` now and every `every` (as TOML, the
+    /// snapshot file format), from a thread of its own, until the context goes (or another
+    /// path is given).
+    pub fn write_telemetry(&self, path: PathBuf, every: Duration) -> Result<(), NetError> {
+        let writer = FileWriter::start(Arc::clone(&self.inner.telemetry), path, every)?;
+        *self
+            .inner
+            .telemetry_file
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(writer);
+        Ok(())
+    }
+
+    fn meter(&self, comm_id: u64, dev: i64, sending: bool) -> MeterSpec {
+        MeterSpec {
+            registry: Arc::clone(&self.inner.telemetry),
+            comm_id,
+            device: dev as u32,
+            sending,
         }
     }
 

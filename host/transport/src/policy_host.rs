@@ -2,7 +2,10 @@
 //! the [`PolicyHost`], which applies the failure model, and keeps its reason and source. The hook
 //! methods are generated from `ncclwasm_model::for_each_hook!`.
 
+use std::sync::Arc;
+
 use ncclwasm_model::device_table::RailPlane;
+use ncclwasm_model::telemetry::TelemetrySource;
 use ncclwasm_model::{Connection, DeviceSelection, Port, PortAnswer, PortEvent, PortState, QpPlan};
 use ncclwasm_policy::{Decision, PolicyError, PolicyHost};
 
@@ -50,6 +53,10 @@ macro_rules! decisions_for_policy_host {
                 ask(PolicyHost::on_port_event_ahead(
                     self, event, conn, qps, states,
                 ))
+            }
+
+            fn telemetry(&self, source: Arc<dyn TelemetrySource>) {
+                self.set_telemetry(source);
             }
 
             fn port_changed(&self, device: &str, port: u8, state: PortState) {

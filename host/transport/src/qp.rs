@@ -41,6 +41,8 @@ pub(crate) struct ConnQp {
     /// Declared after `qp`: forgets the QP's fatal events once it is destroyed.
     _watch: QpWatch,
     pub(crate) psn: u32,
+    /// `Port::index` of the port it runs on: where the telemetry counts its work.
+    pub(crate) port: u32,
     /// This QP's own ECE when the provider requires the peer's ECE before RTR
     /// ([`ncclwasm_verbs::Capabilities::ece_required`]): the peer runs the same provider, so its
     /// value is this one with the `options` it sent as its secret.
@@ -141,6 +143,7 @@ pub(crate) fn create(
             _watch: dev.watch(qp.id()),
             qp,
             psn,
+            port: port.port.index,
             ece_required,
         },
         local,

@@ -14,6 +14,7 @@ use crate::net_error::NetError;
 use crate::qp::{self, ConnQp};
 use crate::send::{describe, summary};
 use crate::socket::Stream;
+use crate::telemetry::MeterSpec;
 use ncclwasm_proto::datapath::{CtsWrite, PostedRecv, Receiver};
 use ncclwasm_proto::fifo::{
     CTS_FIFO_BYTES, CTS_SLOT_BYTES, CtsEntry, SIZES_FIFO_BYTES, SIZES_SLOT_BYTES,
@@ -43,6 +44,7 @@ pub(crate) struct Accepting {
     cqs: Vec<Arc<Cq>>,
     qps: Vec<ConnQp>,
     regions: Option<RecvRegions>,
+    meter: MeterSpec,
 }
 
 /// What a receive communicator registers besides NCCL's buffers.
@@ -65,7 +67,13 @@ struct FlushTarget {
 }
 
 impl Accepting {
-    pub(crate) fn new(machine: Acceptor, stream: Stream, ports: Vec<PortCtx>, flush: bool) -> Self {
+    pub(crate) fn new(
+        machine: Acceptor,
+        stream: Stream,
+        ports: Vec<PortCtx>,
+        flush: bool,
+        meter: MeterSpec,
+    ) -> Self {
         Accepting {
             machine,
             stream: Some(stream),
@@ -74,6 +82,7 @@ impl Accepting {
             cqs: Vec::new(),
             qps: Vec::new(),
             regions: None,
+            meter,
         }
     }
 
@@ -184,7 +193,9 @@ impl Accepting {
             cqs: std::mem::take(&mut self.cqs),
             qps: std::sync::RwLock::new(qps),
             desc,
-        };
+            meter: self.meter.meter(self.ports.len()),
+        }
+        .tracked();
         let receiver = Receiver::new(&setup);
         for q in side.qps().iter() {
             prefill(q, receiver.prefill())?;
@@ -224,7 +235,7 @@ pub struct RecvBuf<'a> {
 #[derive(Debug)]
 pub struct RecvComm {
     state: Mutex<Receiver>,
-    pub(crate) side: Side,
+    pub(crate) side: Arc<Side>,
     pub(crate) regions: RecvRegions,
     pub(crate) setup: RecvSetup,
     /// Flushes posted (`iflush` calls that issued RDMA READs), for tests and diagnostics.
@@ -438,6 +449,7 @@ impl RecvComm {
                             }
                         }
                     }
+                    self.side.meter.done(out[..n].iter().sum());
                     Some(Done::Recv { n, sizes: out })
                 }
                 Some(Finished::Send { .. }) => {

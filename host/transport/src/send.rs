@@ -13,6 +13,7 @@ use crate::failover::send::Failback;
 use crate::net_error::NetError;
 use crate::qp::{self, ConnQp};
 use crate::socket::Stream;
+use crate::telemetry::MeterSpec;
 use ncclwasm_proto::datapath::{LocalData, Opcode, QpPost, Sender};
 use ncclwasm_proto::failover::FailoverCounters;
 use ncclwasm_proto::fifo::{
@@ -40,6 +41,7 @@ pub(crate) struct Connecting {
     source: String,
     /// The connection as the plan was asked for, for later decisions on it.
     conn: Option<Connection>,
+    meter: MeterSpec,
 }
 
 impl Connecting {
@@ -48,6 +50,7 @@ impl Connecting {
         stream: Stream,
         ports: Vec<PortCtx>,
         decisions: Arc<dyn Decisions>,
+        meter: MeterSpec,
     ) -> Self {
         Connecting {
             machine,
@@ -60,6 +63,7 @@ impl Connecting {
             decisions,
             source: String::new(),
             conn: None,
+            meter,
         }
     }
 
@@ -183,7 +187,9 @@ impl Connecting {
             cqs: std::mem::take(&mut self.cqs),
             qps: std::sync::RwLock::new(qps),
             desc,
-        };
+            meter: self.meter.meter(self.ports.len()),
+        }
+        .tracked();
         Ok(SendComm {
             state: Mutex::new(SendState {
                 sender: Sender::new(&setup),
@@ -279,7 +285,7 @@ pub struct SendStats<'a> {
 #[derive(Debug)]
 pub struct SendComm {
     state: Mutex<SendState>,
-    pub(crate) side: Side,
+    pub(crate) side: Arc<Side>,
     /// The CTS FIFO the receiver writes.
     cts: OwnedRegion,
     /// Staging rows of multi-receive sizes, written to the receiver's sizes FIFO; the probe
@@ -410,7 +416,10 @@ impl SendComm {
             .map_err(NetError::protocol("test"))?
         {
             None => Ok(None),
-            Some(Finished::Send { size }) => Ok(Some(Done::Send { size })),
+            Some(Finished::Send { size }) => {
+                self.side.meter.done(size);
+                Ok(Some(Done::Send { size }))
+            }
             Some(other) => Err(NetError::Internal(format!(
                 "request {} of a send communicator finished as {other:?}",
                 req.index()

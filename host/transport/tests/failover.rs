@@ -11,6 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use ncclwasm_model::PortState;
 use ncclwasm_transport::{ErrorClass, NetError, RecvBuf, RecvComm, ReqId, SendComm};
 use ncclwasm_verbs::{Context, DmaBuf};
 
@@ -283,6 +284,23 @@ fn a_port_down_mid_transfer_moves_its_traffic_and_loses_nothing() {
         "{back}"
     );
     println!("{back}");
+
+    // What a policy's telemetry says of it: the port's two changes, in order and timed, and
+    // the completions its failed QPs flushed in error.
+    let t = net.telemetry();
+    let port = t
+        .ports
+        .iter()
+        .find(|p| p.device == first && p.port == 1)
+        .expect("the failed port in the telemetry");
+    let changes: Vec<PortState> = port.changes.iter().map(|c| c.state).collect();
+    assert_eq!(changes, [PortState::Down, PortState::Active], "{port:?}");
+    assert!(port.changes[0].at_ms <= port.changes[1].at_ms && port.changes[1].at_ms <= t.at_ms);
+    assert!(
+        !port.errors.is_empty() && port.last_error_ms.is_some(),
+        "{port:?}"
+    );
+    println!("telemetry of {first}:1: {port:?}");
 }
 
 /// NCCL's default (`NCCL_IB_RESILIENCY_PORT_FAILOVER=0`) through the shipped nccl-default

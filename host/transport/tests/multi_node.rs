@@ -8,12 +8,19 @@
 //! then reports the soft fabric's per-port byte counters, and the parent judges the policy by
 //! where the bytes went: NCCL's positional pairing (`nccl-default`) crosses rails here,
 //! `rail-aligned` keeps every QP on its rail.
+//!
+//! Before that, each rank loads rail 0: a connection between the two nodes' rail-0 ports (their
+//! devices 0 and 1, the peer's cables being swapped) carries [`PRELOAD`] bytes each way. The
+//! ranks report the counters after it too, so the parent tells the fused connection's bytes
+//! from the preload's: `least-loaded` reads the telemetry when it plans the fused connection
+//! and puts it on the idle rail, where NCCL's plan spreads it over both.
 
 mod common;
 
 use std::io::BufRead;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{deadline, handle_from_hex, handle_hex, net_with, pattern};
@@ -22,7 +29,9 @@ use ncclwasm_proto::handle::ListenHandle;
 use ncclwasm_testkit::child::{self, say};
 use ncclwasm_testkit::netns::{self, Hosts};
 use ncclwasm_transport::oob::OobEnv;
-use ncclwasm_transport::{CommConfig, Done, RecvBuf, ReqId};
+use ncclwasm_transport::{
+    CommConfig, Done, HANDLE_SIZE, Listener, Net, RecvBuf, RecvComm, ReqId, SendComm,
+};
 use ncclwasm_verbs::DmaBuf;
 
 /// The test the ranks run.
@@ -32,10 +41,37 @@ const RANK_ENV: &str = "NCCLWASM_TEST_RANK";
 /// Message sizes, each way: odd, page-crossing, and large enough to be striped over both QPs.
 const SIZES: [usize; 5] = [1, 4097, 65537, 1 << 20, (2 << 20) + 3];
 const BUF: usize = 4 << 20;
-/// The ports' addresses (their RoCEv2 IPv4 GIDs), in file order: node 0 is `dual-port.toml`,
-/// node 1 `dual-port-peer.toml`, whose cables are swapped.
-const ADDRS: [[&str; 2]; 2] = [["172.16.0.5", "172.16.1.5"], ["172.16.1.6", "172.16.0.6"]];
-const FILES: [&str; 2] = ["dual-port.toml", "dual-port-peer.toml"];
+/// Rail 0's load before the fused connection is planned: 16 MiB each way.
+const PRELOAD: [usize; 4] = [BUF; 4];
+/// Set in a rank: its device on rail 0.
+const RAIL0_ENV: &str = "NCCLWASM_TEST_RAIL0_DEV";
+
+/// How node 1 (`dual-port-peer.toml`) is cabled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cabling {
+    /// As its file says: its mlx5_0 on rail 1, mlx5_1 on rail 0.
+    Swapped,
+    /// Its two addresses exchanged (GIDs included): mlx5_k on rail k, as node 0.
+    Straight,
+}
+
+impl Cabling {
+    /// Node 1's port on rail `rail`.
+    fn peer_port(self, rail: usize) -> usize {
+        match self {
+            Cabling::Swapped => 1 - rail,
+            Cabling::Straight => rail,
+        }
+    }
+
+    /// Node 1's ports' addresses, in file order.
+    fn node1(self) -> [&'static str; 2] {
+        let rails = ["172.16.0.6", "172.16.1.6"];
+        [rails[self.peer_port(0)], rails[self.peer_port(1)]]
+    }
+}
+/// Node 0's ports' addresses (their RoCEv2 IPv4 GIDs), in file order: `dual-port.toml`.
+const NODE0: [&str; 2] = ["172.16.0.5", "172.16.1.5"];
 const PREFIX: u8 = 24;
 /// `NCCL_SOCKET_IFNAME` of both ranks: the second rail, so the listener's address is chosen by
 /// the variable and not by being the first interface.
@@ -53,12 +89,18 @@ fn rank() {
         .expect("a rank number");
     // As the plugin's init: the policy engine and NCCL's out-of-band variables from the
     // environment the parent set.
-    let policy = std::sync::Arc::new(PolicyHost::from_env(4).expect("policy settings"));
+    let policy = Arc::new(PolicyHost::from_env(4).expect("policy settings"));
     let net = net_with(OobEnv::from_env(), policy).expect("a context on the soft fabric");
     let dev = i64::from(net.make_vdevice(&[0, 1]).expect("fusing the two ports"));
-    let (mut listener, handle) = net.listen(dev).expect("listen");
+    let rail0: i64 = std::env::var(RAIL0_ENV)
+        .expect("the rail-0 device")
+        .parse()
+        .expect("a device number");
+    let (preload_listener, preload_handle) = net.listen(rail0).expect("listen on rail 0");
+    let (listener, handle) = net.listen(dev).expect("listen");
     let listening = ListenHandle::decode(&handle).expect("our own handle").addr;
     say(&format!("LISTEN {} {}", net.oob().ifname, listening.ip()));
+    say(&format!("PRELOAD {}", handle_hex(&preload_handle)));
     say(&format!("HANDLE {}", handle_hex(&handle)));
     let mut lines = std::io::stdin().lock().lines();
     let mut expect = |word: &str| -> String {
@@ -68,33 +110,85 @@ fn rank() {
             .find_map(|l| l.strip_prefix(&format!("@@{word}")).map(str::to_owned))
             .unwrap_or_else(|| panic!("stdin closed before {word}"))
     };
+    let mut preload_peer = handle_from_hex(expect("PRELOAD").trim());
     let mut peer = handle_from_hex(expect("HANDLE").trim());
+    let (send, recv, want) = (DmaBuf::new(BUF), DmaBuf::new(BUF), DmaBuf::new(BUF));
+    pattern(&send, me + 1);
+    pattern(&want, 2 - me);
 
-    // Connect to the peer and accept the peer's connection, spinning both as NCCL's proxy
-    // threads do.
+    // Rail 0 first, both ways; then the counters so far, and the fused connection's plan made
+    // with that traffic in the telemetry.
+    let (s, r) = pair(&net, rail0, preload_listener, &mut preload_peer);
+    transfer(&s, &r, &send, &recv, &PRELOAD);
+    say("PRELOADED");
+    expect("PRELOADED");
+    drop((s, r));
+    for t in ncclwasm_soft::traffic() {
+        say(&format!("BASE {} {}", t.device, t.sent));
+    }
+
+    let (s, r) = pair(&net, dev, listener, &mut peer);
+    say(&format!("PLAN {}: {:?}", s.plan_source(), s.plan().qps));
+    recv.fill(0xee);
+    let off = transfer(&s, &r, &send, &recv, &SIZES);
+    let (mut out, mut expected) = (vec![0u8; off], vec![0u8; off]);
+    recv.read(0, &mut out);
+    want.read(0, &mut expected);
+    let bad = out.iter().zip(&expected).position(|(a, b)| a != b);
+    assert_eq!(
+        bad, None,
+        "rank {me}: received bytes differ from the peer's"
+    );
+    say("VERIFIED");
+    // Both directions placed: the counters are final.
+    expect("VERIFIED");
+    for t in ncclwasm_soft::traffic() {
+        say(&format!(
+            "TRAFFIC {} {} {} {} {} {}",
+            t.device, t.port, t.local, t.peer, t.sent, t.received
+        ));
+    }
+}
+
+/// Connects to the peer's listener behind `peer` and accepts the peer's connection on
+/// `listener`, both on device `dev`, spinning both as NCCL's proxy threads do.
+fn pair(
+    net: &Net,
+    dev: i64,
+    mut listener: Listener,
+    peer: &mut [u8; HANDLE_SIZE],
+) -> (SendComm, RecvComm) {
     let (mut s, mut r) = (None, None);
     let end = deadline();
     while s.is_none() || r.is_none() {
         assert!(Instant::now() < end, "handshake stuck");
         if s.is_none() {
-            s = net.connect(dev, &mut peer, CommConfig::default()).unwrap();
+            s = net.connect(dev, peer, CommConfig::default()).unwrap();
         }
         if r.is_none() {
             r = listener.accept().unwrap();
         }
     }
-    drop(listener);
-    let (s, r) = (s.unwrap(), r.unwrap());
-    say(&format!("PLAN {}: {:?}", s.plan_source(), s.plan().qps));
+    (s.unwrap(), r.unwrap())
+}
 
-    let (send, recv, want) = (DmaBuf::new(BUF), DmaBuf::new(BUF), DmaBuf::new(BUF));
-    pattern(&send, me + 1);
-    pattern(&want, 2 - me);
-    recv.fill(0xee);
-    let smr = s.reg_mr(send.addr(), BUF as u64, &send).unwrap();
-    let rmr = r.reg_mr(recv.addr(), BUF as u64, &recv).unwrap();
+/// Sends `sizes` from consecutive offsets of `send` while receiving the peer's into `recv` at
+/// the same offsets (wrapping at the buffer's end); the bytes moved each way.
+fn transfer(
+    s: &SendComm,
+    r: &RecvComm,
+    send: &Arc<DmaBuf>,
+    recv: &Arc<DmaBuf>,
+    sizes: &[usize],
+) -> usize {
+    let smr = s.reg_mr(send.addr(), BUF as u64, send).unwrap();
+    let rmr = r.reg_mr(recv.addr(), BUF as u64, recv).unwrap();
     let mut off = 0;
-    for (k, size) in SIZES.into_iter().enumerate() {
+    let mut total = 0;
+    for (k, &size) in sizes.iter().enumerate() {
+        if off + size > BUF {
+            off = 0;
+        }
         let (addr, tag) = (off as u64, k as u32);
         let rreq = r
             .irecv(&[RecvBuf {
@@ -131,24 +225,9 @@ fn rank() {
             }
         }
         off += size;
+        total += size;
     }
-    let (mut out, mut expected) = (vec![0u8; off], vec![0u8; off]);
-    recv.read(0, &mut out);
-    want.read(0, &mut expected);
-    let bad = out.iter().zip(&expected).position(|(a, b)| a != b);
-    assert_eq!(
-        bad, None,
-        "rank {me}: received bytes differ from the peer's"
-    );
-    say("VERIFIED");
-    // Both directions placed: the counters are final.
-    expect("VERIFIED");
-    for t in ncclwasm_soft::traffic() {
-        say(&format!(
-            "TRAFFIC {} {} {} {} {} {}",
-            t.device, t.port, t.local, t.peer, t.sent, t.received
-        ));
-    }
+    total
 }
 
 /// One line of a rank's `ncclwasm_soft::traffic()`.
@@ -183,9 +262,13 @@ impl Port {
     }
 }
 
-/// `topologies/<file>` with each port bound to `addrs` in order (the topology's `address`).
-fn bound_copy(file: &str, addrs: [&str; 2], dir: &Path) -> PathBuf {
-    let text = std::fs::read_to_string(ncclwasm_testkit::topology(file)).unwrap();
+/// `topologies/<file>` with each port bound to `addrs` in order (the topology's `address`),
+/// the file's own IPv4 GIDs exchanged for each other's when `exchange` says so.
+fn bound_copy(file: &str, addrs: [&str; 2], exchange: Option<[&str; 2]>, dir: &Path) -> PathBuf {
+    let mut text = std::fs::read_to_string(ncclwasm_testkit::topology(file)).unwrap();
+    if let Some([a, b]) = exchange {
+        text = text.replace(a, "@").replace(b, a).replace('@', b);
+    }
     let mut parts = text.split("[[devices.ports]]\n");
     let mut out = parts.next().unwrap().to_owned();
     for (part, addr) in parts.zip(addrs) {
@@ -206,9 +289,28 @@ impl Drop for Scratch {
     }
 }
 
-/// Runs both ranks under `policy` and returns each rank's port counters; `None` (after a
-/// printed skip) where namespaces cannot be made.
-fn run(policy: &str) -> Option<[Vec<Port>; 2]> {
+/// What one rank reported: its port counters at the end, and each device's bytes sent before
+/// the fused connection (the preload's).
+#[derive(Debug)]
+struct Rank {
+    ports: Vec<Port>,
+    base: Vec<(String, u64)>,
+}
+
+impl Rank {
+    /// Bytes `device` sent over the fused connection.
+    fn fused_sent(&self, device: &str) -> u64 {
+        let sum = |it: &mut dyn Iterator<Item = (&str, u64)>| -> u64 {
+            it.filter(|(d, _)| *d == device).map(|(_, n)| n).sum()
+        };
+        sum(&mut self.ports.iter().map(|p| (p.device.as_str(), p.sent)))
+            - sum(&mut self.base.iter().map(|(d, n)| (d.as_str(), *n)))
+    }
+}
+
+/// Runs both ranks under `policy`, node 1 cabled as `cabling` says, and returns what each
+/// reported; `None` (after a printed skip) where namespaces cannot be made.
+fn run(policy: &str, cabling: Cabling) -> Option<[Rank; 2]> {
     if let Some(why) = netns::unavailable() {
         ncclwasm_testkit::skip(why);
         return None;
@@ -221,23 +323,35 @@ fn run(policy: &str) -> Option<[Vec<Port>; 2]> {
     std::fs::create_dir_all(&scratch.0).unwrap();
     let hosts = Hosts::new(2);
     // One veth pair per rail: node 0's port k and the peer port on the same subnet.
-    for (rail, peer_port) in [(0, 1), (1, 0)] {
+    let addrs = [NODE0, cabling.node1()];
+    for rail in 0..2 {
         let name = format!("rail{rail}");
         hosts.link(
             0,
-            (&name, &format!("{}/{PREFIX}", ADDRS[0][rail])),
+            (&name, &format!("{}/{PREFIX}", NODE0[rail])),
             1,
-            (&name, &format!("{}/{PREFIX}", ADDRS[1][peer_port])),
+            (
+                &name,
+                &format!("{}/{PREFIX}", addrs[1][cabling.peer_port(rail)]),
+            ),
         );
     }
+    let topologies = [
+        bound_copy("dual-port.toml", NODE0, None, &scratch.0),
+        bound_copy(
+            "dual-port-peer.toml",
+            addrs[1],
+            (cabling == Cabling::Straight).then_some(cabling.node1()),
+            &scratch.0,
+        ),
+    ];
     let ranks = (0..2)
         .map(|i| {
+            let rail0 = if i == 0 { 0 } else { cabling.peer_port(0) };
             let mut cmd = child::command_via(hosts.exec(i), RANK_TEST);
             cmd.env(RANK_ENV, i.to_string())
-                .env(
-                    "NCCL_WASM_TOPOLOGY",
-                    bound_copy(FILES[i], ADDRS[i], &scratch.0),
-                )
+                .env(RAIL0_ENV, rail0.to_string())
+                .env("NCCL_WASM_TOPOLOGY", &topologies[i])
                 .env("NCCL_WASM_POLICY", &guest)
                 .env("NCCL_SOCKET_IFNAME", LISTEN_IFNAME);
             (format!("rank {i} in {}", hosts.name(i)), cmd)
@@ -255,9 +369,9 @@ fn run(policy: &str) -> Option<[Vec<Port>; 2]> {
         // The handshake listener binds the interface NCCL_SOCKET_IFNAME names, in the node's
         // own namespace: rail 1 carries node 0's port 1 and node 1's port 0.
         let rail1 = if r.name.starts_with("rank 0") {
-            ADDRS[0][1]
+            NODE0[1]
         } else {
-            ADDRS[1][0]
+            addrs[1][cabling.peer_port(1)]
         };
         let want = format!("@@LISTEN rail1 {rail1}");
         assert!(
@@ -270,20 +384,30 @@ fn run(policy: &str) -> Option<[Vec<Port>; 2]> {
             println!("{}: {l}", r.name);
         }
     }
-    let ports =
-        |i: usize| -> Vec<Port> { out[i].lines.iter().filter_map(|l| Port::parse(l)).collect() };
-    let ranks = [ports(0), ports(1)];
+    let rank = |i: usize| Rank {
+        ports: out[i].lines.iter().filter_map(|l| Port::parse(l)).collect(),
+        base: out[i]
+            .lines
+            .iter()
+            .filter_map(|l| {
+                let (device, sent) = l.strip_prefix("@@BASE ")?.split_once(' ')?;
+                Some((device.to_owned(), sent.parse().ok()?))
+            })
+            .collect(),
+    };
+    let ranks = [rank(0), rank(1)];
     check_counters(&ranks);
     Some(ranks)
 }
 
 /// What the counters must show whatever the policy: every byte one node's port sent to a peer
-/// address is what that peer port received from it; each rank sent at least its payload; both
-/// local ports carried data (the fused vNIC uses both); loopback carried nothing.
-fn check_counters(ranks: &[Vec<Port>; 2]) {
-    let payload: u64 = SIZES.iter().map(|&s| s as u64).sum();
-    for (i, mine) in ranks.iter().enumerate() {
-        let theirs = &ranks[1 - i];
+/// address is what that peer port received from it; each rank sent at least its payload and
+/// preload; both local ports carried data (the preload's rail 0, the fused vNIC both or
+/// rail 1); loopback carried nothing.
+fn check_counters(ranks: &[Rank; 2]) {
+    let payload: u64 = SIZES.iter().chain(&PRELOAD).map(|&s| s as u64).sum();
+    for (i, rank) in ranks.iter().enumerate() {
+        let (mine, theirs) = (&rank.ports, &ranks[1 - i].ports);
         for p in mine {
             assert!(
                 !p.peer.is_loopback() && p.peer != IpAddr::V4(Ipv4Addr::UNSPECIFIED),
@@ -313,7 +437,7 @@ fn check_counters(ranks: &[Vec<Port>; 2]) {
         for dev in ["mlx5_0", "mlx5_1"] {
             assert!(
                 mine.iter().any(|p| p.device == dev && p.sent > 0),
-                "rank {i}: {dev} sent nothing, so the connection did not use both ports: {mine:?}"
+                "rank {i}: {dev} sent nothing: {mine:?}"
             );
         }
     }
@@ -321,10 +445,10 @@ fn check_counters(ranks: &[Vec<Port>; 2]) {
 
 /// Bytes sent from a port to a peer on another rail, both ranks together (what arrived is
 /// the same, [`check_counters`] made sure).
-fn crossing(ranks: &[Vec<Port>; 2]) -> u64 {
+fn crossing(ranks: &[Rank; 2]) -> u64 {
     ranks
         .iter()
-        .flatten()
+        .flat_map(|r| &r.ports)
         .filter(|p| p.crosses())
         .map(|p| p.sent)
         .sum()
@@ -334,7 +458,7 @@ fn crossing(ranks: &[Vec<Port>; 2]) -> u64 {
 /// QPs cross rails.
 #[test]
 fn nccl_default_crosses_rails_on_swapped_cabling() {
-    let Some(ranks) = run("nccl-default") else {
+    let Some(ranks) = run("nccl-default", Cabling::Swapped) else {
         return;
     };
     let crossed = crossing(&ranks);
@@ -345,10 +469,44 @@ fn nccl_default_crosses_rails_on_swapped_cabling() {
     );
 }
 
+/// Bytes each rank's fused connection sent from its rail-0 and its rail-1 port (mlx5_k on
+/// rail k: straight cabling).
+fn fused_by_rail(ranks: &[Rank; 2]) -> [[u64; 2]; 2] {
+    std::array::from_fn(|i| ["mlx5_0", "mlx5_1"].map(|d| ranks[i].fused_sent(d)))
+}
+
+/// Rail 0 is loaded when the fused connection is planned: NCCL's plan spreads it over both
+/// rails anyway.
+#[test]
+fn nccl_default_puts_a_new_connection_on_the_loaded_rail_too() {
+    let Some(ranks) = run("nccl-default", Cabling::Straight) else {
+        return;
+    };
+    let sent = fused_by_rail(&ranks);
+    println!("nccl-default, fused connection's bytes sent per rank [rail 0, rail 1]: {sent:?}");
+    assert!(sent.iter().all(|[r0, r1]| *r0 > 0 && *r1 > 0), "{ranks:?}");
+}
+
+/// `least-loaded` reads the preload in the telemetry and puts the fused connection on the idle
+/// rail: not one of its bytes leaves through the loaded one.
+#[test]
+fn least_loaded_puts_a_new_connection_on_the_idle_rail() {
+    let Some(ranks) = run("least-loaded", Cabling::Straight) else {
+        return;
+    };
+    let sent = fused_by_rail(&ranks);
+    println!("least-loaded, fused connection's bytes sent per rank [rail 0, rail 1]: {sent:?}");
+    let payload: u64 = SIZES.iter().map(|&s| s as u64).sum();
+    assert!(
+        sent.iter().all(|[r0, r1]| *r0 == 0 && *r1 >= payload),
+        "{ranks:?}"
+    );
+}
+
 /// `rail-aligned` pairs ports by subnet: not one byte leaves its rail.
 #[test]
 fn rail_aligned_keeps_every_byte_on_its_rail() {
-    let Some(ranks) = run("rail-aligned") else {
+    let Some(ranks) = run("rail-aligned", Cabling::Swapped) else {
         return;
     };
     let crossed = crossing(&ranks);

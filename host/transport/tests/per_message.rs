@@ -76,6 +76,7 @@ impl Case {
         let sum = |v: Vec<Posted>| {
             v.iter().fold(Posted::default(), |a, p| Posted {
                 sends: a.sends + p.sends,
+                send_bytes: a.send_bytes + p.send_bytes,
                 recvs: a.recvs + p.recvs,
             })
         };
@@ -128,11 +129,12 @@ fn reference(nqps: u64, recvs: u64) -> (Posted, Posted) {
     (
         Posted {
             sends: nqps * per_qp,
-            recvs: 0,
+            ..Posted::default()
         },
         Posted {
             sends: 1,
             recvs: nqps,
+            ..Posted::default()
         },
     )
 }
@@ -159,9 +161,11 @@ fn work_requests_per_message_are_the_references() {
             c.message(recvs as usize);
         }
         let (s1, r1) = c.posted();
+        // Work requests only: their bytes are the telemetry's (`telemetry.rs`).
         let per = |a: Posted, b: Posted| Posted {
             sends: (b.sends - a.sends) / N,
             recvs: (b.recvs - a.recvs) / N,
+            ..Posted::default()
         };
         let exact = |a: Posted, b: Posted| {
             (b.sends - a.sends).is_multiple_of(N) && (b.recvs - a.recvs).is_multiple_of(N)

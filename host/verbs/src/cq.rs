@@ -118,6 +118,14 @@ const STATUSES: [WcStatus; 22] = [
 ];
 
 impl WcStatus {
+    /// `ibv_wc_status`'s number.
+    pub fn raw(self) -> u32 {
+        match self {
+            WcStatus::Other(v) => v,
+            known => STATUSES.iter().position(|&s| s == known).unwrap_or(0) as u32,
+        }
+    }
+
     fn from_raw(v: u32) -> WcStatus {
         STATUSES
             .get(v as usize)

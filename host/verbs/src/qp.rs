@@ -136,16 +136,33 @@ struct Scratch {
     sges: Vec<ibv_sge>,
     sends: Vec<ibv_send_wr>,
     recvs: Vec<ibv_recv_wr>,
-    /// Counted under the lock every post takes anyway, so counting costs an add.
-    posted: Posted,
 }
 
 /// Work requests a QP's provider accepted so far: what the data path costs the NIC per
-/// message, which the transport's tests hold to the reference's count.
+/// message, which the transport's tests hold to the reference's count, and what the policies'
+/// telemetry sums per port.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Posted {
     pub sends: u64,
+    /// The payload bytes of those send WRs (the SGEs' lengths: written, sent, or read).
+    pub send_bytes: u64,
     pub recvs: u64,
+}
+
+/// The counters behind [`Posted`]. Written only under the post lock, one writer at a time, so a
+/// post counts with plain loads and stores (no locked instruction); atomics so that a reader
+/// (the telemetry, on another thread) needs no lock: it sees each counter whole, the three not
+/// necessarily of one instant.
+#[derive(Debug, Default)]
+struct Counters {
+    sends: AtomicU64,
+    send_bytes: AtomicU64,
+    recvs: AtomicU64,
+}
+
+/// Adds `n` to a counter only one thread writes at a time (see [`Counters`]).
+fn bump(counter: &AtomicU64, n: u64) {
+    counter.store(counter.load(Ordering::Relaxed) + n, Ordering::Relaxed);
 }
 
 /// How many WRs of a chain of `n` the provider took: all, or those before the failed one.
@@ -168,6 +185,7 @@ pub struct Qp {
     id: u64,
     caps: QpCaps,
     scratch: Mutex<Scratch>,
+    counters: Counters,
 }
 
 impl std::fmt::Debug for Qp {
@@ -255,6 +273,7 @@ impl Pd {
             id,
             caps: granted,
             scratch: Mutex::new(Scratch::default()),
+            counters: Counters::default(),
         })
     }
 }
@@ -486,7 +505,14 @@ impl Qp {
                 post(self.qp.as_ptr(), base, &mut bad)
             };
         let result = self.post_result(rc, "send", base, bad);
-        s.posted.sends += accepted(&result, wrs.len());
+        let n = accepted(&result, wrs.len());
+        let bytes: u64 = wrs[..n as usize]
+            .iter()
+            .flat_map(|w| w.sges)
+            .map(|g| u64::from(g.len()))
+            .sum();
+        bump(&self.counters.sends, n);
+        bump(&self.counters.send_bytes, bytes);
         result
     }
 
@@ -536,16 +562,19 @@ impl Qp {
                 post(self.qp.as_ptr(), base, &mut bad)
             };
         let result = self.post_result(rc, "recv", base, bad);
-        s.posted.recvs += accepted(&result, wrs.len());
+        bump(&self.counters.recvs, accepted(&result, wrs.len()));
         result
     }
 
-    /// The work requests posted on this QP so far.
+    /// The work requests posted on this QP so far. Takes no lock: callable from any thread
+    /// while others post.
     pub fn posted(&self) -> Posted {
-        self.scratch
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .posted
+        let c = &self.counters;
+        Posted {
+            sends: c.sends.load(Ordering::Relaxed),
+            send_bytes: c.send_bytes.load(Ordering::Relaxed),
+            recvs: c.recvs.load(Ordering::Relaxed),
+        }
     }
 
     fn post_result<T>(

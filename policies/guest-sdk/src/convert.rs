@@ -2,6 +2,7 @@
 //! types; decisions go the other way. Nothing is lost on the way in: the WIT `gid` flags
 //! `family`, `link-local` and `unconfigured` are functions of the raw bytes the model keeps.
 
+use crate::bindings::ncclwasm::policy::telemetry as tel;
 use crate::bindings::ncclwasm::policy::types as wit;
 use crate::model;
 use crate::model::device_table::ID_UNDEF;
@@ -240,6 +241,76 @@ impl From<model::PortAnswer> for wit::PortAnswer {
             model::PortAnswer::Fail { reason } => wit::PortAnswer::Fail(reason),
             model::PortAnswer::FailBack { reason } => wit::PortAnswer::FailBack(reason),
             model::PortAnswer::Stay { reason } => wit::PortAnswer::Stay(reason),
+        }
+    }
+}
+
+impl From<tel::Snapshot> for model::telemetry::Telemetry {
+    fn from(s: tel::Snapshot) -> Self {
+        use model::telemetry as mt;
+        let traffic = |t: tel::Traffic| mt::Traffic {
+            wrs: t.wrs,
+            bytes: t.bytes,
+        };
+        let errors = |e: Vec<tel::StatusCount>| {
+            e.into_iter()
+                .map(|c| mt::StatusCount {
+                    status: c.status,
+                    count: c.count,
+                })
+                .collect()
+        };
+        mt::Telemetry {
+            at_ms: s.at_ms,
+            ports: s
+                .ports
+                .into_iter()
+                .map(|p| mt::PortTelemetry {
+                    index: p.index,
+                    device: p.device,
+                    port: p.port,
+                    send: traffic(p.send),
+                    recv: traffic(p.recv),
+                    completions: p.completions,
+                    errors: errors(p.errors),
+                    last_error_ms: p.last_error_ms,
+                    changes: p
+                        .changes
+                        .into_iter()
+                        .map(|c| mt::StateChange {
+                            at_ms: c.at_ms,
+                            state: c.state.into(),
+                        })
+                        .collect(),
+                    connections: p.connections,
+                    qps: p.qps,
+                    window_ms: p.window_ms,
+                    window_bytes: p.window_bytes,
+                })
+                .collect(),
+            connections: s
+                .connections
+                .into_iter()
+                .map(|c| mt::ConnectionTelemetry {
+                    id: c.id,
+                    comm_id: c.comm_id,
+                    device: c.device,
+                    sending: c.sending,
+                    done: traffic(c.done),
+                    completions: c.completions,
+                    errors: errors(c.errors),
+                    qps: c
+                        .qps
+                        .into_iter()
+                        .map(|q| mt::QpTelemetry {
+                            qpn: q.qpn,
+                            port: q.port,
+                            send: traffic(q.send),
+                            recv: traffic(q.recv),
+                        })
+                        .collect(),
+                })
+                .collect(),
         }
     }
 }

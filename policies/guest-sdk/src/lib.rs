@@ -76,6 +76,19 @@ pub fn log(level: LogLevel, message: &str) {
     eprintln!("[{level:?}] {message}");
 }
 
+/// What the job has done so far: per port and per open connection, work requests and bytes
+/// posted, completions, errors, state changes and the bytes of a recent window (the WIT
+/// `telemetry.read`; one snapshot per hook call).
+///
+/// Natively (unit tests of a policy), the snapshot [`testing::set_telemetry`] gave this thread,
+/// else an empty one.
+pub fn telemetry() -> model::telemetry::Telemetry {
+    #[cfg(target_arch = "wasm32")]
+    return bindings::ncclwasm::policy::telemetry::read().into();
+    #[cfg(not(target_arch = "wasm32"))]
+    testing::telemetry_now()
+}
+
 /// Exports a [`Policy`] implementation as the component's `policy` world.
 ///
 /// Use it once per policy crate, at the crate root. The policy name and version reported to the

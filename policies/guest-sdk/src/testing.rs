@@ -2,9 +2,27 @@
 //! built from it, so a test reads like the situation it checks ("mlx5_0 talking to a peer's
 //! mlx5_3") instead of pages of struct literals.
 
+use std::cell::RefCell;
 use std::path::PathBuf;
 
+use crate::model::telemetry::Telemetry;
 use crate::{Connection, Endpoint, Port};
+
+thread_local! {
+    static TELEMETRY: RefCell<Telemetry> = RefCell::new(Telemetry::default());
+}
+
+/// What [`crate::telemetry`] returns on this thread from now on, natively (a unit test of a
+/// policy that reads the counters).
+pub fn set_telemetry(snapshot: Telemetry) {
+    TELEMETRY.with(|t| *t.borrow_mut() = snapshot);
+}
+
+/// The snapshot [`set_telemetry`] gave this thread.
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn telemetry_now() -> Telemetry {
+    TELEMETRY.with(|t| t.borrow().clone())
+}
 
 /// The port table of `topologies/<name>.toml`, as the host would report it.
 ///

@@ -1,0 +1,113 @@
+//! The counters behind a policy's `telemetry` import, as `Net::telemetry` sums them: each
+//! connection's QPs and messages, each port's total over the connections on it, what a closed
+//! connection leaves behind, and the recent window.
+
+mod common;
+
+use common::*;
+use ncclwasm_model::telemetry::Telemetry;
+
+#[test]
+fn the_telemetry_counts_each_connection_and_sums_each_port() {
+    let net = net();
+    let before = net.telemetry();
+    let (s, r) = connect(&net, 0, 0);
+    let b = bufs(&s, &r);
+    const N: usize = 20;
+    const SIZE: usize = 4096;
+    for i in 0..N {
+        one(&s, &r, &b, SIZE, SIZE, i);
+    }
+    let t = net.telemetry();
+    let port = s.stats().local[0].clone();
+    let p = t
+        .ports
+        .iter()
+        .find(|p| p.device == port.device && p.port == port.port)
+        .expect("device 0's port");
+    let was = before.ports.iter().find(|q| q.index == p.index).unwrap();
+
+    // The two sides of the connection, newest first: the sender's QP carried the payload,
+    // each side's `test` finished N messages of SIZE bytes.
+    let sending = t
+        .connections
+        .iter()
+        .find(|c| c.sending)
+        .expect("the sender");
+    let receiving = t
+        .connections
+        .iter()
+        .find(|c| !c.sending)
+        .expect("the receiver");
+    let payload = (N * SIZE) as u64;
+    assert_eq!(sending.qps.len(), s.plan().qps.len());
+    assert_eq!(sending.qps[0].send.bytes, s.stats().posted[0]);
+    assert_eq!(sending.qps[0].send.bytes, payload);
+    assert_eq!((sending.done.wrs, sending.done.bytes), (N as u64, payload));
+    assert_eq!(
+        (receiving.done.wrs, receiving.done.bytes),
+        (N as u64, payload)
+    );
+    assert!(receiving.qps[0].recv.wrs >= N as u64, "{receiving:?}");
+    assert!(sending.completions > 0 && receiving.completions > 0);
+    assert!(sending.errors.is_empty() && receiving.errors.is_empty());
+    assert!(sending.qps.iter().all(|q| q.port == p.index));
+
+    // The port: both sides' QPs, and the sum of what they posted (the receiver's CTS writes
+    // with the sender's payload).
+    assert_eq!((p.connections, p.qps), (2, 2), "{p:?}");
+    let on_port: u64 = [sending, receiving]
+        .iter()
+        .flat_map(|c| &c.qps)
+        .map(|q| q.send.bytes)
+        .sum();
+    assert_eq!(p.send.bytes - was.send.bytes, on_port);
+    assert!(p.send.bytes - was.send.bytes > payload);
+    assert!(
+        p.window_bytes > 0 && u64::from(p.window_ms) <= t.at_ms,
+        "{p:?}"
+    );
+
+    // The file the plugin writes under NCCL_WASM_TELEMETRY_FILE: the same snapshot, as TOML,
+    // rewritten while the context lives.
+    let path = std::env::temp_dir().join(format!("ncclwasm-telemetry-{}.toml", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    net.write_telemetry(path.clone(), std::time::Duration::from_millis(20))
+        .unwrap();
+    let end = deadline();
+    let written = loop {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if let Ok(w) = toml::from_str::<Telemetry>(&text)
+            && w.connections.len() >= 2
+        {
+            break w;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "no telemetry file at {}",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    assert_eq!(written.ports.len(), t.ports.len());
+    let w = written.ports.iter().find(|q| q.index == p.index).unwrap();
+    assert_eq!(
+        (w.connections, w.qps, w.send),
+        (p.connections, p.qps, p.send)
+    );
+    std::fs::remove_file(&path).unwrap();
+
+    // Closed: the connections leave the list, their work stays in the port's totals.
+    drop((b, s, r));
+    let after = net.telemetry();
+    let q = after.ports.iter().find(|q| q.index == p.index).unwrap();
+    assert!(
+        after
+            .connections
+            .iter()
+            .all(|c| c.id != sending.id && c.id != receiving.id)
+    );
+    assert_eq!((q.connections, q.qps), (0, 0), "{q:?}");
+    assert_eq!(q.send, p.send);
+    assert_eq!(q.completions, p.completions);
+}
