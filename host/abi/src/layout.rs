@@ -41,8 +41,67 @@ pub type Logger = Option<
         ...
     ),
 >;
-/// `ncclProfilerCallback_t`, never called by this plugin.
-pub type Profiler = *mut c_void;
+/// `ncclProfilerCallback_t` (v10+ `init`; NULL when NCCL profiles nothing): `(eHandle, type,
+/// pHandle, pluginId, extData)`, `type` one of the `PROFILER_*` event kinds.
+pub type Profiler = Option<
+    unsafe extern "C" fn(
+        e_handle: *mut *mut c_void,
+        kind: c_int,
+        p_handle: *mut c_void,
+        plugin_id: i64,
+        ext_data: *mut c_void,
+    ) -> NcclResult,
+>;
+/// `ncclProfilerNetEventStart` / `…Stop`: the profiler callback's `type`.
+pub const PROFILER_EVENT_START: c_int = 0;
+pub const PROFILER_EVENT_STOP: c_int = 1;
+/// `NCCL_PROFILER_NET_TYPE_IB | NCCL_PROFILER_NET_IB_VER`: the plugin id of net_ib's QP events
+/// (the type in bits 16–31, the descriptor's version below).
+pub const PROFILER_PLUGIN_IB_V1: i64 = (1 << 16) | 1;
+/// `ncclProfileQp`: an IB-v1 descriptor's `type`.
+pub const PROFILE_QP: u8 = 1;
+/// This plugin's own events (`NetWasmDescrV1`): type `0x4e57` ("NW"), version 1. NCCL's
+/// example profiler keeps only IB and socket events; a profiler that knows this id reads the
+/// decisions behind each connection.
+pub const PROFILER_PLUGIN_NCCLWASM_V1: i64 = (0x4e57 << 16) | 1;
+
+/// `ncclProfilerNetIbDescr_v1_t`: `type` then the union, whose one member is `qp`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetIbQpDescrV1 {
+    pub kind: u8,
+    pub qp: NetIbQp,
+}
+
+/// The `qp` member of [`NetIbQpDescrV1`]: one QP event.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetIbQp {
+    /// The device index of the connection's port (net_ib's `devIndex`).
+    pub device: c_int,
+    pub wr_id: u64,
+    pub opcode: c_int,
+    pub qp_num: c_int,
+    pub length: usize,
+}
+
+/// The descriptor of this plugin's own profiler events ([`PROFILER_PLUGIN_NCCLWASM_V1`]): a
+/// decision about one connection.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct NetWasmDescrV1 {
+    /// 1: the plan the connection runs; 2: a failover move; 3: a fail-back.
+    pub kind: u8,
+    /// The NCCL device the connection was made on.
+    pub device: c_int,
+    pub comm_id: u64,
+    /// QPs of the plan, failover moves and fail-backs so far.
+    pub qps: u32,
+    pub moves: u32,
+    pub fail_backs: u32,
+    /// Who made the plan (NUL-terminated; valid during the callback only).
+    pub source: *const c_char,
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -280,6 +339,15 @@ const _: () = {
     assert!(size_of::<NetV11>() == 176);
     assert!(size_of::<NetV12>() == 176);
     assert!(size_of::<NetAttrC>() == 44);
+    assert!(size_of::<NetIbQpDescrV1>() == 40);
+    assert!(offset_of!(NetIbQpDescrV1, qp) == 8);
+    assert!(offset_of!(NetIbQp, wr_id) == 8);
+    assert!(offset_of!(NetIbQp, opcode) == 16);
+    assert!(offset_of!(NetIbQp, qp_num) == 20);
+    assert!(offset_of!(NetIbQp, length) == 24);
+    assert!(size_of::<NetWasmDescrV1>() == 40);
+    assert!(offset_of!(NetWasmDescrV1, comm_id) == 8);
+    assert!(offset_of!(NetWasmDescrV1, source) == 32);
     assert!(offset_of!(NetAttrC, recv) == 16);
     assert!(offset_of!(NetAttrC, op) == 32);
     assert!(offset_of!(NetAttrC, proto) == 40);

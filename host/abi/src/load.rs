@@ -238,13 +238,9 @@ impl Plugin {
             match self.table {
                 Table::V8(t) => t.init.map(|f| f(None)),
                 Table::V9(t) => t.init.map(|f| f(None)),
-                Table::V10(t) => t.init.map(|f| f(None, ptr::null_mut())),
-                Table::V11(t) => t
-                    .init
-                    .map(|f| f(ctx, 0, &mut config, None, ptr::null_mut())),
-                Table::V12(t) => t
-                    .init
-                    .map(|f| f(ctx, 0, &mut config, None, ptr::null_mut())),
+                Table::V10(t) => t.init.map(|f| f(None, None)),
+                Table::V11(t) => t.init.map(|f| f(ctx, 0, &mut config, None, None)),
+                Table::V12(t) => t.init.map(|f| f(ctx, 0, &mut config, None, None)),
             }
         }
         .ok_or_else(|| self.missing("init"))?;

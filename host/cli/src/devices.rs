@@ -231,15 +231,7 @@ fn telemetry_table(t: &Telemetry) -> String {
     let mut table = Table::new(
         2,
         &[
-            "port",
-            "sent",
-            "send wrs",
-            "recv wrs",
-            "done",
-            "errors",
-            "conns",
-            "qps",
-            "recent",
+            "port", "sent", "send wrs", "recv wrs", "done", "errors", "conns", "qps", "recent",
             "changed",
         ],
     );

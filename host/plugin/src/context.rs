@@ -11,6 +11,7 @@ use ncclwasm_policy::{PolicyCache, PolicyHost};
 use ncclwasm_transport::{CommConfig, Net, NetError};
 
 use crate::edge::{guard, null_arg};
+use crate::profiler::NcclProfiler;
 use crate::{fabric, log, pin};
 
 /// Where the plugin writes the policies' telemetry (the snapshot file format), when set.
@@ -46,6 +47,7 @@ pub(crate) fn net() -> Result<Net, NetError> {
 /// now, not with the earlier load's virtual NICs.
 pub(crate) fn init_net(
     logger: Logger,
+    profiler: Profiler,
     max_devs_per_nic: usize,
     context: bool,
 ) -> Result<(), NetError> {
@@ -82,8 +84,14 @@ pub(crate) fn init_net(
         }
         *st = Some(Global { net, contexts: 0 });
     }
-    if context && let Some(g) = st.as_mut() {
-        g.contexts += 1;
+    if let Some(g) = st.as_mut() {
+        if context {
+            g.contexts += 1;
+        }
+        // NCCL passes the same callback to every init (NULL when nothing is profiled).
+        if let Some(callback) = profiler {
+            g.net.set_profiler(Arc::new(NcclProfiler::new(callback)));
+        }
     }
     Ok(())
 }
@@ -135,13 +143,14 @@ pub(crate) fn init_ctx(
     comm_id: u64,
     config: *mut CommConfigC,
     logger: Logger,
+    profiler: Profiler,
     max_devs: usize,
 ) -> NcclResult {
     guard("init", || {
         // SAFETY: NCCL passes a valid out-pointer.
         let out = unsafe { ctx.as_mut() }.ok_or_else(|| null_arg("ctx"))?;
         *out = std::ptr::null_mut();
-        init_net(logger, max_devs, true)?;
+        init_net(logger, profiler, max_devs, true)?;
         // SAFETY: NULL or NCCL's config.
         let tc = unsafe { config.as_ref() }.map_or(-1, |c| c.traffic_class);
         tracing::info!("NET/WASM: init comm {comm_id:#x} traffic class {tc}");

@@ -61,6 +61,7 @@ mod log;
 mod memory;
 mod messages;
 mod pin;
+mod profiler;
 mod properties;
 mod stats;
 mod v10;

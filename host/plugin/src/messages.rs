@@ -19,6 +19,7 @@ pub(crate) fn isend_impl(
     size: usize,
     tag: c_int,
     mh: *mut c_void,
+    phandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> NcclResult {
     guard("isend", || {
@@ -32,11 +33,28 @@ pub(crate) fn isend_impl(
         }
         let mr = mem(mh)?;
         *out = on_send(comm, |s, requests, k| {
-            let id = s.isend(data as u64, size as u64, tag as u32, mr.as_deref())?;
+            let id = s.isend_profiled(
+                data as u64,
+                size as u64,
+                tag as u32,
+                mr.as_deref(),
+                phandle as usize,
+            )?;
             Ok(id.map_or(std::ptr::null_mut(), |id| requests.issue(k, id)))
         })?;
         Ok(())
     })
+}
+
+/// NCCL's parallel arrays of one `irecv`, `n` entries each: buffers, sizes, tags, memory
+/// handles and profiler handles (NULL before v10, or when NCCL profiles nothing).
+#[derive(Clone, Copy)]
+pub(crate) struct RecvArrays {
+    pub(crate) data: *mut *mut c_void,
+    pub(crate) sizes: Sizes,
+    pub(crate) tags: *mut c_int,
+    pub(crate) mhandles: *mut *mut c_void,
+    pub(crate) phandles: *mut *mut c_void,
 }
 
 /// The sizes array of `irecv`/`iflush`: `size_t` from v9 on, `int` in v8 and in every `iflush`.
@@ -124,12 +142,16 @@ fn recv_bufs(args: &[Arg]) -> [RecvBuf<'_>; MAX_RECVS] {
 pub(crate) fn irecv_impl(
     comm: *mut c_void,
     n: c_int,
-    data: *mut *mut c_void,
-    sizes: Sizes,
-    tags: *mut c_int,
-    mhandles: *mut *mut c_void,
+    arrays: RecvArrays,
     request: *mut *mut c_void,
 ) -> NcclResult {
+    let RecvArrays {
+        data,
+        sizes,
+        tags,
+        mhandles,
+        phandles,
+    } = arrays;
     guard("irecv", || {
         // SAFETY: NCCL passes a valid out-pointer.
         let out = unsafe { request.as_mut() }.ok_or_else(|| null_arg("request"))?;
@@ -141,8 +163,15 @@ pub(crate) fn irecv_impl(
         }
         // SAFETY: NCCL's arrays of n entries.
         let (args, n) = unsafe { recv_args("irecv", n, data, sizes, tags, mhandles) }?;
+        let mut parents = [0usize; MAX_RECVS];
+        if !phandles.is_null() {
+            for (i, p) in parents.iter_mut().enumerate().take(n) {
+                // SAFETY: a non-NULL `phandles` holds n entries (the contract).
+                *p = unsafe { *phandles.add(i) } as usize;
+            }
+        }
         *out = on_recv(comm, |r, requests, k| {
-            let id = r.irecv(&recv_bufs(&args[..n])[..n])?;
+            let id = r.irecv_profiled(&recv_bufs(&args[..n])[..n], &parents[..n])?;
             Ok(requests.issue(k, id))
         })?;
         Ok(())

@@ -1,6 +1,6 @@
 //! `ncclNetPlugin_v10`: a profiler callback at `init`, the communicator's config (traffic
-//! class) at `connect`, profiler handles in `isend`/`irecv` (unused). Its `isend` and `irecv`
-//! serve v11 and v12 too.
+//! class) at `connect`, profiler handles in `isend`/`irecv` (the parents of the requests' QP
+//! events, `crate::profiler`). Its `isend` and `irecv` serve v11 and v12 too.
 
 use std::ffi::{c_int, c_void};
 
@@ -11,12 +11,12 @@ use crate::comms::{accept, close_listen, close_recv, close_send, connect_impl};
 use crate::context::init_net;
 use crate::edge::{NAME, guard};
 use crate::memory::{dereg_mr, reg_mr, reg_mr_dma_buf};
-use crate::messages::{Sizes, iflush, irecv_impl, isend_impl, test};
+use crate::messages::{RecvArrays, Sizes, iflush, irecv_impl, isend_impl, test};
 use crate::properties::devices;
 use crate::{v8, v9};
 
-unsafe extern "C" fn init(logger: Logger, _prof: Profiler) -> NcclResult {
-    guard("init", || init_net(logger, 4, false))
+unsafe extern "C" fn init(logger: Logger, prof: Profiler) -> NcclResult {
+    guard("init", || init_net(logger, prof, 4, false))
 }
 
 unsafe extern "C" fn connect(
@@ -46,10 +46,10 @@ pub(crate) unsafe extern "C" fn isend(
     size: usize,
     tag: c_int,
     mh: *mut c_void,
-    _phandle: *mut c_void,
+    phandle: *mut c_void,
     req: *mut *mut c_void,
 ) -> NcclResult {
-    isend_impl(comm, data, size, tag, mh, req)
+    isend_impl(comm, data, size, tag, mh, phandle, req)
 }
 
 pub(crate) unsafe extern "C" fn irecv(
@@ -59,10 +59,17 @@ pub(crate) unsafe extern "C" fn irecv(
     sizes: *mut usize,
     tags: *mut c_int,
     mh: *mut *mut c_void,
-    _phandles: *mut *mut c_void,
+    phandles: *mut *mut c_void,
     req: *mut *mut c_void,
 ) -> NcclResult {
-    irecv_impl(comm, n, data, Sizes::Size(sizes), tags, mh, req)
+    let arrays = RecvArrays {
+        data,
+        sizes: Sizes::Size(sizes),
+        tags,
+        mhandles: mh,
+        phandles,
+    };
+    irecv_impl(comm, n, arrays, req)
 }
 
 #[unsafe(no_mangle)]

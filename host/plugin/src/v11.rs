@@ -20,9 +20,9 @@ unsafe extern "C" fn init(
     comm_id: u64,
     config: *mut CommConfigC,
     logger: Logger,
-    _prof: Profiler,
+    prof: Profiler,
 ) -> NcclResult {
-    init_ctx(ctx, comm_id, config, logger, 4)
+    init_ctx(ctx, comm_id, config, logger, prof, 4)
 }
 
 unsafe extern "C" fn get_properties(dev: c_int, out: *mut PropsV11) -> NcclResult {

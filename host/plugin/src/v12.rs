@@ -17,9 +17,9 @@ unsafe extern "C" fn init(
     comm_id: u64,
     config: *mut CommConfigC,
     logger: Logger,
-    _prof: Profiler,
+    prof: Profiler,
 ) -> NcclResult {
-    init_ctx(ctx, comm_id, config, logger, 8)
+    init_ctx(ctx, comm_id, config, logger, prof, 8)
 }
 
 unsafe extern "C" fn get_properties(dev: c_int, out: *mut PropsV12) -> NcclResult {

@@ -11,11 +11,11 @@ use crate::comms::{accept, close_listen, close_recv, close_send, connect_impl, l
 use crate::context::init_net;
 use crate::edge::{NAME, guard, null_arg};
 use crate::memory::{dereg_mr, reg_mr, reg_mr_dma_buf};
-use crate::messages::{Sizes, iflush, irecv_impl, isend_impl, test};
+use crate::messages::{RecvArrays, Sizes, iflush, irecv_impl, isend_impl, test};
 use crate::properties::{common, devices, props};
 
 unsafe extern "C" fn init(logger: Logger) -> NcclResult {
-    guard("init", || init_net(logger, 1, false))
+    guard("init", || init_net(logger, None, 1, false))
 }
 
 unsafe extern "C" fn get_properties(dev: c_int, out: *mut PropsV8) -> NcclResult {
@@ -73,6 +73,7 @@ unsafe extern "C" fn isend(
         usize::try_from(size).unwrap_or(usize::MAX),
         tag,
         mh,
+        std::ptr::null_mut(),
         req,
     )
 }
@@ -86,7 +87,14 @@ unsafe extern "C" fn irecv(
     mh: *mut *mut c_void,
     req: *mut *mut c_void,
 ) -> NcclResult {
-    irecv_impl(comm, n, data, Sizes::Int(sizes), tags, mh, req)
+    let arrays = RecvArrays {
+        data,
+        sizes: Sizes::Int(sizes),
+        tags,
+        mhandles: mh,
+        phandles: std::ptr::null_mut(),
+    };
+    irecv_impl(comm, n, arrays, req)
 }
 
 #[unsafe(no_mangle)]

@@ -10,12 +10,12 @@ use crate::comms::{accept, close_listen, close_recv, close_send};
 use crate::context::init_net;
 use crate::edge::{NAME, guard, null_arg};
 use crate::memory::{dereg_mr, reg_mr, reg_mr_dma_buf};
-use crate::messages::{Sizes, iflush, irecv_impl, isend_impl, test};
+use crate::messages::{RecvArrays, Sizes, iflush, irecv_impl, isend_impl, test};
 use crate::properties::{devices, make_vdevice_impl, props, props_v9};
 use crate::v8;
 
 unsafe extern "C" fn init(logger: Logger) -> NcclResult {
-    guard("init", || init_net(logger, 4, false))
+    guard("init", || init_net(logger, None, 4, false))
 }
 
 pub(crate) unsafe extern "C" fn get_properties(dev: c_int, out: *mut PropsV9) -> NcclResult {
@@ -35,7 +35,7 @@ unsafe extern "C" fn isend(
     mh: *mut c_void,
     req: *mut *mut c_void,
 ) -> NcclResult {
-    isend_impl(comm, data, size, tag, mh, req)
+    isend_impl(comm, data, size, tag, mh, std::ptr::null_mut(), req)
 }
 
 unsafe extern "C" fn irecv(
@@ -47,7 +47,14 @@ unsafe extern "C" fn irecv(
     mh: *mut *mut c_void,
     req: *mut *mut c_void,
 ) -> NcclResult {
-    irecv_impl(comm, n, data, Sizes::Size(sizes), tags, mh, req)
+    let arrays = RecvArrays {
+        data,
+        sizes: Sizes::Size(sizes),
+        tags,
+        mhandles: mh,
+        phandles: std::ptr::null_mut(),
+    };
+    irecv_impl(comm, n, arrays, req)
 }
 
 pub(crate) unsafe extern "C" fn make_vdevice(d: *mut c_int, props: *mut VDevPropsV9) -> NcclResult {

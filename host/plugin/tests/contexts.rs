@@ -66,7 +66,7 @@ unsafe fn drive() {
             let mut ctx = null_mut();
             let mut config = CommConfigC { traffic_class: tc };
             assert_eq!(
-                T.init.unwrap()(&mut ctx, id, &mut config, None, null_mut()),
+                T.init.unwrap()(&mut ctx, id, &mut config, None, None),
                 NCCL_SUCCESS
             );
             let mut attr = hint(peers);

@@ -37,7 +37,7 @@ unsafe fn drive() {
     unsafe {
         let mut ctx = null_mut();
         let mut config = CommConfigC { traffic_class: -1 };
-        let rc = T.init.unwrap()(&mut ctx, 1, &mut config, None, null_mut());
+        let rc = T.init.unwrap()(&mut ctx, 1, &mut config, None, None);
         assert_eq!(rc, NCCL_SUCCESS);
 
         let (lc, sc, rc_comm) = common::connect_pair(ctx, 0, 1);

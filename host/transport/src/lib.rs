@@ -49,6 +49,7 @@ mod oob_host;
 mod oob_pattern;
 #[cfg(feature = "policy")]
 mod policy_host;
+pub mod profile;
 mod qp;
 mod recv;
 mod send;

@@ -12,10 +12,12 @@
 //! failure is `accept`'s.
 
 use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::device::PortCtx;
 use crate::net_error::NetError;
+use crate::profile::Profiler;
 use crate::recv::{Accepting, RecvComm};
 use crate::socket::Stream;
 use crate::telemetry::MeterSpec;
@@ -49,6 +51,8 @@ pub struct Listener {
     warn: Throttle,
     /// Who the accepted sides are in the telemetry.
     meter: MeterSpec,
+    /// NCCL's profiler, for the accepted communicators.
+    profiler: Option<Arc<dyn Profiler>>,
 }
 
 impl Listener {
@@ -58,6 +62,7 @@ impl Listener {
         config: AcceptorConfig,
         ports: Vec<PortCtx>,
         meter: MeterSpec,
+        profiler: Option<Arc<dyn Profiler>>,
     ) -> Self {
         let flush = ports.first().is_some_and(|p| p.dev.gpu.flush.value);
         Listener {
@@ -72,6 +77,7 @@ impl Listener {
             dropped: 0,
             warn: Throttle::new(WARN_INTERVAL),
             meter,
+            profiler,
         }
     }
 
@@ -92,6 +98,7 @@ impl Listener {
                     self.ports.clone(),
                     self.flush,
                     self.meter.clone(),
+                    self.profiler.clone(),
                 ),
                 now,
             );

@@ -32,6 +32,7 @@ use crate::listener::Listener;
 use crate::net_error::NetError;
 use crate::oob::{OobChoice, OobEnv};
 use crate::oob_host::{announce, choose_on_host};
+use crate::profile::Profiler;
 use crate::qp::random_u64;
 use crate::send::{Connecting, SendComm};
 use crate::socket::Stream;
@@ -142,6 +143,8 @@ struct NetInner {
     telemetry: Arc<Registry>,
     /// Their file, when asked for ([`Net::write_telemetry`]).
     telemetry_file: Mutex<Option<FileWriter>>,
+    /// NCCL's profiler ([`Net::set_profiler`]), for the communicators made from then on.
+    profiler: RwLock<Option<Arc<dyn Profiler>>>,
 }
 
 /// The network context. Cheap to clone; the last clone (and every communicator) gone stops the
@@ -291,6 +294,7 @@ impl Net {
                 next_connect: AtomicU64::new(1),
                 telemetry,
                 telemetry_file: Mutex::new(None),
+                profiler: RwLock::new(None),
             }),
         })
     }
@@ -437,7 +441,8 @@ impl Net {
         };
         // NCCL's `listen` names no communicator: the receiving side's id is unknown (0).
         let meter = self.meter(0, dev, false);
-        Ok((Listener::new(listener, addr, config, ports, meter), handle))
+        let listener = Listener::new(listener, addr, config, ports, meter, self.profiler());
+        Ok((listener, handle))
     }
 
     /// `connect` to the listener behind `handle`: `Ok(None)` means "call again with the same
@@ -482,6 +487,7 @@ impl Net {
                     ports,
                     Arc::clone(&inner.decisions),
                     self.meter(comm.comm_id, dev, true),
+                    self.profiler(),
                 )
             }
         };
@@ -519,6 +525,24 @@ impl Net {
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some(writer);
         Ok(())
+    }
+
+    /// NCCL's profiler (v10+ `init`): the communicators made from now on record their QP
+    /// events and decisions with it.
+    pub fn set_profiler(&self, profiler: Arc<dyn Profiler>) {
+        *self
+            .inner
+            .profiler
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Some(profiler);
+    }
+
+    fn profiler(&self) -> Option<Arc<dyn Profiler>> {
+        self.inner
+            .profiler
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn meter(&self, comm_id: u64, dev: i64, sending: bool) -> MeterSpec {

@@ -11,6 +11,7 @@ use crate::device::PortCtx;
 use crate::failover::recv::prefill;
 use crate::failover::{ControlLink, PortWatch};
 use crate::net_error::NetError;
+use crate::profile::{Profiler, QpEvent, QpEvents, RecvEvents, WC_RECV_RDMA_WITH_IMM};
 use crate::qp::{self, ConnQp};
 use crate::send::{describe, summary};
 use crate::socket::Stream;
@@ -22,7 +23,7 @@ use ncclwasm_proto::fifo::{
 use ncclwasm_proto::handshake::{Acceptor, AcceptorAction, RecvSetup};
 use ncclwasm_proto::message::{Ece, RemoteWindow};
 use ncclwasm_proto::request::{Finished, RecvSizes, ReqId};
-use ncclwasm_proto::{MAX_ENDPOINTS, MAX_RECVS};
+use ncclwasm_proto::{MAX_ENDPOINTS, MAX_RECVS, MAX_REQUESTS};
 
 /// What a failure during accept was doing (in errors).
 const ACCEPT_HANDSHAKE: &str = "accept handshake";
@@ -45,6 +46,7 @@ pub(crate) struct Accepting {
     qps: Vec<ConnQp>,
     regions: Option<RecvRegions>,
     meter: MeterSpec,
+    profiler: Option<Arc<dyn Profiler>>,
 }
 
 /// What a receive communicator registers besides NCCL's buffers.
@@ -73,6 +75,7 @@ impl Accepting {
         ports: Vec<PortCtx>,
         flush: bool,
         meter: MeterSpec,
+        profiler: Option<Arc<dyn Profiler>>,
     ) -> Self {
         Accepting {
             machine,
@@ -83,6 +86,7 @@ impl Accepting {
             qps: Vec::new(),
             regions: None,
             meter,
+            profiler,
         }
     }
 
@@ -216,6 +220,11 @@ impl Accepting {
             regions,
             setup,
             flushes: AtomicU64::new(0),
+            events: self
+                .profiler
+                .as_ref()
+                .map(|_| Mutex::new(Box::new([[QpEvents::default(); MAX_RECVS]; MAX_REQUESTS]))),
+            profiler: self.profiler.take(),
         })
     }
 }
@@ -244,6 +253,10 @@ pub struct RecvComm {
     /// QPs to be re-created over it (fail-back). Locked only under `state`.
     /// Port failures announced by async events are watched with it.
     pub(crate) control: Option<Mutex<(ControlLink, PortWatch)>>,
+    /// NCCL's profiler, when it gave one (v10+), and the QP events of each request's buffers
+    /// (locked only when profiling: a request's events start in `irecv` and stop in `test`).
+    profiler: Option<Arc<dyn Profiler>>,
+    events: Option<Mutex<Box<[RecvEvents; MAX_REQUESTS]>>>,
 }
 
 impl RecvComm {
@@ -278,6 +291,16 @@ impl RecvComm {
     /// `irecv` of 1..=8 grouped buffers: posts the receives, then writes the CTS entries into
     /// the sender's FIFO.
     pub fn irecv(&self, bufs: &[RecvBuf<'_>]) -> Result<ReqId, NetError> {
+        self.irecv_profiled(bufs, &[])
+    }
+
+    /// `irecv` with NCCL's profiler handle of each buffer (`phandles`, v10+; missing or 0:
+    /// none): each buffer's QP events, one per QP a receive is posted on, start under it.
+    pub fn irecv_profiled(
+        &self,
+        bufs: &[RecvBuf<'_>],
+        parents: &[usize],
+    ) -> Result<ReqId, NetError> {
         self.side.check_events(self.setup.failover)?;
         if bufs.is_empty() || bufs.len() > MAX_RECVS {
             return Err(NetError::Argument(format!(
@@ -306,8 +329,32 @@ impl RecvComm {
             .irecv(&recvs[..bufs.len()])
             .map_err(NetError::protocol("irecv"))?;
         let wr_id = post.wr_id();
-        for (q, _) in post.receives() {
+        let req = post.req;
+        // The buffers' QP events, when NCCL profiles any of them.
+        let mut events = match (&self.events, self.profiler.as_deref()) {
+            (Some(e), Some(p)) if parents.iter().any(|&h| h != 0) => {
+                let mut e = e.lock().unwrap_or_else(|p| p.into_inner());
+                for (i, ev) in e[req.index()].iter_mut().enumerate() {
+                    *ev = QpEvents::under(parents.get(i).copied().unwrap_or(0));
+                }
+                Some((e, p))
+            }
+            _ => None,
+        };
+        for (q, route) in post.receives() {
             let qp = &self.side.qps()[q].qp;
+            if let Some((e, p)) = events.as_mut() {
+                for (ev, b) in e[req.index()].iter_mut().zip(bufs) {
+                    let event = QpEvent {
+                        device: route.local as i32,
+                        wr_id,
+                        opcode: WC_RECV_RDMA_WITH_IMM,
+                        qpn: qp.qpn(),
+                        length: b.size,
+                    };
+                    ev.start(*p, &event);
+                }
+            }
             qp.post_recv(&[RecvWr { wr_id, sges: &[] }])
                 .map_err(NetError::verbs(|| {
                     format!("posting a receive on QP {}", qp.qpn())
@@ -317,7 +364,6 @@ impl RecvComm {
             // Before the CTS: the sender may probe the record as soon as it can send.
             self.regions.sizes.buf.store_u64_release(off, word);
         }
-        let req = post.req;
         let cts = post.cts;
         self.post_cts(&cts)?;
         Ok(req)
@@ -450,6 +496,12 @@ impl RecvComm {
                         }
                     }
                     self.side.meter.done(out[..n].iter().sum());
+                    if let (Some(e), Some(p)) = (&self.events, self.profiler.as_deref()) {
+                        let mut e = e.lock().unwrap_or_else(|p| p.into_inner());
+                        for ev in &mut e[req.index()][..n] {
+                            ev.stop(p);
+                        }
+                    }
                     Some(Done::Recv { n, sizes: out })
                 }
                 Some(Finished::Send { .. }) => {

@@ -11,6 +11,9 @@ use crate::decide::Decisions;
 use crate::device::PortCtx;
 use crate::failover::send::Failback;
 use crate::net_error::NetError;
+use crate::profile::{
+    DecisionEvent, DecisionKind, Profiler, QpEvent, QpEvents, WR_RDMA_WRITE, WR_RDMA_WRITE_WITH_IMM,
+};
 use crate::qp::{self, ConnQp};
 use crate::socket::Stream;
 use crate::telemetry::MeterSpec;
@@ -42,6 +45,7 @@ pub(crate) struct Connecting {
     /// The connection as the plan was asked for, for later decisions on it.
     conn: Option<Connection>,
     meter: MeterSpec,
+    profiler: Option<Arc<dyn Profiler>>,
 }
 
 impl Connecting {
@@ -51,6 +55,7 @@ impl Connecting {
         ports: Vec<PortCtx>,
         decisions: Arc<dyn Decisions>,
         meter: MeterSpec,
+        profiler: Option<Arc<dyn Profiler>>,
     ) -> Self {
         Connecting {
             machine,
@@ -64,6 +69,7 @@ impl Connecting {
             source: String::new(),
             conn: None,
             meter,
+            profiler,
         }
     }
 
@@ -196,6 +202,7 @@ impl Connecting {
                 bufs: [SendBuf::default(); MAX_REQUESTS],
                 posted: vec![0; setup.plan.qps.len()].into_boxed_slice(),
                 failback,
+                reported: Reported::default(),
             }),
             side,
             cts,
@@ -204,6 +211,7 @@ impl Connecting {
             source: std::mem::take(&mut self.source),
             conn,
             decisions: Arc::clone(&self.decisions),
+            profiler: self.profiler.clone(),
         })
     }
 }
@@ -243,11 +251,13 @@ pub(crate) fn summary(plan: &ncclwasm_model::ConnPlan, failover: bool) -> String
 /// WRITE_WITH_IMM that carries the sizes (`QpPost` holds as many).
 const MAX_CHAIN: usize = MAX_RECVS + 1;
 
-/// The buffer behind one send request, for the work requests of its slot.
+/// The buffer behind one send request, for the work requests of its slot, and the profiler's
+/// QP events of the request.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct SendBuf {
     addr: u64,
     lkeys: [u32; MAX_ENDPOINTS],
+    events: QpEvents,
 }
 
 /// What `isend` and `test` change, under the communicator's lock. The fields are the crate's
@@ -261,6 +271,17 @@ pub(crate) struct SendState {
     pub(crate) posted: Box<[u64]>,
     /// A connection prepared for failover: what fail-back needs.
     pub(crate) failback: Option<Failback>,
+    /// The decisions already reported to NCCL's profiler.
+    reported: Reported,
+}
+
+/// Decision events a send communicator has given the profiler: its plan, and how many of its
+/// failover moves and fail-backs.
+#[derive(Clone, Copy, Debug, Default)]
+struct Reported {
+    plan: bool,
+    moves: u32,
+    fail_backs: u32,
 }
 
 /// What a send communicator runs and has done: the plugin's `ncclwasm_send_comm_stats`.
@@ -297,6 +318,8 @@ pub struct SendComm {
     /// decided per connection.
     pub(crate) conn: Connection,
     pub(crate) decisions: Arc<dyn Decisions>,
+    /// NCCL's profiler, when it gave one (v10+).
+    profiler: Option<Arc<dyn Profiler>>,
 }
 
 impl SendComm {
@@ -334,6 +357,20 @@ impl SendComm {
         tag: u32,
         mr: Option<&MemHandle>,
     ) -> Result<Option<ReqId>, NetError> {
+        self.isend_profiled(addr, size, tag, mr, 0)
+    }
+
+    /// `isend` with NCCL's profiler handle for the request (`phandle`, v10+; 0 for none): the
+    /// request's QP events are started under it, and the connection's decisions not yet
+    /// reported (its plan, failover moves, fail-backs) are, while the handle is alive.
+    pub fn isend_profiled(
+        &self,
+        addr: u64,
+        size: u64,
+        tag: u32,
+        mr: Option<&MemHandle>,
+        parent: usize,
+    ) -> Result<Option<ReqId>, NetError> {
         self.side.check_events(self.setup.failover)?;
         let lkeys = match mr {
             Some(m) if size == 0 || m.covers(addr, size) => m.lkeys(),
@@ -346,6 +383,10 @@ impl SendComm {
         };
         let mut guard = crate::comm::lock_state(&self.state)?;
         self.progress(&mut guard, self.side.all())?;
+        let profiler = self.profiler.as_deref().filter(|_| parent != 0);
+        if let Some(p) = profiler {
+            self.report(p, parent, &mut guard);
+        }
         let SendState {
             sender,
             bufs,
@@ -373,7 +414,11 @@ impl SendComm {
             return Ok(None);
         };
         let req = m.req;
-        bufs[req.index()] = SendBuf { addr, lkeys };
+        bufs[req.index()] = SendBuf {
+            addr,
+            lkeys,
+            events: QpEvents::under(profiler.map_or(0, |_| parent)),
+        };
         let Some(work) = m.work else {
             return Ok(Some(req));
         };
@@ -418,6 +463,9 @@ impl SendComm {
             None => Ok(None),
             Some(Finished::Send { size }) => {
                 self.side.meter.done(size);
+                if let Some(p) = self.profiler.as_deref() {
+                    guard.bufs[req.index()].events.stop(p);
+                }
                 Ok(Some(Done::Send { size }))
             }
             Some(other) => Err(NetError::Internal(format!(
@@ -440,11 +488,40 @@ impl SendComm {
         self.side.poll(st.sender.requests(), devices)
     }
 
+    /// The decisions about this connection the profiler has not heard of, under `parent`.
+    fn report(&self, p: &dyn Profiler, parent: usize, st: &mut SendState) {
+        let (moves, fail_backs) = st
+            .sender
+            .failover()
+            .map_or((0, 0), |f| (f.counters().moves, f.counters().fail_backs));
+        let event = |kind| DecisionEvent {
+            kind,
+            comm_id: self.conn.comm_id,
+            device: self.conn.device,
+            qps: self.setup.plan.qps.len() as u32,
+            moves,
+            fail_backs,
+            source: &self.source,
+        };
+        let r = &mut st.reported;
+        if !r.plan {
+            r.plan = true;
+            p.decision(parent, &event(DecisionKind::Plan));
+        }
+        for _ in r.moves..moves {
+            p.decision(parent, &event(DecisionKind::FailoverMove));
+        }
+        for _ in r.fail_backs..fail_backs {
+            p.decision(parent, &event(DecisionKind::FailBack));
+        }
+        (r.moves, r.fail_backs) = (moves, fail_backs);
+    }
+
     /// Posts one QP's chain; `reqs` are the requests of its slot in receive order (a replay's
-    /// too).
+    /// too). The profiler's QP events of those requests start here, before the post.
     pub(crate) fn post(
         &self,
-        bufs: &[SendBuf; MAX_REQUESTS],
+        bufs: &mut [SendBuf; MAX_REQUESTS],
         posted: &mut [u64],
         post: &QpPost,
         reqs: &[ReqId],
@@ -493,6 +570,25 @@ impl SendComm {
             }
         });
         let q = &self.side.qps()[post.qp];
+        if let Some(p) = self.profiler.as_deref() {
+            // The chain's signalled WR carries the slot's requests: what its completion names.
+            let wr_id = chain.last().map_or(0, |w| w.wr_id);
+            for wr in chain {
+                if let LocalData::Send { r, len, .. } = wr.local {
+                    let event = QpEvent {
+                        device: local as i32,
+                        wr_id,
+                        opcode: match wr.opcode {
+                            Opcode::Write => WR_RDMA_WRITE,
+                            Opcode::WriteWithImm { .. } => WR_RDMA_WRITE_WITH_IMM,
+                        },
+                        qpn: q.qp.qpn(),
+                        length: len,
+                    };
+                    bufs[reqs[r].index()].events.start(p, &event);
+                }
+            }
+        }
         q.qp.post_send(&wrs[..chain.len()])
             .map_err(NetError::verbs(|| {
                 format!("posting a send on QP {}", q.qp.qpn())
