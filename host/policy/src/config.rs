@@ -44,6 +44,7 @@ pub const WASM_VARIABLES: &[&str] = &[
     "NCCL_WASM_IBVERBS_PATH",
     "NCCL_WASM_SYSFS_ROOT",
     "NCCL_WASM_SOFT_DELIVERY",
+    "NCCL_WASM_SOFT_CMA",
     "NCCL_WASM_TELEMETRY_FILE",
     ncclwasm_default::STRICT_CONFIG,
 ];

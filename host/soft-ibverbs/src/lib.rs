@@ -29,17 +29,18 @@ use ibverbs_sys::{
 };
 use ncclwasm_verbs::VerbsTable;
 
-/// The soft provider's table; the first verb called also applies
-/// [`ncclwasm_soft::ENV_DELIVERY`] (`in-process`: a program — another NCCL net plugin among
-/// them — that owns both ends of its connections runs over the soft fabric with no socket and
-/// no thread hand-off, and what is measured is the program). A value that is neither `tcp` nor
-/// `in-process` is said on stderr (this library has no log of its own) and TCP kept.
+/// The soft provider's table; the first verb called also applies the provider's variables
+/// ([`ncclwasm_soft::apply_env`]): [`ncclwasm_soft::ENV_DELIVERY`] (`in-process`: a program —
+/// another NCCL net plugin among them — that owns both ends of its connections runs over the
+/// soft fabric with no socket and no thread hand-off, and what is measured is the program) and
+/// [`ncclwasm_soft::ENV_CMA`]. A value they do not take is said on stderr (this library has no
+/// log of its own) and the defaults kept.
 fn table() -> &'static VerbsTable {
-    static DELIVERY: std::sync::Once = std::sync::Once::new();
-    DELIVERY.call_once(|| match ncclwasm_soft::Delivery::from_env() {
-        Ok(Some(d)) => ncclwasm_soft::set_delivery(d),
-        Ok(None) => {}
-        Err(e) => eprintln!("soft-ibverbs: {e}; using tcp"),
+    static ENV: std::sync::Once = std::sync::Once::new();
+    ENV.call_once(|| {
+        if let Err(e) = ncclwasm_soft::apply_env() {
+            eprintln!("soft-ibverbs: {e}; keeping the defaults");
+        }
     });
     ncclwasm_soft::table()
 }

@@ -1,9 +1,11 @@
 //! Soft-fabric throughput and latency against plain TCP measured in the same run, reported as
 //! ratios (absolute numbers on a 2-vCPU VM mean little; overhead over the transport does).
 //!
-//! - Bandwidth: RDMA WRITEs of 64 KiB … 64 MiB over 1 and 4 QPs (each QP keeps a window of WRs
+//! - Bandwidth: RDMA WRITEs of 16 KiB … 64 MiB over 1 and 4 QPs (each QP keeps a window of WRs
 //!   in flight, all signaled, as NCCL posts), against the same bytes over 1 and 4 TCP streams on
 //!   loopback written in chunks of the same size. Target: soft ≥ 0.8 × TCP for large messages.
+//!   Twice: QPs made with same-host pull off (the payload through the socket) and on (the
+//!   responder pulls payloads of 32 KiB or more from the requester's memory).
 //! - Latency: 8-byte WRITE_WITH_IMM ping-pong (one-way = RTT/2) against an 8-byte TCP_NODELAY
 //!   ping-pong.
 //!
@@ -12,6 +14,12 @@
 //! `NCCL_WASM_BENCH_REPS` the alternating repetitions whose medians are reported (default 5);
 //! `NCCL_WASM_BENCH_WINDOW` / `NCCL_WASM_BENCH_SIGNAL_EVERY` change the WRs in flight per QP and
 //! signal only every k-th WR, to see where the time goes.
+//!
+//! # Findings with same-host pull (2 shared vCPUs, other builds running; medians of 5)
+//! - pulled: 16 KiB as fast as the socket (either wins by turns), 32 KiB as fast or faster,
+//!   64 KiB 1.5–2.4 × the socket, 256 KiB … 16 MiB 7–14 GB/s (2.4–3.6 × TCP with 1 QP,
+//!   1.6–2.4 × with 4), 64 MiB 4.4 GB/s with 1 QP (1.6 × TCP; two 64 MiB WRs in flight) and
+//!   9 GB/s with 4 (1.9 ×). This picked the 32 KiB threshold.
 //!
 //! # Findings (2 shared vCPUs, load 2.5–4.5 from other builds; medians of 5)
 //! - ≥ 4 MiB: soft 0.86–1.34 × TCP (1 and 4 QPs): the target (≥ 0.8) is met; the zero-copy
@@ -287,37 +295,54 @@ fn main() {
         max_send_wr: 64,
         ..default_caps()
     };
-    let pairs: Vec<(End, End)> = (0..4).map(|_| pair(&f, caps)).collect();
+    // Same-host pull decides per connection, from the switch its QPs were made with.
+    ncclwasm_soft::set_same_host_pull(false);
+    let socket: Vec<(End, End)> = (0..4).map(|_| pair(&f, caps)).collect();
+    ncclwasm_soft::set_same_host_pull(true);
+    let pulled: Vec<(End, End)> = (0..4).map(|_| pair(&f, caps)).collect();
     println!(
-        "soft fabric vs TCP loopback, {} MiB per point, median of {reps}",
+        "soft fabric (payload through the socket, and pulled) vs TCP loopback, {} MiB per point, median of {reps}",
         total / MIB
     );
     println!(
-        "{:>8} {:>4} {:>12} {:>12} {:>7}",
-        "size", "QPs", "soft GB/s", "TCP GB/s", "ratio"
+        "{:>8} {:>4} {:>12} {:>12} {:>12} {:>7} {:>7}",
+        "size", "QPs", "socket GB/s", "pulled GB/s", "TCP GB/s", "socket", "pulled"
     );
-    for size in [64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB] {
+    for size in [
+        16 * KIB,
+        32 * KIB,
+        64 * KIB,
+        256 * KIB,
+        MIB,
+        4 * MIB,
+        16 * MIB,
+        64 * MIB,
+    ] {
         for qps in [1, 4] {
-            // Alternate the two so background load hits both alike; report medians.
-            let (mut soft, mut tcp) = (Vec::new(), Vec::new());
+            // Alternate the three so background load hits them alike; report medians.
+            let (mut sock, mut pull, mut tcp) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..reps {
-                soft.push(soft_bandwidth(&pairs[..qps], size, total));
+                sock.push(soft_bandwidth(&socket[..qps], size, total));
+                pull.push(soft_bandwidth(&pulled[..qps], size, total));
                 tcp.push(tcp_bandwidth(qps, size, total));
             }
-            let (soft, tcp) = (median(soft), median(tcp));
+            let (sock, pull, tcp) = (median(sock), median(pull), median(tcp));
             let label = if size >= MIB {
                 format!("{}M", size / MIB)
             } else {
                 format!("{}K", size / KIB)
             };
             println!(
-                "{label:>8} {qps:>4} {:>12.2} {:>12.2} {:>7.2}",
-                soft / 1e9,
+                "{label:>8} {qps:>4} {:>12.2} {:>12.2} {:>12.2} {:>7.2} {:>7.2}",
+                sock / 1e9,
+                pull / 1e9,
                 tcp / 1e9,
-                soft / tcp
+                sock / tcp,
+                pull / tcp
             );
         }
     }
+    let pairs = pulled;
     let (a, b) = &pairs[0];
     let (mut soft, mut tcp) = (Vec::new(), Vec::new());
     for _ in 0..reps {

@@ -22,6 +22,7 @@ use ibverbs_sys::ibv_event_type;
 use super::event::{Cq, Element, EventQueue, Overrun, Wc};
 use super::fabric::{Fabric, SoftDevice};
 use super::hello::{Caller, HELLO_TIMEOUT, Heard, Pending};
+use super::link_watch;
 use super::mr::MrTable;
 use super::qp::Qp;
 use super::wire::{self, HELLO_LEN, HelloReply};
@@ -88,11 +89,14 @@ impl Ctx {
         fabric: &'static Fabric,
         dev: &'static SoftDevice,
     ) -> std::io::Result<Arc<Ctx>> {
+        let events = EventQueue::new()?;
+        // Before the context is listed: a link already down at open is no event.
+        link_watch::attach(dev);
         let ctx = Arc::new(Ctx {
             dev,
             fabric,
             mrs: MrTable::default(),
-            events: EventQueue::new()?,
+            events,
             pools: Mutex::new(Vec::new()),
             qps: Mutex::new(Vec::new()),
             refused: Arc::new(AtomicU64::new(0)),
@@ -140,7 +144,8 @@ impl Ctx {
         qps.iter().filter_map(Weak::upgrade).collect()
     }
 
-    /// Stops everything this context started: QP threads, then listener threads.
+    /// Stops everything this context started: QP threads, then listener threads, and the link
+    /// watcher if this was the last open context.
     pub(crate) fn close(&self) {
         for qp in self.qps() {
             qp.destroy();
@@ -150,6 +155,7 @@ impl Ctx {
             pool.stop();
         }
         self.events.close();
+        link_watch::detach(self.dev);
     }
 }
 

@@ -82,9 +82,10 @@ pub(crate) enum Element {
     Cq(usize),
     /// Address of the `ibv_qp`.
     Qp(usize),
-    /// Port events and device-fatal come only from fault injection here.
-    #[cfg(feature = "fault-injection")]
+    /// A port: its interface's link or GID addresses changed (the `link_watch` module), or
+    /// fault injection.
     Port(u8),
+    /// Device-fatal comes only from fault injection.
     #[cfg(feature = "fault-injection")]
     Device,
 }

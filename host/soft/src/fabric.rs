@@ -11,6 +11,7 @@ use ncclwasm_model::topology::{Device, DevicePort};
 use ncclwasm_model::{AddrFamily, PortState, Topology};
 
 use super::ctx::Ctx;
+use super::link_watch::PortLink;
 
 /// An `ibv_device` with the soft device behind it. `ibv` comes first so the pointer handed to
 /// the caller is also a pointer to this struct.
@@ -18,8 +19,11 @@ use super::ctx::Ctx;
 pub(crate) struct SoftDevice {
     pub ibv: ibv_device,
     pub desc: Device,
-    /// Live port states (fault injection flips them), indexed like `desc.ports`.
+    /// Live port states (their interface's link and fault injection flip them), indexed like
+    /// `desc.ports`.
     port_states: Mutex<Vec<PortState>>,
+    /// What the `link_watch` module last saw of each port's interface, indexed like `desc.ports`.
+    pub links: Mutex<Vec<PortLink>>,
     /// Set by [`super::fault::kill_device`]: every verb on it fails from then on.
     pub dead: AtomicBool,
     /// Open contexts, for events that concern every user of the device.
@@ -55,6 +59,7 @@ impl SoftDevice {
         SoftDevice {
             ibv,
             port_states: Mutex::new(desc.ports.iter().map(|p| p.state).collect()),
+            links: Mutex::new(desc.ports.iter().map(|_| PortLink::default()).collect()),
             dead: AtomicBool::new(false),
             contexts: Mutex::new(Vec::new()),
             name_c: CString::new(desc.name.clone()).unwrap_or_default(),
@@ -84,13 +89,27 @@ impl SoftDevice {
     }
 
     /// Changes a port's state; `false` if there is no such port or nothing changed.
-    #[cfg(feature = "fault-injection")]
     pub(crate) fn set_port_state(&self, num: u8, state: PortState) -> bool {
         let Some(i) = self.desc.ports.iter().position(|p| p.port == num) else {
             return false;
         };
         let mut states = self.port_states.lock().unwrap_or_else(|e| e.into_inner());
         std::mem::replace(&mut states[i], state) != state
+    }
+
+    /// Calls `f` on every open context of the device: how events that concern every user of
+    /// the device (a port's, the device's) reach them.
+    pub(crate) fn each_context(&self, f: impl Fn(&Ctx)) {
+        let ctxs: Vec<_> = self
+            .contexts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for c in ctxs {
+            f(&c);
+        }
     }
 
     /// Highest port number (`phys_port_cnt`).

@@ -16,22 +16,7 @@ use ncclwasm_verbs::FaultTable;
 
 use super::abi::device::ctx_of;
 use super::abi::qp::qp_of;
-use super::ctx::Ctx;
 use super::event::Element;
-use super::fabric::SoftDevice;
-
-fn each_context(dev: &SoftDevice, f: impl Fn(&Ctx)) {
-    let ctxs: Vec<_> = dev
-        .contexts
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .filter_map(std::sync::Weak::upgrade)
-        .collect();
-    for c in ctxs {
-        f(&c);
-    }
-}
 
 /// Takes port `port` of the context's device down: `IBV_EVENT_PORT_ERR` on every context,
 /// `query_port` reports DOWN, QPs on the port fail their outstanding work with
@@ -46,7 +31,7 @@ pub unsafe fn port_down(context: *mut ibv_context, port: u8) -> bool {
     if !dev.set_port_state(port, PortState::Down) {
         return false;
     }
-    each_context(dev, |c| {
+    dev.each_context(|c| {
         c.events
             .push(ibv_event_type::IBV_EVENT_PORT_ERR, Element::Port(port));
         for qp in c.qps() {
@@ -67,7 +52,7 @@ pub unsafe fn port_up(context: *mut ibv_context, port: u8) -> bool {
     if !dev.set_port_state(port, PortState::Active) {
         return false;
     }
-    each_context(dev, |c| {
+    dev.each_context(|c| {
         c.events
             .push(ibv_event_type::IBV_EVENT_PORT_ACTIVE, Element::Port(port));
     });
@@ -105,7 +90,7 @@ pub unsafe fn kill_device(context: *mut ibv_context) {
     // SAFETY: per the function contract.
     let dev = unsafe { ctx_of(context) }.dev;
     dev.dead.store(true, Ordering::Release);
-    each_context(dev, |c| {
+    dev.each_context(|c| {
         c.events
             .push(ibv_event_type::IBV_EVENT_DEVICE_FATAL, Element::Device);
         for qp in c.qps() {

@@ -116,6 +116,21 @@
 //! Posting allocates nothing once the queues have grown to their working size: a WR's SGE is
 //! kept inline and inline payloads reuse the buffers of retired WRs.
 //!
+//! **Same-host pull.** When both ends of a connection live on one host and the kernel lets
+//! the responder read the requester's memory, a WRITE, WRITE_WITH_IMM or SEND of 32 KiB or
+//! more carries segment descriptors instead of its payload, and the responder — after the
+//! same rkey, PD, bounds, access and receive checks — copies the bytes straight from the
+//! requester's buffers into the registered memory with `process_vm_readv`: one copy instead of
+//! two through the socket (≈ 2–6× a raw TCP stream from 1 MiB on, 10–20 GB/s on a 2-vCPU VM;
+//! `benches/soft_fabric.rs` shows both paths side by side). Completions are unchanged: the
+//! requester completes the WR (and `dereg_mr` of its source returns) only after the responder
+//! acknowledged placement; until then the WR keeps its source pinned. It is decided once per
+//! connection when it opens: the requester offers its pid and the address of its QP's ECE
+//! secret, which the responder must read back from that pid. Another user, `ptrace_scope`,
+//! seccomp, another host or pid namespace, no ECE, or [`ENV_CMA`]`=0` ([`set_same_host_pull`])
+//! on either side keeps the socket, with one INFO line from the requester saying why (the
+//! `qp::pull` module).
+//!
 //! With [`set_delivery`]`(`[`Delivery::InProcess`]`)`, chosen explicitly (benches, or
 //! [`ENV_DELIVERY`]`=in-process`, which [`fabric`] and the `libibverbs.so.1` stand-in apply), a WR whose
 //! peer QP lives in this process is carried out by the posting thread instead — the same
@@ -126,6 +141,16 @@
 //! [`traffic`] reports, per local port and peer address, the payload bytes sent and received
 //! (see the `traffic` module): what a NIC's port counters would show, split by peer, so a test
 //! can see which rails a connection's bytes really took.
+//!
+//! # Ports follow their link
+//! A port bound to an address that is not loopback follows the network interface holding that
+//! address, as a NIC's port follows its cable (the `link_watch` module): the interface's link
+//! going down (`ip link set veth0 down`, or its veth peer going down — an operstate other than
+//! `up` or `unknown`) makes `query_port` report DOWN and raises `IBV_EVENT_PORT_ERR` on every
+//! context of the device; its coming back, ACTIVE and `IBV_EVENT_PORT_ACTIVE`; an address of
+//! the port's GID table (its bind address, or a RoCE GID's IP) leaving or joining the interface,
+//! `IBV_EVENT_GID_CHANGE`. QPs on a port whose link went down fail by their retry timer, as on
+//! a NIC. Fault injection sets the same states and raises the same events on demand.
 //!
 //! # Limits
 //! RC only (no UD/UC/XRC), no SRQ, no atomics, no memory windows, no completion channels
@@ -144,8 +169,10 @@
 //! # Threads
 //! Per QP: a sender (from its first posted WR), an ack reader per outgoing connection and a
 //! responder per admitted connection, all joined by `destroy_qp`. Per context: one accept thread per bind
-//! address and 256 QPs, joined by `close_device` (which also destroys QPs left behind). Nothing
-//! runs once the last context is closed.
+//! address and 256 QPs, joined by `close_device` (which also destroys QPs left behind). Per
+//! loaded copy, while a context of a device with a port off loopback is open: one link watcher
+//! asleep on a netlink socket, joined by the last such `close_device`. Nothing runs once the
+//! last context is closed.
 //!
 //! # Where things live
 //! - `abi/`: the C entry points of the table, one file per verb family (`device`, `mr` for PDs
@@ -154,12 +181,13 @@
 //! - `qp/`: the RC engine of one QP, one file per role over its shared state: `state` (the
 //!   state machine), `wqe`, `requester` (posting, the sender thread), `admission` (the hello
 //!   that decides who may connect, both ends), `conn`, `ack_reader`, `responder` (checks and
-//!   placement), `in_process` ([`Delivery::InProcess`]) and `fault`.
+//!   placement), `pull` (same-host pull), `in_process` ([`Delivery::InProcess`]) and `fault`.
 //! - `ctx` (a context: its QP ports and their accept threads), `hello` (callers that have not
 //!   said who they are yet), `mr` (the key table every access is checked against), `event`
 //!   (CQs and async events), `wire` (frames and zero-copy socket I/O).
 //! - `fabric` (devices and address resolution from the topology), `sysfs`, `traffic` (port
-//!   counters), `activity` (the futex an idle poller sleeps on), `choice`
+//!   counters), `link_watch` (port state and events from the interfaces' links), `ifaces` (the
+//!   host's interfaces and addresses), `activity` (the futex an idle poller sleeps on), `choice`
 //!   (`NCCL_WASM_FABRIC`), `fault` and `alloc_count` (test features).
 
 mod abi;
@@ -173,6 +201,8 @@ mod fabric;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 mod hello;
+mod ifaces;
+mod link_watch;
 mod mr;
 mod qp;
 mod sysfs;
@@ -234,16 +264,14 @@ pub const CAPABILITIES: ProviderCaps = ProviderCaps::ECE_REQUIRED;
 /// call) and its capabilities, plus its fault hooks with the `fault-injection` feature. Devices
 /// come from `NCCL_WASM_TOPOLOGY` (default: the embedded loopback machine).
 ///
-/// Applies [`ENV_DELIVERY`] when it is set, so the plugin's embedded provider honours it as
-/// the `libibverbs.so.1` stand-in does; a value that is neither `tcp` nor `in-process` fails.
+/// Applies the provider's own variables ([`apply_env`]), so the plugin's embedded provider
+/// honours them as the `libibverbs.so.1` stand-in does; a value they do not take fails.
 pub fn fabric() -> Result<Arc<Fabric>, VerbsError> {
     let load = |reason: String| VerbsError::Load {
         path: "soft".to_owned(),
         reason,
     };
-    if let Some(d) = Delivery::from_env().map_err(load)? {
-        set_delivery(d);
-    }
+    apply_env().map_err(load)?;
     let root = sysfs_root().map_err(|e| load(e.to_string()))?;
     let provider = Provider::new("soft", TABLE, root, CAPABILITIES);
     #[cfg(feature = "fault-injection")]
@@ -317,6 +345,49 @@ pub(crate) fn delivery() -> Delivery {
         true => Delivery::InProcess,
         false => Delivery::Tcp,
     }
+}
+
+/// Turns same-host pull off (`0`) or on (`1`, the default): whether the responder of a TCP
+/// connection between two processes of one host copies large payloads straight from the
+/// requester's memory (see "Data path and performance"). Read when the fabric is opened
+/// ([`fabric()`]), like [`ENV_DELIVERY`]; a bench compares both with [`set_same_host_pull`].
+pub const ENV_CMA: &str = "NCCL_WASM_SOFT_CMA";
+
+/// What [`ENV_CMA`] asks for: `None` when unset, an error naming the value when it is neither
+/// `0` nor `1`.
+/// Applies [`ENV_DELIVERY`] (`tcp` or `in-process`) and [`ENV_CMA`] (`0` or `1`) where set:
+/// what [`fabric`] and the `libibverbs.so.1` stand-in do when they open the provider. An error
+/// names the variable and its value.
+pub fn apply_env() -> Result<(), String> {
+    if let Some(d) = Delivery::from_env()? {
+        set_delivery(d);
+    }
+    if let Some(on) = same_host_pull_from_env()? {
+        set_same_host_pull(on);
+    }
+    Ok(())
+}
+
+fn same_host_pull_from_env() -> Result<Option<bool>, String> {
+    match std::env::var_os(ENV_CMA) {
+        None => Ok(None),
+        Some(v) if v == "0" => Ok(Some(false)),
+        Some(v) if v == "1" => Ok(Some(true)),
+        Some(v) => Err(format!("{ENV_CMA}={v:?} is neither `0` nor `1`")),
+    }
+}
+
+static NO_PULL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Chooses whether QPs created from now on offer and grant same-host pull ([`ENV_CMA`]; on
+/// unless turned off). QPs already made keep theirs.
+pub fn set_same_host_pull(on: bool) {
+    NO_PULL.store(!on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether QPs created now offer and grant same-host pull.
+pub(crate) fn same_host_pull() -> bool {
+    !NO_PULL.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// A random 32-bit value from the kernel (keys and secrets must not be guessable).

@@ -5,10 +5,9 @@
 //! (GID types, PCI paths, NUMA nodes), so a tree another local user could plant or edit would
 //! let them steer the job: [`ncclwasm_model::private_dir`].
 
-use std::ffi::CStr;
 use std::fs;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -17,6 +16,7 @@ use ncclwasm_model::topology::Device;
 use ncclwasm_model::{GidType, LinkLayer, PortState};
 
 use super::fabric::Fabric;
+use super::ifaces::Interfaces;
 
 static ROOT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
 
@@ -183,49 +183,10 @@ fn gid_text(raw: &[u8; 16]) -> String {
 
 /// The interface that owns `addr` on this host (its namespace), as a RoCE GID's netdev.
 fn netdev_for(addr: IpAddr) -> Option<String> {
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `head` with a list we free below.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return None;
-    }
-    let mut found = None;
-    let mut cur = head;
-    while !cur.is_null() {
-        // SAFETY: `cur` is a node of the list getifaddrs returned.
-        let ifa = unsafe { &*cur };
-        cur = ifa.ifa_next;
-        if ifa.ifa_addr.is_null() {
-            continue;
-        }
-        // SAFETY: ifa_addr is non-NULL and its family says which sockaddr it is.
-        let this = unsafe {
-            match i32::from((*ifa.ifa_addr).sa_family) {
-                libc::AF_INET => {
-                    let sin = &*ifa.ifa_addr.cast::<libc::sockaddr_in>();
-                    Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(
-                        sin.sin_addr.s_addr,
-                    ))))
-                }
-                libc::AF_INET6 => {
-                    let sin6 = &*ifa.ifa_addr.cast::<libc::sockaddr_in6>();
-                    Some(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)))
-                }
-                _ => None,
-            }
-        };
-        if this == Some(addr) {
-            // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-            found = Some(
-                unsafe { CStr::from_ptr(ifa.ifa_name) }
-                    .to_string_lossy()
-                    .into_owned(),
-            );
-            break;
-        }
-    }
-    // SAFETY: `head` came from getifaddrs.
-    unsafe { libc::freeifaddrs(head) };
-    found.or_else(|| addr.is_loopback().then(|| "lo".to_owned()))
+    Interfaces::read()
+        .ok()
+        .and_then(|now| now.holder(addr).map(str::to_owned))
+        .or_else(|| addr.is_loopback().then(|| "lo".to_owned()))
 }
 
 #[cfg(test)]

@@ -12,6 +12,8 @@ use super::fabric::Fabric;
 use super::fault;
 use super::mr::{LOCAL_WRITE, REMOTE_READ, REMOTE_WRITE};
 
+mod pull;
+
 const ALL: u32 = LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ;
 
 /// The fields of an `ibv_wc` the tests look at (`ibv_wc` itself is not `Clone`).
@@ -65,11 +67,39 @@ fn open_default(index: usize) -> *mut ibv_context {
 
 /// A context on a private fabric, for faults that would disturb other tests on the shared one.
 fn open_private() -> *mut ibv_context {
-    let topo = ncclwasm_model::Topology::loopback();
+    open_private_on(ncclwasm_model::Topology::loopback())
+}
+
+/// A context of the first device of a private fabric made from `topo`.
+pub(crate) fn open_private_on(topo: ncclwasm_model::Topology) -> *mut ibv_context {
     let fabric: &'static Fabric = Box::leak(Box::new(Fabric::new(topo)));
     let dev = &fabric.devices[0];
     let ctx = Ctx::new(fabric, dev).expect("context");
     new_context(ctx, (&raw const dev.ibv).cast_mut())
+}
+
+/// The next async event of `ctx` (its kind and port number), or `None` if none comes within
+/// `wait`.
+pub(crate) fn next_event(ctx: *mut ibv_context, wait: Duration) -> Option<(ibv_event_type, i32)> {
+    let mut p = libc::pollfd {
+        // SAFETY: live context.
+        fd: unsafe { (*ctx).async_fd },
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: one valid pollfd.
+    if unsafe { libc::poll(&mut p, 1, ms) } != 1 {
+        return None;
+    }
+    // SAFETY: live context; event on the stack.
+    unsafe {
+        let mut ev: ibv_async_event = std::mem::zeroed();
+        assert_eq!(abi::get_async_event(ctx, &mut ev), 0);
+        let port = ev.element.port_num;
+        abi::ack_async_event(&mut ev);
+        Some((ev.event_type, port))
+    }
 }
 
 impl Node {
@@ -330,24 +360,7 @@ impl Node {
     }
 
     fn next_event(&self) -> Option<(ibv_event_type, i32)> {
-        let mut p = libc::pollfd {
-            // SAFETY: live context.
-            fd: unsafe { (*self.ctx).async_fd },
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        if unsafe { libc::poll(&mut p, 1, 2000) } != 1 {
-            return None;
-        }
-        // SAFETY: live context; event on the stack.
-        unsafe {
-            let mut ev: ibv_async_event = std::mem::zeroed();
-            assert_eq!(abi::get_async_event(self.ctx, &mut ev), 0);
-            let port = ev.element.port_num;
-            abi::ack_async_event(&mut ev);
-            Some((ev.event_type, port))
-        }
+        next_event(self.ctx, Duration::from_secs(2))
     }
 }
 

@@ -63,6 +63,10 @@ pub enum ReqOp {
     /// The requester's QP is being destroyed and everything it sent was acknowledged: the
     /// responder closes the connection in order, and neither side calls it an error.
     Bye = 6,
+    /// The first frame of a connection whose requester offers same-host pull (the `pull`
+    /// module): `rkey` carries its pid, `raddr` the address of its probe word (its QP's
+    /// secret). Answered by [`RespOp::PullVerdict`]; never placed, never sequenced.
+    PullOffer = 7,
 }
 
 /// Set on requests whose completion the requester waits for (signaled WRs), like the BTH AckReq
@@ -71,7 +75,28 @@ pub enum ReqOp {
 /// `Qp::responder_loop`), so a requester never holds placed work it cannot tell is placed — a
 /// connection closing after it is then never failed retroactively.
 pub(crate) const FLAG_ACK_REQ: u8 = 1;
+/// Set on a WRITE or SEND whose payload the responder pulls from the requester's memory (the
+/// `pull` module): instead of the payload, [`SEG_LEN`]-byte segment descriptors follow the
+/// header, as many as it takes to add up to `len`.
+pub(crate) const FLAG_PULL: u8 = 2;
 pub const REQ_LEN: usize = 32;
+
+/// One segment of a pulled payload: `{addr: u64, len: u64}`, an address in the requester's
+/// process.
+pub(crate) const SEG_LEN: usize = 16;
+
+/// A pulled payload's segment descriptor.
+pub(crate) fn encode_seg(addr: u64, len: u64) -> [u8; SEG_LEN] {
+    let mut b = [0u8; SEG_LEN];
+    b[0..8].copy_from_slice(&addr.to_le_bytes());
+    b[8..16].copy_from_slice(&len.to_le_bytes());
+    b
+}
+
+/// `(addr, len)` of a segment descriptor.
+pub(crate) fn decode_seg(b: &[u8; SEG_LEN]) -> (u64, u64) {
+    (le64(b, 0), le64(b, 8))
+}
 
 /// A request header; `len` payload bytes follow for writes and sends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,6 +133,7 @@ impl Request {
             4 => ReqOp::SendImm,
             5 => ReqOp::Read,
             6 => ReqOp::Bye,
+            7 => ReqOp::PullOffer,
             _ => return Err(le64(b, 8)),
         };
         Ok(Request {
@@ -121,12 +147,26 @@ impl Request {
         })
     }
 
-    /// Whether payload bytes follow the header on the wire.
+    /// Whether the request has a payload (on the wire, or pulled).
     pub(crate) fn carries_payload(&self) -> bool {
         matches!(
             self.op,
             ReqOp::Write | ReqOp::WriteImm | ReqOp::Send | ReqOp::SendImm
         )
+    }
+
+    /// Whether the responder pulls the payload (segment descriptors follow the header).
+    pub(crate) fn pulled(&self) -> bool {
+        self.flags & FLAG_PULL != 0
+    }
+
+    /// How many payload bytes follow the header on the wire: what a refused or discarded
+    /// request leaves to drain (a pulled one's descriptors were read with its header).
+    pub(crate) fn payload_on_wire(&self) -> usize {
+        match self.carries_payload() && !self.pulled() {
+            true => self.len as usize,
+            false => 0,
+        }
     }
 }
 
@@ -141,6 +181,9 @@ pub enum RespOp {
     RnrNak = 3,
     /// The data of READ `seq` follows (`len` bytes).
     ReadResp = 4,
+    /// The answer to a [`ReqOp::PullOffer`]; `syndrome` says whether the responder pulls and,
+    /// if not, why (the `pull` module's `Verdict`).
+    PullVerdict = 5,
 }
 
 /// NAK syndromes, mapped to the requester's completion status.
@@ -181,6 +224,7 @@ impl Response {
             2 => RespOp::Nak,
             3 => RespOp::RnrNak,
             4 => RespOp::ReadResp,
+            5 => RespOp::PullVerdict,
             _ => return None,
         };
         Some(Response {
@@ -396,5 +440,14 @@ mod tests {
         junk[8] = 9;
         assert_eq!(Request::decode(&junk), Err(9));
         assert_eq!(decode_hello(&[0u8; HELLO_LEN]), None);
+        assert_eq!(
+            decode_seg(&encode_seg(0x7fff_0000_1000, 1 << 20)),
+            (0x7fff_0000_1000, 1 << 20)
+        );
+        let pulled = Request {
+            flags: FLAG_PULL,
+            ..r
+        };
+        assert_eq!((pulled.payload_on_wire(), r.payload_on_wire()), (0, 4096));
     }
 }

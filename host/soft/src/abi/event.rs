@@ -37,7 +37,6 @@ pub unsafe extern "C" fn get_async_event(
                     match element {
                         Element::Cq(p) => ev.element.cq = p as *mut ibv_cq,
                         Element::Qp(p) => ev.element.qp = p as *mut ibv_qp,
-                        #[cfg(feature = "fault-injection")]
                         Element::Port(n) => ev.element.port_num = c_int::from(n),
                         #[cfg(feature = "fault-injection")]
                         Element::Device => ev.element.port_num = 0,

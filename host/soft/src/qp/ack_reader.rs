@@ -53,6 +53,8 @@ impl Qp {
             }
             progressed |= !w.acked;
             w.acked = true;
+            // Placed: the responder is done reading a pulled WR's sources.
+            w.pinned.clear();
             if w.signaled {
                 last_signaled = Some(i);
             }
@@ -159,15 +161,7 @@ impl Qp {
                 }
             };
             let Some(resp) = Response::decode(&hdr) else {
-                let mut st = self.lock();
-                if st.epoch == epoch {
-                    let first = st.sq.iter().find(|w| !w.acked).map(|w| w.seq);
-                    self.fail(
-                        &mut st,
-                        first.map(|s| (s, ibv_wc_status::IBV_WC_BAD_RESP_ERR)),
-                        None,
-                    );
-                }
+                self.bad_response(epoch);
                 return;
             };
             match resp.op {
@@ -192,6 +186,11 @@ impl Qp {
                         self.ack_upto(&mut st, prev);
                     }
                     self.fail(&mut st, Some((resp.seq, nak_status(resp.syndrome))), None);
+                    return;
+                }
+                // Only ever the answer to the offer, which `connect` read.
+                RespOp::PullVerdict => {
+                    self.bad_response(epoch);
                     return;
                 }
                 RespOp::RnrNak => {
@@ -223,6 +222,20 @@ impl Qp {
         }
     }
 
+    /// An answer that makes no sense here: the oldest outstanding WR completes
+    /// `IBV_WC_BAD_RESP_ERR` and the QP fails.
+    fn bad_response(&self, epoch: u64) {
+        let mut st = self.lock();
+        if st.epoch == epoch {
+            let first = st.sq.iter().find(|w| !w.acked).map(|w| w.seq);
+            self.fail(
+                &mut st,
+                first.map(|s| (s, ibv_wc_status::IBV_WC_BAD_RESP_ERR)),
+                None,
+            );
+        }
+    }
+
     /// Scatters a READ response straight into the WR's local buffers. `false` = stop reading.
     fn read_response(&self, conn: &Conn, resp: Response) -> bool {
         let (epoch, fd) = (conn.epoch, conn.fd());
@@ -235,13 +248,7 @@ impl Qp {
                 Some(w) if w.op == ReqOp::Read && w.len == resp.len => w.sges.clone(),
                 _ => {
                     drop(st);
-                    let mut st = self.lock();
-                    let first = st.sq.iter().find(|w| !w.acked).map(|w| w.seq);
-                    self.fail(
-                        &mut st,
-                        first.map(|s| (s, ibv_wc_status::IBV_WC_BAD_RESP_ERR)),
-                        None,
-                    );
+                    self.bad_response(epoch);
                     return false;
                 }
             }

@@ -72,12 +72,13 @@ impl Qp {
             }
             if self.ctx.dev.port_active(port) {
                 match self.try_connect(target, local, dest_qpn, proof, deadline) {
-                    Ok(Some(stream)) => {
+                    Ok(Some((stream, pulls))) => {
                         let name = &self.ctx.dev.desc.name;
                         return Ok(Conn {
                             stream,
                             epoch,
                             traffic: traffic::counter(name, port, local, remote),
+                            pulls,
                         });
                     }
                     Ok(None) => {}
@@ -92,7 +93,9 @@ impl Qp {
         }
     }
 
-    /// One attempt: `Ok(None)` = try again later, `Err` = refused for good.
+    /// One attempt: the connection and whether its responder pulls large payloads (offered
+    /// as soon as we are admitted, the `pull` module); `Ok(None)` = try again later, `Err` =
+    /// refused for good, or admitted and then silent.
     ///
     /// The reply is awaited until `deadline` (the retry budget's end), not for a fixed while: a
     /// listener slow to answer (its QP's lock held by a teardown, a loaded machine) may already
@@ -105,7 +108,7 @@ impl Qp {
         dest_qpn: u32,
         proof: u32,
         deadline: Option<Instant>,
-    ) -> Result<Option<TcpStream>, ()> {
+    ) -> Result<Option<(TcpStream, bool)>, ()> {
         let reply_wait = deadline.map_or(UNBOUNDED_REPLY_WAIT, |d| {
             d.saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(1))
@@ -129,7 +132,9 @@ impl Qp {
             Ok((stream, HelloReply::from_u32(u32::from_le_bytes(reply))))
         };
         match attempt() {
-            Ok((s, Some(HelloReply::Accepted))) => Ok(Some(s)),
+            // The responder now serves this connection alone: no answer to the offer means
+            // the connection is lost, not worth another knock.
+            Ok((s, Some(HelloReply::Accepted))) => self.offer_pull(&s).map(|p| Some((s, p))),
             Ok((_, Some(HelloReply::NotReady))) | Err(_) => Ok(None),
             Ok((_, _)) => Err(()),
         }
@@ -192,6 +197,7 @@ impl Qp {
                     stream: mine,
                     epoch: st.epoch,
                     traffic: traffic::counter(&self.ctx.dev.desc.name, st.attrs.port, local, peer),
+                    pulls: false,
                 });
                 st.resp_conn = Some(Arc::clone(&conn));
                 drop(st);

@@ -25,6 +25,9 @@ pub(super) struct Conn {
     pub(super) epoch: u64,
     /// The payload this connection carries, counted for its local port and peer address.
     pub(super) traffic: Arc<Counter>,
+    /// The requester's end: the responder agreed to pull large payloads from our memory (the
+    /// `pull` module). Always `false` at the responder's end, which keeps whom it pulls from.
+    pub(super) pulls: bool,
 }
 
 impl Conn {

@@ -28,6 +28,8 @@
 //! - `conn`: one TCP connection and its socket options;
 //! - `ack_reader`: the requester's answers: ACKs, NAKs, RNR NAKs, READ data, the retry timer;
 //! - `responder`: the checks and placement of incoming requests, and the answers;
+//! - `pull`: same-host pull, the responder copying a large payload straight from the
+//!   requester's memory (`process_vm_readv`) instead of the socket;
 //! - `in_process`: delivery to a peer QP in this process ([`crate::Delivery::InProcess`]);
 //! - `fault`: the fault-injection hooks (feature `fault-injection`).
 
@@ -37,6 +39,7 @@ mod conn;
 #[cfg(feature = "fault-injection")]
 mod fault;
 mod in_process;
+mod pull;
 mod requester;
 mod responder;
 mod state;
@@ -44,7 +47,7 @@ mod wqe;
 
 use std::collections::VecDeque;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -56,6 +59,8 @@ use super::event::Element;
 use conn::Conn;
 use in_process::PeerPath;
 
+#[cfg(test)]
+pub(crate) use pull::PULL_MIN;
 pub(crate) use state::Attrs;
 pub(crate) use wqe::{RecvWqe, SendWqe, Sge, Sges};
 
@@ -131,6 +136,11 @@ pub(crate) struct Qp {
     /// [`crate::Delivery::InProcess`] was on when the QP was made: WRs to a peer QP in this
     /// process are carried out by the posting thread.
     in_process: bool,
+    /// Same-host pull was on when the QP was made ([`crate::set_same_host_pull`]): its
+    /// requester offers it, its responder grants it (the `pull` module).
+    pull: bool,
+    /// Payload bytes this QP's responder pulled: how tests see which path a connection took.
+    pulled: AtomicU64,
     pub send_cq: Arc<CqState>,
     pub recv_cq: Arc<CqState>,
     /// Address of the `ibv_qp`, for async events.
@@ -169,6 +179,8 @@ impl Qp {
                 }
             },
             in_process: super::delivery() == super::Delivery::InProcess,
+            pull: super::same_host_pull(),
+            pulled: AtomicU64::new(0),
             send_cq,
             recv_cq,
             ibv: AtomicUsize::new(0),
@@ -214,6 +226,18 @@ impl Qp {
 
     pub(crate) fn attrs(&self) -> Attrs {
         self.lock().attrs
+    }
+
+    /// Payload bytes this QP's responder pulled from its requester's memory.
+    #[cfg(test)]
+    pub(crate) fn pulled_bytes(&self) -> u64 {
+        self.pulled.load(Ordering::Relaxed)
+    }
+
+    /// Whether a pulled WR of this requester still pins its sources (not answered yet).
+    #[cfg(test)]
+    pub(crate) fn pins_sources(&self) -> bool {
+        self.lock().sq.iter().any(|w| !w.pinned.is_empty())
     }
 
     pub(crate) fn set_peer_secret(&self, secret: u32) {
@@ -283,6 +307,9 @@ impl Qp {
             let mut st = self.lock();
             st.epoch += 1;
             self.drop_conns(&mut st);
+            // Its WRs never complete now; dropping them unpins the sources of pulled ones, so
+            // a `dereg_mr` after `destroy_qp` does not wait for an answer that cannot come.
+            st.sq.clear();
         }
         self.pool.release(self.qpn);
         self.ctx

@@ -14,10 +14,11 @@ use smallvec::SmallVec;
 
 use super::admission::ConnectFail;
 use super::in_process::PeerPath;
+use super::pull;
 use super::{Attrs, Conn, DRAIN_ACKS, MAX_INLINE, MAX_MSG, Qp, RecvWqe, SendWqe, Sge, Sges, St};
 use crate::event::Wc;
 use crate::mr::{LOCAL_WRITE, MrGuard};
-use crate::wire::{self, FLAG_ACK_REQ, ReqOp, Request};
+use crate::wire::{self, FLAG_ACK_REQ, FLAG_PULL, ReqOp, Request, SEG_LEN};
 
 /// Messages up to this size are sent by the posting thread itself when the send queue is idle
 /// (no hand-off to the sender thread: one thread wake-up less per small message). Larger ones
@@ -317,21 +318,28 @@ impl Qp {
             .get_mut(usize::try_from(seq.checked_sub(front)?).ok()?)
     }
 
-    /// Sends the WR at the cursor: local key checks, then header + payload in one `sendmsg`.
+    /// Sends the WR at the cursor: local key checks, then header + payload in one `sendmsg`
+    /// (or, pulled, header + segment descriptors, the sources staying pinned until answered).
     /// With `try_first` (a posting thread), a full socket buffer puts the WR back for the
     /// sender thread instead of waiting. The caller holds `tx_busy`.
     fn transmit(&self, epoch: u64, conn: &Conn, try_first: bool) {
         let mut inline_copy = [0u8; MAX_INLINE as usize];
-        let Some((req, sges, inline)) = self.claim(epoch, &mut inline_copy, Some(Instant::now()))
+        let Some((mut req, sges, inline)) =
+            self.claim(epoch, &mut inline_copy, Some(Instant::now()))
         else {
             return;
         };
         let Some(guards) = self.pin_local(epoch, &req, &sges, inline.is_some()) else {
             return;
         };
+        let pulled = pull::wanted(conn.pulls, &req, inline.is_some());
+        if pulled {
+            req.flags |= FLAG_PULL;
+        }
         let hdr = req.encode();
         let mut iov: SmallVec<[libc::iovec; 2]> =
             smallvec::smallvec![wire::iovec(hdr.as_ptr(), hdr.len())];
+        let mut segs: SmallVec<[[u8; SEG_LEN]; 1]> = SmallVec::new();
         if req.op != ReqOp::Read {
             match inline {
                 Some(data) => iov.push(wire::iovec(data.as_ptr(), data.len())),
@@ -339,19 +347,29 @@ impl Qp {
                     let mut gi = guards.iter();
                     for s in sges.iter().filter(|s| s.len > 0) {
                         let g = gi.next().expect("one guard per non-empty SGE");
-                        iov.push(wire::iovec(g.ptr, s.len as usize));
+                        match pulled {
+                            true => segs.push(wire::encode_seg(g.ptr as u64, u64::from(s.len))),
+                            false => iov.push(wire::iovec(g.ptr, s.len as usize)),
+                        }
                     }
                 }
             }
+        }
+        if pulled {
+            iov.push(wire::iovec(segs.as_ptr().cast(), segs.len() * SEG_LEN));
         }
         let abort = || {
             let st = self.lock();
             st.destroying.is_some() || st.epoch != epoch
         };
-        // SAFETY: the iovecs cover `hdr`, the inline copy or MR memory pinned by `guards`, all
-        // alive until after the call.
+        // SAFETY: the iovecs cover `hdr`, `segs`, the inline copy or MR memory pinned by
+        // `guards`, all alive until after the call.
         let sent = unsafe { wire::send_all(conn.fd(), &mut iov, &abort, try_first) };
-        drop(guards);
+        if pulled && let Ok(true) = sent {
+            self.hold_for_pull(epoch, req.seq, guards);
+        } else {
+            drop(guards);
+        }
         if let Ok(true) = sent
             && req.op != ReqOp::Read
         {
@@ -372,6 +390,19 @@ impl Qp {
                     None,
                 );
             }
+        }
+    }
+
+    /// Keeps the sources of pulled WR `seq` pinned until the responder answers it: it reads
+    /// them after the header left. Already answered (the answer can beat us here), or failed
+    /// meanwhile: nothing reads them any more, and the guards drop.
+    fn hold_for_pull(&self, epoch: u64, seq: u64, guards: SmallVec<[MrGuard; 1]>) {
+        let mut st = self.lock();
+        if st.epoch != epoch {
+            return;
+        }
+        if let Some(w) = Self::wqe_mut(&mut st, seq).filter(|w| !w.acked) {
+            w.pinned = guards;
         }
     }
 

@@ -7,12 +7,14 @@
 //! checks and placement ([`Qp::place`]) are also what an in-process delivery runs.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use ibverbs_sys::{ibv_event_type, ibv_wc_opcode, ibv_wc_status};
 use smallvec::SmallVec;
 
 use super::in_process::MemLink;
+use super::pull::Source;
 use super::{Conn, Qp, RecvWqe};
 use crate::event::Wc;
 use crate::mr::{LOCAL_WRITE, MrGuard, REMOTE_READ, REMOTE_WRITE};
@@ -23,6 +25,9 @@ pub(super) enum Link<'a> {
     /// Over the requester's TCP connection: the payload follows the header on it, and NAKs and
     /// READ data go back on it.
     Tcp(&'a Conn),
+    /// Over the requester's TCP connection, the payload pulled from the requester's memory
+    /// (same-host pull, the `pull` module).
+    Pulled(&'a Conn, &'a Source),
     /// Delivered in process ([`crate::Delivery::InProcess`]): the payload is read from, and
     /// READ data written to, the requester's memory.
     Memory(&'a MemLink<'a>),
@@ -32,7 +37,7 @@ impl Link<'_> {
     /// The epoch of the responder QP the request was admitted in.
     fn epoch(&self) -> u64 {
         match self {
-            Link::Tcp(c) => c.epoch,
+            Link::Tcp(c) | Link::Pulled(c, _) => c.epoch,
             Link::Memory(m) => m.epoch,
         }
     }
@@ -45,6 +50,8 @@ impl Link<'_> {
         match self {
             // SAFETY: per the caller's contract.
             Link::Tcp(c) => unsafe { wire::read_into(c.fd(), dst, len, false) },
+            // SAFETY: per the caller's contract.
+            Link::Pulled(_, src) => unsafe { src.read_into(dst, len) },
             // SAFETY: per the caller's contract; the segments are pinned and readable.
             Link::Memory(m) => match unsafe { m.copy(dst, len, true) } == len {
                 true => Ok(()),
@@ -54,10 +61,10 @@ impl Link<'_> {
         }
     }
 
-    /// Counts payload received on the port: only what crossed it (in-process delivery
-    /// crosses none).
+    /// Counts payload received on the port: what a NIC's counters would show, pulled or not
+    /// (in-process delivery crosses no port).
     fn received(&self, bytes: u32) {
-        if let Link::Tcp(c) = self {
+        if let Link::Tcp(c) | Link::Pulled(c, _) = self {
             c.traffic.received(bytes);
         }
     }
@@ -84,10 +91,8 @@ impl Qp {
     /// requester), and moves this QP to ERR with `event`.
     fn refuse(&self, link: &Link<'_>, req: &Request, nak: Nak, event: Option<ibv_event_type>) {
         match link {
-            Link::Tcp(conn) => {
-                if req.carries_payload() {
-                    let _ = wire::drain(conn.fd(), req.len as usize);
-                }
+            Link::Tcp(conn) | Link::Pulled(conn, _) => {
+                let _ = wire::drain(conn.fd(), req.payload_on_wire());
                 self.respond(
                     conn,
                     Response {
@@ -127,6 +132,8 @@ impl Qp {
         // for the next request, so nothing placed stays unacknowledged while the connection is
         // quiet (and a stream of requests costs one ACK per burst, not one per request).
         let mut unacked: Option<u64> = None;
+        // The requester's pid once it offered same-host pull and the probe succeeded.
+        let mut pull_from: Option<libc::pid_t> = None;
         loop {
             if let Some(seq) = unacked.filter(|_| !wire::readable(fd)) {
                 if !self.ack(&conn, seq) {
@@ -152,23 +159,31 @@ impl Qp {
             }
             let req = match req {
                 Ok(r) => r,
-                Err(seq) => {
-                    self.respond(
-                        &conn,
-                        Response {
-                            op: RespOp::Nak,
-                            syndrome: Nak::InvalidRequest as u8,
-                            len: 0,
-                            seq,
-                        },
-                        None,
-                    );
-                    let mut st = self.lock();
-                    if st.epoch == conn.epoch {
-                        self.fail(&mut st, None, Some(ibv_event_type::IBV_EVENT_QP_REQ_ERR));
-                    }
+                Err(seq) => return self.malformed(&conn, seq),
+            };
+            if req.op == ReqOp::PullOffer {
+                let (verdict, pid) = self.judge_offer(&req);
+                pull_from = pid;
+                if !self.respond(&conn, verdict.frame(), None) {
                     return;
                 }
+                continue;
+            }
+            // A pulled payload's descriptors are part of its request, whatever becomes of it.
+            let source = match (req.pulled(), pull_from) {
+                (false, _) => None,
+                (true, Some(pid)) if req.carries_payload() => {
+                    match Source::read(fd, pid, req.len) {
+                        Ok(s) => Some(s),
+                        Err(None) => return self.malformed(&conn, req.seq),
+                        Err(Some(_)) => {
+                            self.closed(&Link::Tcp(&conn));
+                            return;
+                        }
+                    }
+                }
+                // Pulled without an agreement, or a pulled READ.
+                (true, _) => return self.malformed(&conn, req.seq),
             };
             if req.op == ReqOp::Bye {
                 // An orderly close: the requester waited for its acknowledgements and sends
@@ -192,7 +207,7 @@ impl Qp {
                 if req.seq != st.expected_seq {
                     // Go back N: after a NAK everything up to the retransmission is discarded.
                     drop(st);
-                    if req.carries_payload() && wire::drain(fd, req.len as usize).is_err() {
+                    if wire::drain(fd, req.payload_on_wire()).is_err() {
                         return;
                     }
                     continue;
@@ -204,7 +219,7 @@ impl Qp {
                         None => {
                             let timer = st.attrs.min_rnr_timer;
                             drop(st);
-                            if req.carries_payload() && wire::drain(fd, req.len as usize).is_err() {
+                            if wire::drain(fd, req.payload_on_wire()).is_err() {
                                 return;
                             }
                             if !self.respond(
@@ -227,8 +242,15 @@ impl Qp {
                 };
                 (st.attrs.access, recv)
             };
-            if !self.place(&Link::Tcp(&conn), &req, access, recv) {
+            let link = match &source {
+                Some(src) => Link::Pulled(&conn, src),
+                None => Link::Tcp(&conn),
+            };
+            if !self.place(&link, &req, access, recv) {
                 return;
+            }
+            if source.is_some() {
+                self.pulled.fetch_add(u64::from(req.len), Ordering::Relaxed);
             }
             let mut st = self.lock();
             if st.epoch != conn.epoch {
@@ -247,6 +269,25 @@ impl Qp {
         }
     }
 
+    /// A request that cannot be parsed: NAK it (`IBV_WC_REM_INV_REQ_ERR`) and fail; nothing
+    /// after it on the connection can be trusted to be framed right.
+    fn malformed(&self, conn: &Conn, seq: u64) {
+        self.respond(
+            conn,
+            Response {
+                op: RespOp::Nak,
+                syndrome: Nak::InvalidRequest as u8,
+                len: 0,
+                seq,
+            },
+            None,
+        );
+        let mut st = self.lock();
+        if st.epoch == conn.epoch {
+            self.fail(&mut st, None, Some(ibv_event_type::IBV_EVENT_QP_REQ_ERR));
+        }
+    }
+
     /// Carries out an admitted request in sequence: places a write or send, serves a read.
     /// `false`: refused, or the link broke (this QP has failed).
     pub(super) fn place(
@@ -260,8 +301,9 @@ impl Qp {
             ReqOp::Write | ReqOp::WriteImm => self.place_write(link, req, access, recv),
             ReqOp::Send | ReqOp::SendImm => self.place_send(link, req, recv),
             ReqOp::Read => self.serve_read(link, req, access),
-            // Ends a connection; the responder loop handles it before anything is placed.
-            ReqOp::Bye => false,
+            // End or open a connection; the responder loop handles them before anything is
+            // placed.
+            ReqOp::Bye | ReqOp::PullOffer => false,
         }
     }
 
@@ -423,7 +465,7 @@ impl Qp {
             seq: req.seq,
         };
         let sent = match link {
-            Link::Tcp(conn) => {
+            Link::Tcp(conn) | Link::Pulled(conn, _) => {
                 let sent = self.respond(conn, resp, guard.as_ref());
                 if sent {
                     conn.traffic.sent(req.len);

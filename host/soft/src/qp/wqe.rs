@@ -9,6 +9,7 @@ use std::time::Instant;
 use ibverbs_sys::ibv_wc_opcode;
 use smallvec::SmallVec;
 
+use crate::mr::MrGuard;
 use crate::wire::ReqOp;
 
 /// One scatter/gather element as posted.
@@ -41,6 +42,9 @@ pub(crate) struct SendWqe {
     pub(super) len: u32,
     pub(super) acked: bool,
     pub(super) sent_at: Option<Instant>,
+    /// The source segments of a pulled WR (the `pull` module), pinned from its transmission
+    /// until the responder answers, since that is when it reads them.
+    pub(super) pinned: SmallVec<[MrGuard; 1]>,
 }
 
 impl SendWqe {
@@ -58,6 +62,7 @@ impl SendWqe {
             len: 0,
             acked: false,
             sent_at: None,
+            pinned: SmallVec::new(),
         }
     }
 
