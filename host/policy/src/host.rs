@@ -23,7 +23,9 @@ use ncclwasm_default::IbConfig;
 use ncclwasm_model::file::{self, Limit};
 use ncclwasm_model::telemetry::{Telemetry, TelemetrySource};
 use ncclwasm_model::validate::{self, InvalidAnswer};
-use ncclwasm_model::{Connection, DeviceSelection, Port, PortAnswer, PortEvent, PortState, QpPlan};
+use ncclwasm_model::{
+    Connection, DeviceSelection, Gid, Port, PortAnswer, PortEvent, PortState, QpPlan,
+};
 
 use crate::convert;
 use crate::engine::{Compilation, Fault, Instance, LOG_TARGET, PolicyEngine, Pool};
@@ -462,23 +464,62 @@ impl PolicyHost {
 
     /// A port changed state: the live topology (what a hot-swapped policy is tried on) follows.
     pub fn port_changed(&self, device: &str, port: u8, state: PortState) {
+        let changed = self.change_port(device, port, |p| {
+            std::mem::replace(&mut p.state, state) != state
+        });
+        if changed {
+            tracing::info!(target: LOG_TARGET, "policy: {device}:{port} is now {state:?}");
+        }
+    }
+
+    /// A port's GID table changed: the live topology (what a hot-swapped policy is tried on)
+    /// takes `gids`, the table as the transport read it through verbs. An entry whose bytes did
+    /// not change keeps the type and prefix discovery gave it (read from sysfs, which the
+    /// transport does not read); a new one keeps what `gids` says.
+    pub fn gids_changed(&self, device: &str, port: u8, gids: &[Gid]) {
+        let changed = self.change_port(device, port, |p| {
+            let merged: Vec<Gid> = gids
+                .iter()
+                .map(|g| {
+                    p.gids
+                        .iter()
+                        .find(|known| known.index == g.index && known.raw == g.raw)
+                        .unwrap_or(g)
+                        .clone()
+                })
+                .collect();
+            merged != std::mem::replace(&mut p.gids, merged.clone())
+        });
+        if changed {
+            let configured = gids.iter().filter(|g| !g.is_unconfigured()).count();
+            tracing::info!(target: LOG_TARGET, "policy: {device}:{port} has a new GID table ({configured} configured entries)");
+        }
+    }
+
+    /// Applies `change` to port `device:port` of the live topology (`true`: it changed the port)
+    /// and publishes the topology when it did; `false` too when no topology was set.
+    fn change_port(
+        &self,
+        device: &str,
+        port: u8,
+        mut change: impl FnMut(&mut Port) -> bool,
+    ) -> bool {
         let s = &*self.shared;
         let Some(ports) = s.topology.load_full() else {
-            return;
+            return false;
         };
         let mut ports = (*ports).clone();
         let mut changed = false;
         for p in ports
             .iter_mut()
-            .filter(|p| p.device == device && p.port == port && p.state != state)
+            .filter(|p| p.device == device && p.port == port)
         {
-            p.state = state;
-            changed = true;
+            changed |= change(p);
         }
         if changed {
-            tracing::info!(target: LOG_TARGET, "policy: {device}:{port} is now {state:?}");
             s.topology.store(Some(Arc::new(ports)));
         }
+        changed
     }
 }
 

@@ -325,11 +325,11 @@ fn gid_addresses(port: &DevicePort) -> Vec<IpAddr> {
 
 #[cfg(test)]
 mod tests {
-    use std::process::Command;
     use std::time::Duration;
 
     use ibverbs_sys::{ibv_context, ibv_event_type, ibv_port_attr, ibv_port_state};
     use ncclwasm_model::Topology;
+    use ncclwasm_testkit::netns::ip;
     use ncclwasm_testkit::{child, netns};
 
     use super::watch;
@@ -349,17 +349,6 @@ mod tests {
              address = \"{addr}\"\n"
         );
         Topology::parse(&text, "link-watch").expect("a valid topology")
-    }
-
-    /// Runs `ip` in this process's network namespace; panics with its stderr when it fails.
-    fn ip(args: &[&str]) {
-        let out = Command::new("ip").args(args).output().expect("run ip");
-        assert!(
-            out.status.success(),
-            "`ip {}`: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
     }
 
     fn port_state(ctx: *mut ibv_context) -> ibv_port_state::Type {

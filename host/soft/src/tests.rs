@@ -362,6 +362,20 @@ impl Node {
     fn next_event(&self) -> Option<(ibv_event_type, i32)> {
         next_event(self.ctx, Duration::from_secs(2))
     }
+
+    /// A responder that refused a request: its QP goes to ERR (within a bounded wait) and its
+    /// context reports `IBV_EVENT_QP_ACCESS_ERR`, as a NIC's.
+    fn refused_as_a_responder(&self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.state() != ibv_qp_state::IBV_QPS_ERR {
+            assert!(Instant::now() < deadline, "responder QP goes to ERR too");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            self.next_event().map(|e| e.0),
+            Some(ibv_event_type::IBV_EVENT_QP_ACCESS_ERR)
+        );
+    }
 }
 
 impl Drop for Node {
@@ -679,15 +693,7 @@ fn remote_violations_write_nothing_and_fail_both_qps() {
         );
         assert!(big.iter().all(|&x| x == 0), "case {case}: no byte written");
         assert_eq!(a.state(), ibv_qp_state::IBV_QPS_ERR);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while b.state() != ibv_qp_state::IBV_QPS_ERR {
-            assert!(Instant::now() < deadline, "responder QP goes to ERR too");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert_eq!(
-            b.next_event().map(|e| e.0),
-            Some(ibv_event_type::IBV_EVENT_QP_ACCESS_ERR)
-        );
+        b.refused_as_a_responder();
         dereg(smr);
         dereg(mr);
     }

@@ -35,8 +35,9 @@ fn is_root() -> bool {
     })
 }
 
-/// Runs `ip` with `args`; panics with its stderr when it fails.
-fn ip(args: &[&str]) {
+/// Runs `ip` with `args` in this process's network namespace; panics with its stderr when it
+/// fails.
+pub fn ip(args: &[&str]) {
     let out = Command::new("ip")
         .args(args)
         .output()

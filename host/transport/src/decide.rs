@@ -13,7 +13,9 @@ use std::sync::Arc;
 
 use ncclwasm_model::device_table::RailPlane;
 use ncclwasm_model::telemetry::TelemetrySource;
-use ncclwasm_model::{Connection, DeviceSelection, Port, PortAnswer, PortEvent, PortState, QpPlan};
+use ncclwasm_model::{
+    Connection, DeviceSelection, Gid, Port, PortAnswer, PortEvent, PortState, QpPlan,
+};
 
 /// A decision that could not be made: a policy fault under `NCCL_WASM_POLICY_FAILURE=closed`,
 /// an invalid setting. The implementation's own error, which says what to do.
@@ -69,6 +71,13 @@ macro_rules! decisions_trait {
             /// A port changed state (an async `PORT_ERR`/`PORT_ACTIVE` event): later decisions
             /// and dry runs see the port as it is now.
             fn port_changed(&self, device: &str, port: u8, state: PortState);
+
+            /// A port's GID table changed (an async `GID_CHANGE` event): `gids` is every slot as
+            /// verbs reads it now. The transport reads no sysfs, so an entry's type is unknown
+            /// and its prefix 0; an implementation keeps what it knew of an entry whose bytes
+            /// did not change. Later decisions and dry runs see the new table. Ignored by
+            /// default.
+            fn gids_changed(&self, _device: &str, _port: u8, _gids: &[Gid]) {}
 
             /// The rail and plane of each port of `selection` (`selected`, in its order), for
             /// v12's `railId`/`planeId`: the selection's own, else none by default (the policy

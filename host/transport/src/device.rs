@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use ncclwasm_model::device_table::data_direct_name;
 use ncclwasm_model::{Endpoint, Port, PortState};
-use ncclwasm_verbs::{AsyncEventKind, Context, DeviceAttr, Fabric, Pd};
+use ncclwasm_verbs::{AsyncEvent, AsyncEventKind, Context, DeviceAttr, Fabric, Pd};
 
 use crate::decide::Decisions;
+use crate::gid_table::GidTables;
 use crate::gpu::{self, GpuEnv, GpuFacts, GpuSupport};
 use crate::mr_cache::MrCache;
 use crate::net_error::NetError;
@@ -342,7 +343,8 @@ pub(crate) struct EventThread {
 }
 
 impl EventThread {
-    /// Port state changes also go to `decisions`, so later decisions see the port as it is.
+    /// Port state changes also go to `decisions`, so later decisions see the port as it is; so
+    /// do GID tables that changed ([`GidTables`]).
     pub(crate) fn start(
         dev: Arc<DevCtx>,
         decisions: Arc<dyn Decisions>,
@@ -355,44 +357,14 @@ impl EventThread {
             .name(name)
             .spawn(move || {
                 let events = || {
+                    // Read here, not in `Net::new`: a port's table is hundreds of slots on a
+                    // RoCE NIC. A change before this read is one it already has: its event then
+                    // reports no entry changed, and still hands the table on.
+                    let mut gids = GidTables::read(&dev);
                     while !flag.load(Ordering::Acquire) {
                         match dev.ctx.next_async_event(EVENT_POLL) {
                             Ok(Some(ev)) => {
-                                let fatal = matches!(
-                                    ev.kind,
-                                    AsyncEventKind::DeviceFatal
-                                        | AsyncEventKind::QpFatal
-                                        | AsyncEventKind::QpReqErr
-                                        | AsyncEventKind::QpAccessErr
-                                        | AsyncEventKind::PathMigErr
-                                );
-                                let what = match (ev.port, ev.qp_num) {
-                                    (Some(p), _) => format!("{} port {p}", dev.name()),
-                                    (_, Some(q)) => format!("{} QP {q}", dev.name()),
-                                    _ => dev.name().to_owned(),
-                                };
-                                if fatal {
-                                    tracing::warn!(
-                                        "NET/WASM: {what}: async event {}",
-                                        ev.description
-                                    );
-                                } else {
-                                    tracing::info!(
-                                        "NET/WASM: {what}: async event {}",
-                                        ev.description
-                                    );
-                                }
-                                let state = match ev.kind {
-                                    AsyncEventKind::PortActive => Some(PortState::Active),
-                                    AsyncEventKind::PortErr => Some(PortState::Down),
-                                    _ => None,
-                                };
-                                if let (Some(state), Some(port)) = (state, ev.port) {
-                                    decisions.port_changed(dev.name(), port, state);
-                                    telemetry.port_changed(dev.name(), port, state);
-                                    dev.note_port(port, state);
-                                }
-                                dev.record(ev.kind, ev.qp_id, ev.description);
+                                handle_event(&dev, &*decisions, &telemetry, &mut gids, ev);
                             }
                             Ok(None) => {}
                             Err(e) => {
@@ -424,6 +396,50 @@ impl EventThread {
             handle: Some(handle),
         })
     }
+}
+
+/// One async event of `dev`: logged (WARN when fatal), a port's new state told to `decisions`,
+/// the telemetry and the device's port counters, a changed GID table re-read, and a fatal event
+/// recorded for the next call on what it names.
+fn handle_event(
+    dev: &DevCtx,
+    decisions: &dyn Decisions,
+    telemetry: &Registry,
+    gids: &mut GidTables,
+    ev: AsyncEvent,
+) {
+    let fatal = matches!(
+        ev.kind,
+        AsyncEventKind::DeviceFatal
+            | AsyncEventKind::QpFatal
+            | AsyncEventKind::QpReqErr
+            | AsyncEventKind::QpAccessErr
+            | AsyncEventKind::PathMigErr
+    );
+    let what = match (ev.port, ev.qp_num) {
+        (Some(p), _) => format!("{} port {p}", dev.name()),
+        (_, Some(q)) => format!("{} QP {q}", dev.name()),
+        _ => dev.name().to_owned(),
+    };
+    if fatal {
+        tracing::warn!("NET/WASM: {what}: async event {}", ev.description);
+    } else {
+        tracing::info!("NET/WASM: {what}: async event {}", ev.description);
+    }
+    let state = match ev.kind {
+        AsyncEventKind::PortActive => Some(PortState::Active),
+        AsyncEventKind::PortErr => Some(PortState::Down),
+        _ => None,
+    };
+    if let (Some(state), Some(port)) = (state, ev.port) {
+        decisions.port_changed(dev.name(), port, state);
+        telemetry.port_changed(dev.name(), port, state);
+        dev.note_port(port, state);
+    }
+    if let (AsyncEventKind::GidChange, Some(port)) = (ev.kind, ev.port) {
+        gids.changed(dev, port, decisions);
+    }
+    dev.record(ev.kind, ev.qp_id, ev.description);
 }
 
 impl Drop for EventThread {

@@ -39,6 +39,7 @@ mod device;
 mod failover;
 #[cfg(test)]
 mod fault_tests;
+mod gid_table;
 mod gpu;
 mod listener;
 mod mr_cache;

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use ncclwasm_model::device_table::RailPlane;
 use ncclwasm_model::telemetry::TelemetrySource;
-use ncclwasm_model::{Connection, DeviceSelection, Port, PortAnswer, PortEvent, PortState, QpPlan};
+use ncclwasm_model::{
+    Connection, DeviceSelection, Gid, Port, PortAnswer, PortEvent, PortState, QpPlan,
+};
 use ncclwasm_policy::{Decision, PolicyError, PolicyHost};
 
 use crate::decide::{Decided, DecisionError, Decisions};
@@ -61,6 +63,10 @@ macro_rules! decisions_for_policy_host {
 
             fn port_changed(&self, device: &str, port: u8, state: PortState) {
                 PolicyHost::port_changed(self, device, port, state);
+            }
+
+            fn gids_changed(&self, device: &str, port: u8, gids: &[Gid]) {
+                PolicyHost::gids_changed(self, device, port, gids);
             }
 
             fn rails(&self, selection: &DeviceSelection, selected: &[Port]) -> Vec<RailPlane> {

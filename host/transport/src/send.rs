@@ -414,11 +414,13 @@ impl SendComm {
             return Ok(None);
         };
         let req = m.req;
-        bufs[req.index()] = SendBuf {
-            addr,
-            lkeys,
-            events: QpEvents::under(profiler.map_or(0, |_| parent)),
-        };
+        let b = &mut bufs[req.index()];
+        (b.addr, b.lkeys) = (addr, lkeys);
+        // Events are only ever started and stopped with a profiler: without one, the slot's
+        // are never read, and this path writes none.
+        if self.profiler.is_some() {
+            b.events = QpEvents::under(profiler.map_or(0, |_| parent));
+        }
         let Some(work) = m.work else {
             return Ok(Some(req));
         };

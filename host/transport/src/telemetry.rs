@@ -4,7 +4,8 @@
 //! syscall: the verbs wrapper counts each QP's work requests and bytes under the post lock it
 //! takes anyway ([`ncclwasm_verbs::Qp::posted`]), and each communicator side counts its
 //! completions per endpoint, its errors by status and the messages `test` finished in its own
-//! [`Meter`] (atomic adds, one per poll batch and per message). Summing is the reader's work:
+//! [`Meter`] (a load and a store per poll batch and per message: one writer at a time, under
+//! the communicator's lock). Summing is the reader's work:
 //! [`Registry::snapshot`], called when a policy asks, walks the live sides under the registry's
 //! lock, adds what closed connections left behind, and keeps a few samples of the per-port
 //! totals to report the bytes of a recent window.
@@ -51,12 +52,14 @@ pub(crate) struct Meter {
 }
 
 impl Meter {
-    /// `n` successful completions polled from endpoint `endpoint`.
+    /// `n` successful completions polled from endpoint `endpoint`. Polling happens under the
+    /// communicator's state lock, so this is the counter's only writer at a time: a plain load
+    /// and store, no locked instruction, on the data path.
     pub(crate) fn completed(&self, endpoint: usize, n: u64) {
         if n > 0
             && let Some(c) = self.completions.get(endpoint)
         {
-            c.fetch_add(n, Ordering::Relaxed);
+            c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
         }
     }
 
@@ -70,10 +73,13 @@ impl Meter {
         }
     }
 
-    /// `test` reported a message of `bytes` done.
+    /// `test` reported a message of `bytes` done (under the state lock, as [`completed`]).
+    ///
+    /// [`completed`]: Self::completed
     pub(crate) fn done(&self, bytes: u64) {
-        self.done[0].fetch_add(1, Ordering::Relaxed);
-        self.done[1].fetch_add(bytes, Ordering::Relaxed);
+        let [n, b] = &self.done;
+        n.store(n.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        b.store(b.load(Ordering::Relaxed) + bytes, Ordering::Relaxed);
     }
 
     fn errors_of(&self, endpoint: usize) -> [u64; STATUSES] {

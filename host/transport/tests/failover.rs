@@ -200,13 +200,7 @@ fn a_port_down_mid_transfer_moves_its_traffic_and_loses_nothing() {
     let v = i64::from(net.make_vdevice(&[0, 1]).unwrap());
     let (s, r) = connect(&net, v, v);
     let stats = s.stats();
-    let ports: Vec<u32> = stats.plan.qps.iter().map(|q| q.local).collect();
-    assert!(ports.contains(&0) && ports.contains(&1), "{:?}", stats.plan);
-    assert_eq!(
-        stats.failover.map(|c| c.moves),
-        Some(0),
-        "prepared for failover"
-    );
+    prepared_over_both_ports(&stats);
     let first = stats.local[0].device.clone();
     drop(stats);
     let dev = device(&first);

@@ -17,17 +17,17 @@
 
 mod common;
 
-use std::io::BufRead;
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::nodes::{bound_copy, heard};
 use common::{deadline, handle_from_hex, handle_hex, net_with, pattern};
 use ncclwasm_policy::PolicyHost;
 use ncclwasm_proto::handle::ListenHandle;
 use ncclwasm_testkit::child::{self, say};
 use ncclwasm_testkit::netns::{self, Hosts};
+use ncclwasm_testkit::scratch::Scratch;
 use ncclwasm_transport::oob::OobEnv;
 use ncclwasm_transport::{
     CommConfig, Done, HANDLE_SIZE, Listener, Net, RecvBuf, RecvComm, ReqId, SendComm,
@@ -102,16 +102,8 @@ fn rank() {
     say(&format!("LISTEN {} {}", net.oob().ifname, listening.ip()));
     say(&format!("PRELOAD {}", handle_hex(&preload_handle)));
     say(&format!("HANDLE {}", handle_hex(&handle)));
-    let mut lines = std::io::stdin().lock().lines();
-    let mut expect = |word: &str| -> String {
-        lines
-            .by_ref()
-            .map(|l| l.expect("stdin"))
-            .find_map(|l| l.strip_prefix(&format!("@@{word}")).map(str::to_owned))
-            .unwrap_or_else(|| panic!("stdin closed before {word}"))
-    };
-    let mut preload_peer = handle_from_hex(expect("PRELOAD").trim());
-    let mut peer = handle_from_hex(expect("HANDLE").trim());
+    let mut preload_peer = handle_from_hex(heard("PRELOAD").trim());
+    let mut peer = handle_from_hex(heard("HANDLE").trim());
     let (send, recv, want) = (DmaBuf::new(BUF), DmaBuf::new(BUF), DmaBuf::new(BUF));
     pattern(&send, me + 1);
     pattern(&want, 2 - me);
@@ -121,7 +113,7 @@ fn rank() {
     let (s, r) = pair(&net, rail0, preload_listener, &mut preload_peer);
     transfer(&s, &r, &send, &recv, &PRELOAD);
     say("PRELOADED");
-    expect("PRELOADED");
+    heard("PRELOADED");
     drop((s, r));
     for t in ncclwasm_soft::traffic() {
         say(&format!("BASE {} {}", t.device, t.sent));
@@ -141,7 +133,7 @@ fn rank() {
     );
     say("VERIFIED");
     // Both directions placed: the counters are final.
-    expect("VERIFIED");
+    heard("VERIFIED");
     for t in ncclwasm_soft::traffic() {
         say(&format!(
             "TRAFFIC {} {} {} {} {} {}",
@@ -262,33 +254,6 @@ impl Port {
     }
 }
 
-/// `topologies/<file>` with each port bound to `addrs` in order (the topology's `address`),
-/// the file's own IPv4 GIDs exchanged for each other's when `exchange` says so.
-fn bound_copy(file: &str, addrs: [&str; 2], exchange: Option<[&str; 2]>, dir: &Path) -> PathBuf {
-    let mut text = std::fs::read_to_string(ncclwasm_testkit::topology(file)).unwrap();
-    if let Some([a, b]) = exchange {
-        text = text.replace(a, "@").replace(b, a).replace('@', b);
-    }
-    let mut parts = text.split("[[devices.ports]]\n");
-    let mut out = parts.next().unwrap().to_owned();
-    for (part, addr) in parts.zip(addrs) {
-        out += &format!("[[devices.ports]]\naddress = \"{addr}\"\n{part}");
-    }
-    assert_eq!(out.matches("address =").count(), 2, "two ports in {file}");
-    let path = dir.join(file);
-    std::fs::write(&path, out).unwrap();
-    path
-}
-
-/// The test's own directory for the topology copies, removed when the test ends.
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// What one rank reported: its port counters at the end, and each device's bytes sent before
 /// the fused connection (the preload's).
 #[derive(Debug)]
@@ -316,11 +281,7 @@ fn run(policy: &str, cabling: Cabling) -> Option<[Rank; 2]> {
         return None;
     }
     let guest = ncclwasm_testkit::guest(policy);
-    let scratch = Scratch(std::env::temp_dir().join(format!(
-        "ncclwasm-multi-node-{}-{policy}",
-        std::process::id()
-    )));
-    std::fs::create_dir_all(&scratch.0).unwrap();
+    let scratch = Scratch::new(&format!("multi-node-{policy}"));
     let hosts = Hosts::new(2);
     // One veth pair per rail: node 0's port k and the peer port on the same subnet.
     let addrs = [NODE0, cabling.node1()];
@@ -337,12 +298,12 @@ fn run(policy: &str, cabling: Cabling) -> Option<[Rank; 2]> {
         );
     }
     let topologies = [
-        bound_copy("dual-port.toml", NODE0, None, &scratch.0),
+        bound_copy("dual-port.toml", NODE0, None, scratch.root()),
         bound_copy(
             "dual-port-peer.toml",
             addrs[1],
             (cabling == Cabling::Straight).then_some(cabling.node1()),
-            &scratch.0,
+            scratch.root(),
         ),
     ];
     let ranks = (0..2)

@@ -6,15 +6,15 @@
 
 mod common;
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use common::*;
 use ncclwasm_transport::profile::{
     DecisionEvent, DecisionKind, Profiler, QpEvent, WC_RECV_RDMA_WITH_IMM, WR_RDMA_WRITE_WITH_IMM,
 };
-use ncclwasm_transport::{RecvBuf, RecvComm, SendComm};
+use ncclwasm_transport::{Net, RecvBuf, RecvComm, SendComm};
 
 /// What the recording profiler was told, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,6 +103,19 @@ fn message(s: &SendComm, r: &RecvComm, b: &Bufs, size: u64, parents: (usize, usi
     assert_eq!(wait_recv(r, rreq).1[0], size);
 }
 
+/// A connection over the fused device of the soft fabric's two ports (2 QPs, striped), made
+/// after a recording profiler was set, and its buffers. The context comes back too: its async
+/// event thread, which fail-back needs, lives as long as it.
+fn profiled() -> (Net, Arc<Recorder>, SendComm, RecvComm, Bufs) {
+    let net = net();
+    let rec = Arc::new(Recorder::default());
+    net.set_profiler(rec.clone());
+    let v = i64::from(net.make_vdevice(&[0, 1]).unwrap());
+    let (s, r) = connect(&net, v, v);
+    let b = bufs(&s, &r);
+    (net, rec, s, r, b)
+}
+
 /// Every started event stopped exactly once, after its start.
 fn balanced(seen: &[Seen]) {
     for (i, s) in seen.iter().enumerate() {
@@ -117,12 +130,7 @@ fn balanced(seen: &[Seen]) {
 
 #[test]
 fn a_striped_message_has_one_qp_event_per_qp_on_each_side() {
-    let net = net();
-    let rec = std::sync::Arc::new(Recorder::default());
-    net.set_profiler(rec.clone());
-    let v = i64::from(net.make_vdevice(&[0, 1]).unwrap());
-    let (s, r) = connect(&net, v, v);
-    let b = bufs(&s, &r);
+    let (_net, rec, s, r, b) = profiled();
     let plan = s.plan().clone();
     assert_eq!((plan.qps.len(), plan.stripe_width), (2, 2), "{plan:?}");
 
@@ -212,12 +220,8 @@ fn a_failover_and_its_fail_back_are_reported_to_the_profiler() {
     ) {
         return;
     }
-    let net = net();
-    let rec = std::sync::Arc::new(Recorder::default());
-    net.set_profiler(rec.clone());
-    let v = i64::from(net.make_vdevice(&[0, 1]).unwrap());
-    let (s, r) = connect(&net, v, v);
-    let b = bufs(&s, &r);
+    capture_logs(tracing_subscriber::filter::LevelFilter::INFO);
+    let (_net, rec, s, r, b) = profiled();
     let first = s.stats().local[0].device.clone();
     let dev = ncclwasm_soft::fabric().unwrap().open(&first).unwrap();
     let counters = || s.stats().failover.expect("prepared for failover");
@@ -225,12 +229,12 @@ fn a_failover_and_its_fail_back_are_reported_to_the_profiler() {
     let end = deadline();
     while counters().moves == 0 {
         message(&s, &r, &b, 4096, (0, 0));
-        assert!(Instant::now() < end, "no move");
+        assert!(Instant::now() < end, "no move:\n{}", logged());
     }
     assert!(dev.inject_port_up(1).unwrap());
     while counters().fail_backs == 0 {
         message(&s, &r, &b, 4096, (0, 0));
-        assert!(Instant::now() < end, "no fail-back");
+        assert!(Instant::now() < end, "no fail-back:\n{}", logged());
     }
     assert_eq!(rec.take(), [], "nothing profiled yet");
     message(&s, &r, &b, 4096, (SEND_PARENT, 0));

@@ -54,7 +54,7 @@ impl Qp {
             progressed |= !w.acked;
             w.acked = true;
             // Placed: the responder is done reading a pulled WR's sources.
-            w.pinned.clear();
+            w.pinned = None;
             if w.signaled {
                 last_signaled = Some(i);
             }

@@ -237,7 +237,7 @@ impl Qp {
     /// Whether a pulled WR of this requester still pins its sources (not answered yet).
     #[cfg(test)]
     pub(crate) fn pins_sources(&self) -> bool {
-        self.lock().sq.iter().any(|w| !w.pinned.is_empty())
+        self.lock().sq.iter().any(|w| w.pinned.is_some())
     }
 
     pub(crate) fn set_peer_secret(&self, secret: u32) {

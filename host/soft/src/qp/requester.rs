@@ -402,7 +402,7 @@ impl Qp {
             return;
         }
         if let Some(w) = Self::wqe_mut(&mut st, seq).filter(|w| !w.acked) {
-            w.pinned = guards;
+            w.pinned = Some(Box::new(guards));
         }
     }
 

@@ -43,8 +43,9 @@ pub(crate) struct SendWqe {
     pub(super) acked: bool,
     pub(super) sent_at: Option<Instant>,
     /// The source segments of a pulled WR (the `pull` module), pinned from its transmission
-    /// until the responder answers, since that is when it reads them.
-    pub(super) pinned: SmallVec<[MrGuard; 1]>,
+    /// until the responder answers, since that is when it reads them. Boxed: only a pulled WR
+    /// (32 KiB or more) has any, and every WR of the queue carries the field.
+    pub(super) pinned: Option<Box<SmallVec<[MrGuard; 1]>>>,
 }
 
 impl SendWqe {
@@ -62,7 +63,7 @@ impl SendWqe {
             len: 0,
             acked: false,
             sent_at: None,
-            pinned: SmallVec::new(),
+            pinned: None,
         }
     }
 

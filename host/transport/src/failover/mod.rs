@@ -24,6 +24,7 @@ use ncclwasm_proto::message::{Message, QpInfo, Rejoin};
 use crate::decide::Decisions;
 use crate::device::PortCtx;
 use crate::net_error::NetError;
+use crate::qp::ConnQp;
 use crate::socket::Stream;
 
 /// Whether the connection `conn` with plan `plan` runs prepared for failover: when its QPs span
@@ -59,6 +60,29 @@ pub(crate) fn prepared(decisions: &dyn Decisions, conn: &Connection, plan: &Conn
             .on_port_event_ahead(&event, conn, &plan.qps, &states)
             .is_ok_and(|d| matches!(d.value, PortAnswer::MoveTo { .. } | PortAnswer::Wait { .. }))
     })
+}
+
+/// Moves the plan QPs `failed` of `qps` to the error state, so that they deliver nothing more.
+///
+/// A port whose link went down leaves its QPs alive: the provider fails them only by their
+/// retry timer (as a NIC does), and the transport may hear of the port first, from its
+/// `PORT_ERR` event, and move their traffic. What they still hold would then land when the
+/// link returns — after the move wrote it again and the message completed, into a buffer NCCL
+/// may have reused since (`link_failover.rs` saw a later message overwritten by an earlier
+/// one, with fault injection hiding it: injection fails the QPs at once). In ERR a QP's
+/// outstanding work completes flushed, which the failover accounting ignores, a NIC sends
+/// nothing more from it, and its responder places nothing more.
+pub(crate) fn fence(
+    qps: &[ConnQp],
+    failed: impl IntoIterator<Item = usize>,
+) -> Result<(), NetError> {
+    for q in failed {
+        let qp = &qps[q].qp;
+        qp.to_error().map_err(NetError::verbs(|| {
+            format!("moving failed QP {} to the error state", qp.qpn())
+        }))?;
+    }
+    Ok(())
 }
 
 /// "mlx5_0:1", or the index when the connection has no such port.

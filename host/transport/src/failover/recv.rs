@@ -11,7 +11,7 @@ use ncclwasm_proto::handshake::rejoin_bring_up;
 use ncclwasm_proto::message::{Message, Rejoin};
 use ncclwasm_verbs::{Completion, RecvWr, WcOpcode, WcStatus};
 
-use super::{ControlLink, half};
+use super::{ControlLink, fence, half};
 use crate::net_error::NetError;
 use crate::qp::{self, ConnQp};
 use crate::recv::RecvComm;
@@ -92,6 +92,9 @@ impl RecvComm {
             let rewrites = receiver
                 .qp_failed(q)
                 .map_err(NetError::protocol("dropping a failed QP"))?;
+            // Its responder must place nothing the sender wrote before the failure and wrote
+            // again elsewhere since, and its CTS writes must not land late either.
+            fence(&self.side.qps(), [q])?;
             if let Some(first) = receiver.cts_qp() {
                 tracing::info!(
                     "NET/WASM: {}: QP {} failed; the sender moves its traffic; {} CTS \

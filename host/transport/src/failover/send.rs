@@ -13,7 +13,7 @@ use ncclwasm_proto::handshake::rejoin_bring_up;
 use ncclwasm_proto::message::{Message, Rejoin};
 use ncclwasm_verbs::{Completion, Remote, SendOp, SendWr, WcStatus};
 
-use super::{ControlLink, PortWatch, cause_text, half, port_name};
+use super::{ControlLink, PortWatch, cause_text, fence, half, port_name};
 use crate::device::PortCtx;
 use crate::net_error::NetError;
 use crate::qp::{self, ConnQp};
@@ -187,6 +187,10 @@ impl SendComm {
                 st.sender
                     .fail_over(port, &ports)
                     .map_err(|e| fail(e.to_string()))?;
+                // Before the probe and the replay: nothing of the port's QPs lands later.
+                let on_port = (0..self.setup.routes.len())
+                    .filter(|&i| self.setup.routes[i].local as u32 == port);
+                fence(&self.side.qps(), on_port)?;
                 let to: Vec<String> = ports.iter().map(|&p| port_name(&self.conn, p)).collect();
                 tracing::info!(
                     "NET/WASM: {}: new messages go over {}; slices in flight on {name} are \

@@ -2,6 +2,8 @@
 //! endpoints as NCCL's proxy threads do, registered buffers, and spinning on requests.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod nodes;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -210,6 +212,18 @@ pub fn one(s: &SendComm, r: &RecvComm, b: &Bufs, size: usize, rsize: usize, soff
     assert!(
         out[got..].iter().all(|&x| x == 0xee),
         "bytes written past the received size ({size} into {rsize})"
+    );
+}
+
+/// A fused connection's plan spans both local ports and is prepared for failover, nothing
+/// moved yet: what a failover test starts from.
+pub fn prepared_over_both_ports(stats: &ncclwasm_transport::SendStats<'_>) {
+    let ports: Vec<u32> = stats.plan.qps.iter().map(|q| q.local).collect();
+    assert!(ports.contains(&0) && ports.contains(&1), "{:?}", stats.plan);
+    assert_eq!(
+        stats.failover.map(|c| c.moves),
+        Some(0),
+        "prepared for failover"
     );
 }
 
