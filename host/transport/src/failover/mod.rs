@@ -96,7 +96,7 @@ pub(crate) fn port_name(conn: &Connection, port: u32) -> String {
 /// How the event was learnt, for INFO lines.
 pub(crate) fn cause_text(cause: PortEventCause) -> &'static str {
     match cause {
-        PortEventCause::AsyncEvent => "fatal QP event",
+        PortEventCause::AsyncEvent => "async event (PORT_ERR, or QP fatal)",
         PortEventCause::FatalCompletion => "failed work completion",
     }
 }
