@@ -99,6 +99,9 @@ pub(crate) struct DevCtx {
     data_direct_path: Option<String>,
     faults: Arc<FaultState>,
     port_events: Arc<PortEvents>,
+    /// The GID index each selected port of the device uses (`select-gid` at init), shared with
+    /// the Data Direct twin: which change of a GID table concerns this job.
+    gids_in_use: Arc<Mutex<HashMap<u8, u32>>>,
 }
 
 impl DevCtx {
@@ -146,6 +149,7 @@ impl DevCtx {
             data_direct_path,
             faults: Arc::default(),
             port_events: Arc::default(),
+            gids_in_use: Arc::default(),
         }))
     }
 
@@ -198,7 +202,25 @@ impl DevCtx {
             data_direct_path: None,
             faults: Arc::clone(&self.faults),
             port_events: Arc::clone(&self.port_events),
+            gids_in_use: Arc::clone(&self.gids_in_use),
         }))
+    }
+
+    /// Port `port` uses GID index `index` (decided once, at init).
+    pub(crate) fn use_gid(&self, port: u8, index: u32) {
+        self.gids_in_use
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(port, index);
+    }
+
+    /// The GID index port `port` uses; `None` for a port NCCL does not see.
+    pub(crate) fn gid_in_use(&self, port: u8) -> Option<u32> {
+        self.gids_in_use
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&port)
+            .copied()
     }
 
     pub(crate) fn name(&self) -> &str {

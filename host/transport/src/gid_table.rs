@@ -53,7 +53,7 @@ impl GidTables {
         };
         let before = self.0.get(&port).map(Vec::as_slice).unwrap_or_default();
         let changes = gid_changes(before, &now);
-        log_gid_changes(dev.name(), port, &changes);
+        log_gid_changes(dev.name(), port, &changes, dev.gid_in_use(port));
         decisions.gids_changed(dev.name(), port, &now);
         self.0.insert(port, now);
     }
@@ -143,11 +143,9 @@ fn gid_changes(before: &[Gid], after: &[Gid]) -> Vec<GidSlotChange> {
 }
 
 /// One INFO line with what changed in `device` port `port`'s GID table, and one WARN line when
-/// a configured entry changed or vanished: a port keeps the GID index chosen at init, so a
-/// connection made over such an index fails, or talks from the new address. (Which index this
-/// port's connections use is decided in `Net::new`, which the event thread does not see; the
-/// WARN names every index that changed.)
-fn log_gid_changes(device: &str, port: u8, changes: &[GidSlotChange]) {
+/// the entry the port's connections use (`in_use`, chosen at init and kept) changed or vanished:
+/// a connection made over it from now on fails, or talks from the new address.
+fn log_gid_changes(device: &str, port: u8, changes: &[GidSlotChange], in_use: Option<u32>) {
     if changes.is_empty() {
         tracing::info!("NET/WASM: {device} port {port}: GID table read again, no entry changed");
         return;
@@ -157,17 +155,15 @@ fn log_gid_changes(device: &str, port: u8, changes: &[GidSlotChange]) {
         "NET/WASM: {device} port {port}: GID table changed: {}",
         all.join(", ")
     );
-    let lost: Vec<String> = changes
+    let lost = changes
         .iter()
         .filter_map(GidSlotChange::lost)
-        .map(|(index, addr)| format!("index {index} ({addr})"))
-        .collect();
-    if !lost.is_empty() {
+        .find(|&(index, _)| Some(index) == in_use);
+    if let Some((index, addr)) = lost {
         tracing::warn!(
-            "NET/WASM: {device} port {port}: GID {} changed or vanished: new connections on \
-             this port over that index (each port keeps the index chosen at init) will fail, or \
-             use the new address",
-            lost.join(", ")
+            "NET/WASM: {device} port {port}: GID index {index} ({addr}), the one this port's \
+             connections use (chosen at init and kept), changed or vanished: its new \
+             connections will fail, or use the new address"
         );
     }
 }

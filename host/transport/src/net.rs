@@ -247,6 +247,7 @@ impl Net {
                 choice.value.index,
                 choice.source
             );
+            dev.use_gid(port.port, choice.value.index);
             let endpoint = port.endpoint(choice.value.index);
             port_ctxs.push(PortCtx {
                 port,
