@@ -43,15 +43,15 @@ pub type Logger = Option<
 >;
 /// `ncclProfilerCallback_t` (v10+ `init`; NULL when NCCL profiles nothing): `(eHandle, type,
 /// pHandle, pluginId, extData)`, `type` one of the `PROFILER_*` event kinds.
-pub type Profiler = Option<
-    unsafe extern "C" fn(
-        e_handle: *mut *mut c_void,
-        kind: c_int,
-        p_handle: *mut c_void,
-        plugin_id: i64,
-        ext_data: *mut c_void,
-    ) -> NcclResult,
->;
+pub type Profiler = Option<ProfilerFn>;
+/// The callback itself, when NCCL gave one.
+pub type ProfilerFn = unsafe extern "C" fn(
+    e_handle: *mut *mut c_void,
+    kind: c_int,
+    p_handle: *mut c_void,
+    plugin_id: i64,
+    ext_data: *mut c_void,
+) -> NcclResult;
 /// `ncclProfilerNetEventStart` / `…Stop`: the profiler callback's `type`.
 pub const PROFILER_EVENT_START: c_int = 0;
 pub const PROFILER_EVENT_STOP: c_int = 1;

@@ -121,12 +121,7 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
         setup::settings(&args.config)?,
         &policy(args.policy.as_ref()),
     )?;
-    let telemetry = args
-        .telemetry
-        .as_deref()
-        .map(|path| Telemetry::load(path, &live.ports))
-        .transpose()
-        .map_err(Fail::trouble)?;
+    let telemetry = setup::telemetry(args.telemetry.as_deref(), &live.ports)?;
     if let Some(t) = &telemetry {
         host.set_telemetry(std::sync::Arc::new(t.clone()));
     }

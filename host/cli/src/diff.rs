@@ -49,7 +49,8 @@ pub struct Args {
 pub fn run(args: &Args) -> Result<Outcome, Fail> {
     let (local, peer) = setup::topologies(&args.machines)?;
     let settings = setup::settings(&args.config)?;
-    let telemetry = setup::telemetry(&args.machines, &local)?;
+    let telemetry = setup::telemetry(args.machines.telemetry.as_deref(), &local.ports())?
+        .map(std::sync::Arc::new);
     let mut reports = Vec::with_capacity(2);
     for (policy, config) in [(&args.a, &args.config_a), (&args.b, &args.config_b)] {
         let mut settings = settings.clone();

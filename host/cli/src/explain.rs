@@ -94,8 +94,8 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
     let (local, peer) = setup::topologies(&args.machines)?;
     let settings = setup::settings(&args.config)?;
     let (host, policy) = setup::host(settings, &args.policy)?;
-    if let Some(t) = setup::telemetry(&args.machines, &local)? {
-        host.set_telemetry(t);
+    if let Some(t) = setup::telemetry(args.machines.telemetry.as_deref(), &local.ports())? {
+        host.set_telemetry(std::sync::Arc::new(t));
     }
     let which = match (args.device, args.all_connections) {
         (Some(n), _) => Connections::Device(n),

@@ -6,14 +6,13 @@
 //! `--env`/`--config` on top of the environment).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::Arc;
 
 use clap::Args;
-use ncclwasm_model::Topology;
 use ncclwasm_model::file::{self, Limit};
 use ncclwasm_model::telemetry::Telemetry;
+use ncclwasm_model::{Port, Topology};
 use ncclwasm_policy::{FailureMode, PolicyHost, Settings};
 
 use crate::fail::Fail;
@@ -111,11 +110,10 @@ pub fn host(settings: Settings, policy: &PolicyArg) -> Result<(PolicyHost, Polic
     Ok((host, view))
 }
 
-/// The snapshot `--telemetry` names, laid over the local machine's ports.
-pub fn telemetry(args: &MachineArgs, local: &Topology) -> Result<Option<Arc<Telemetry>>, Fail> {
-    args.telemetry
-        .as_deref()
-        .map(|path| Telemetry::load(path, &local.ports()).map(Arc::new))
+/// The snapshot file a `--telemetry` names, laid over the machine's `ports` (a topology's, or
+/// the live ones `devices` discovers).
+pub fn telemetry(path: Option<&Path>, ports: &[Port]) -> Result<Option<Telemetry>, Fail> {
+    path.map(|path| Telemetry::load(path, ports))
         .transpose()
         .map_err(Fail::trouble)
 }

@@ -11,8 +11,7 @@ use ncclwasm_transport::profile::{DecisionEvent, DecisionKind, Profiler, QpEvent
 
 /// The callback NCCL handed `init`.
 pub(crate) struct NcclProfiler {
-    callback:
-        unsafe extern "C" fn(*mut *mut c_void, i32, *mut c_void, i64, *mut c_void) -> NcclResult,
+    callback: ProfilerFn,
 }
 
 impl std::fmt::Debug for NcclProfiler {
@@ -22,15 +21,7 @@ impl std::fmt::Debug for NcclProfiler {
 }
 
 impl NcclProfiler {
-    pub(crate) fn new(
-        callback: unsafe extern "C" fn(
-            *mut *mut c_void,
-            i32,
-            *mut c_void,
-            i64,
-            *mut c_void,
-        ) -> NcclResult,
-    ) -> NcclProfiler {
+    pub(crate) fn new(callback: ProfilerFn) -> NcclProfiler {
         NcclProfiler { callback }
     }
 

@@ -347,7 +347,7 @@ impl TelemetrySource for Registry {
     fn snapshot(&self) -> Telemetry {
         let at_ms = self.now_ms();
         let mut inner = self.inner();
-        let live: Vec<Arc<Side>> = inner.live.iter().filter_map(Weak::upgrade).collect();
+        let mut live: Vec<Arc<Side>> = inner.live.iter().filter_map(Weak::upgrade).collect();
         let mut totals = inner.retired.clone();
         for side in &live {
             self.add_side(side, &mut totals);
@@ -395,10 +395,13 @@ impl TelemetrySource for Registry {
             })
             .collect();
         drop(inner);
-        let mut connections: Vec<ConnectionTelemetry> =
-            live.iter().map(|s| self.connection(s)).collect();
-        connections.sort_unstable_by_key(|c| std::cmp::Reverse(c.id));
-        connections.truncate(MAX_CONNECTIONS);
+        // The newest, and only those summed: a rank may hold thousands of connections.
+        live.sort_unstable_by_key(|s| std::cmp::Reverse(s.meter.id));
+        let connections = live
+            .iter()
+            .take(MAX_CONNECTIONS)
+            .map(|s| self.connection(s))
+            .collect();
         Telemetry {
             at_ms,
             ports,
