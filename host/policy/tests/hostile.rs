@@ -299,7 +299,7 @@ fn a_port_answer_naming_a_port_the_vnic_lacks_is_refused() {
         FailureCause::InvalidAnswer,
     );
     // A policy that does not declare the hook is never asked.
-    let quiet = host_with("rail-aligned", FailureMode::Closed, None);
+    let quiet = host_with("weighted-stripe", FailureMode::Closed, None);
     let d = quiet.on_port_event(&down, &conn, &qps, &states).unwrap();
     assert!(
         matches!(d.source, Source::NotImplemented(_)),

@@ -53,8 +53,19 @@
 //!    ([`SendFailover::fail_back`]). Only with no probe or replay pending, so no slice is still
 //!    accounted to a QP being replaced.
 //!
-//! Not done yet: `wait` (hold the failed port's traffic until it returns) — a prepared
-//! connection answers it by failing.
+//! 7. **Wait.** A `wait` answer holds the failed port instead of moving its traffic: its QPs
+//!    are failed as for a move, but no new message starts while any port is held
+//!    ([`SendFailover::hold`]), and nothing of the held port's slices is written on another
+//!    port. A probe still runs over a QP that works: slices the receiver already has are
+//!    confirmed, so a message it completed finishes on the sender too — without this, a
+//!    receiver with nothing left to wait for would never be asked to progress, and never
+//!    re-create its QPs. When the port is active again its QPs are re-created as for a
+//!    fail-back, and [`SendFailover::resume`] marks the held port's unacknowledged slices
+//!    *lost* (the plan QP indices now name the fresh QPs, so "posted on a failed QP" can no
+//!    longer tell them) and asks for another probe: the slices the receiver lacks are written
+//!    again on their own (fresh) QPs, and the barrier of step 4 holds new messages until those
+//!    landed. The shell bounds the wait by the policy's time and fails the connection with its
+//!    reason when the port stays down.
 
 use ncclwasm_model::{ConnPlan, QpPlan};
 
@@ -273,6 +284,9 @@ pub(crate) struct InFlight {
     pub(crate) acked: u32,
     /// Bit `i`: slice `i` was written again and that write is not acknowledged yet.
     pub(crate) replayed: u32,
+    /// Bit `i`: slice `i` was in flight on a held port's QP that has been re-created since:
+    /// the probe decides whether it landed.
+    pub(crate) lost: u32,
 }
 
 impl InFlight {
@@ -288,6 +302,7 @@ impl InFlight {
         slice_qp: [0; MAX_FAILOVER_SLICES],
         acked: 0,
         replayed: 0,
+        lost: 0,
     };
 
     fn all(&self) -> u32 {
@@ -318,6 +333,10 @@ pub struct FailoverCounters {
     pub moves: u32,
     /// Fail-backs carried out: a port's re-created QPs carry traffic again.
     pub fail_backs: u32,
+    /// Ports held by a `wait` answer.
+    pub waits: u32,
+    /// Held ports that came back in time: their re-created QPs carry the held traffic.
+    pub resumes: u32,
     /// Probe READs completed.
     pub probes: u32,
     /// Slices of failed QPs the probe showed had landed.
@@ -338,6 +357,8 @@ pub struct SendFailover {
     plans: Vec<(ConnPlan, Vec<u32>)>,
     /// Bit `q`: plan QP `q` failed; its completions count nothing from then on.
     failed: u128,
+    /// Local ports held by a `wait` answer, until they come back.
+    held: Vec<u32>,
     probe: Probe,
     /// Replayed slices not acknowledged yet.
     replays: u32,
@@ -354,6 +375,7 @@ impl SendFailover {
             slots: vec![InFlight::EMPTY; MAX_REQUESTS],
             plans: vec![(plan.clone(), (0..plan.qps.len() as u32).collect())],
             failed: 0,
+            held: Vec::new(),
             probe: Probe::Idle,
             replays: 0,
             counters: FailoverCounters::default(),
@@ -389,10 +411,15 @@ impl SendFailover {
         self.slots[slot] = record;
     }
 
-    /// No new message may start: a probe is pending or replays are unacknowledged (the barrier
-    /// of the design, step 4).
+    /// No new message may start: a port is held, a probe is pending or replays are
+    /// unacknowledged (the barrier of the design, steps 4 and 7).
     pub fn blocked(&self) -> bool {
-        self.probe != Probe::Idle || self.replays > 0
+        !self.held.is_empty() || self.probe != Probe::Idle || self.replays > 0
+    }
+
+    /// Whether local port `port` is held by a `wait` answer.
+    pub fn is_held(&self, port: u32) -> bool {
+        self.held.contains(&port)
     }
 
     /// A tagged slice's success completion (its `wr_id` is its immediate) polled from a QP that
@@ -418,19 +445,25 @@ impl SendFailover {
         let ended = s.replayed & bits;
         self.replays -= ended.count_ones();
         s.replayed &= !bits;
+        s.lost &= !bits;
         s.acked |= bits;
         settle_if_done(s, pool)
+    }
+
+    /// Marks the QPs of local port `port` of plan `full` failed.
+    fn fail_port(&mut self, full: &ConnPlan, port: u32) {
+        for (q, p) in full.qps.iter().enumerate() {
+            if p.local == port {
+                self.failed |= 1 << q;
+            }
+        }
     }
 
     /// The QPs of local port `port` failed and the policy moved their traffic to `to`: new
     /// messages go over the QPs of `to` that still work, and a probe is due if any in-flight
     /// slice on a failed QP is unaccounted for. `full` is the connection's own plan.
     pub fn fail_over(&mut self, full: &ConnPlan, port: u32, to: &[u32]) -> Result<(), ProtoError> {
-        for (q, p) in full.qps.iter().enumerate() {
-            if p.local == port {
-                self.failed |= 1 << q;
-            }
-        }
+        self.fail_port(full, port);
         let live: Vec<u32> = to.iter().copied().filter(|&p| p != port).collect();
         let (mut plan, mut kept) = surviving_plan(full, &live);
         let keep: Vec<usize> = (0..kept.len())
@@ -451,18 +484,28 @@ impl SendFailover {
         }
         self.plans.push((plan, kept));
         self.counters.moves += 1;
+        self.probe_if_lost();
+        Ok(())
+    }
+
+    /// A probe is due when an in-flight slice on a failed QP is unaccounted for.
+    fn probe_if_lost(&mut self) {
         let lost = self.slots.iter().any(|s| {
             s.live
                 && (0..s.slices)
                     .any(|i| s.acked & (1 << i) == 0 && self.is_failed(usize::from(s.slice_qp[i])))
         });
         if lost {
-            self.probe = match self.probe {
-                Probe::Posted { .. } => Probe::Posted { again: true },
-                _ => Probe::Needed,
-            };
+            self.probe_again();
         }
-        Ok(())
+    }
+
+    /// Asks for a probe; one already out is read again after it returns.
+    fn probe_again(&mut self) {
+        self.probe = match self.probe {
+            Probe::Posted { .. } => Probe::Posted { again: true },
+            _ => Probe::Needed,
+        };
     }
 
     /// The QPs of local port `port` were re-created and connected again (`fail-back`): they
@@ -472,9 +515,69 @@ impl SendFailover {
     pub fn fail_back(&mut self, full: &ConnPlan, port: u32) -> Result<(), ProtoError> {
         if self.blocked() {
             return Err(ProtoError::Bookkeeping {
-                detail: "fail-back while a probe or replays are pending".into(),
+                detail: "fail-back while a port is held, or a probe or replays are pending".into(),
             });
         }
+        self.restore(full, port)?;
+        self.counters.fail_backs += 1;
+        Ok(())
+    }
+
+    /// The policy answered `wait` to the failure of local port `port`: its QPs are failed as
+    /// for a move, and no new message starts and no probe runs until it comes back
+    /// ([`resume`](Self::resume)) — the shell fails the connection when it does not in time.
+    pub fn hold(&mut self, full: &ConnPlan, port: u32) -> Result<(), ProtoError> {
+        // A port whose QPs fail again as soon as they are re-created would cycle for ever.
+        if self.counters.waits as usize >= MAX_GENERATIONS {
+            return Err(ProtoError::Bookkeeping {
+                detail: format!("{MAX_GENERATIONS} waits on one connection"),
+            });
+        }
+        self.fail_port(full, port);
+        if !self.is_held(port) {
+            self.held.push(port);
+        }
+        self.counters.waits += 1;
+        self.probe_if_lost();
+        Ok(())
+    }
+
+    /// Held port `port` came back and its QPs were re-created and connected again: its
+    /// unacknowledged slices are probed (those the receiver lacks are written again on their
+    /// own QPs), and new messages start again once nothing is held and the replays landed.
+    pub fn resume(&mut self, full: &ConnPlan, port: u32) -> Result<(), ProtoError> {
+        let Some(at) = self.held.iter().position(|&p| p == port) else {
+            return Err(ProtoError::Bookkeeping {
+                detail: format!("resuming port {port}, which is not held"),
+            });
+        };
+        self.held.swap_remove(at);
+        let on_port = |q: u8| {
+            full.qps
+                .get(usize::from(q))
+                .is_some_and(|p| p.local == port)
+        };
+        let mut lost = false;
+        for s in self.slots.iter_mut().filter(|s| s.live) {
+            for i in 0..s.slices {
+                if s.acked & (1 << i) == 0 && on_port(s.slice_qp[i]) {
+                    s.lost |= 1 << i;
+                    lost = true;
+                }
+            }
+        }
+        self.restore(full, port)?;
+        if lost {
+            self.probe_again();
+        }
+        self.counters.resumes += 1;
+        Ok(())
+    }
+
+    /// The QPs of local port `port` work again: they count again, and new messages are
+    /// striped over every QP of `full` that works (a new plan generation when that differs
+    /// from the current one).
+    fn restore(&mut self, full: &ConnPlan, port: u32) -> Result<(), ProtoError> {
         for (q, p) in full.qps.iter().enumerate() {
             if p.local == port {
                 self.failed &= !(1 << q);
@@ -483,6 +586,9 @@ impl SendFailover {
         let kept: Vec<u32> = (0..full.qps.len() as u32)
             .filter(|&q| !self.is_failed(q as usize))
             .collect();
+        if kept == self.current().2 {
+            return Ok(());
+        }
         let mut plan = full.clone();
         plan.qps = kept.iter().map(|&q| full.qps[q as usize]).collect();
         plan.stripe_width = plan.stripe_width.min(plan.qps.len() as u32).max(1);
@@ -492,7 +598,6 @@ impl SendFailover {
             });
         }
         self.plans.push((plan, kept));
-        self.counters.fail_backs += 1;
         Ok(())
     }
 
@@ -502,8 +607,15 @@ impl SendFailover {
         if self.probe != Probe::Needed {
             return None;
         }
+        // Over a QP that works: while a port is held, the current plan still names its QPs.
+        let q = self
+            .current()
+            .2
+            .iter()
+            .copied()
+            .find(|&q| !self.is_failed(q as usize))?;
         self.probe = Probe::Posted { again: false };
-        Some(self.current().2[0] as usize)
+        Some(q as usize)
     }
 
     /// The probe READ failed (its QP failed too): probe again.
@@ -521,10 +633,11 @@ impl SendFailover {
         words: &[u64; MAX_REQUESTS],
         pool: &mut RequestPool,
     ) -> Result<Vec<Repost>, ProtoError> {
-        let again = matches!(self.probe, Probe::Posted { again: true });
-        self.probe = if again { Probe::Needed } else { Probe::Idle };
+        let mut again = matches!(self.probe, Probe::Posted { again: true });
         self.counters.probes += 1;
-        let targets: Vec<u32> = self.current().2.to_vec();
+        let targets: Vec<u32> = (self.current().2.iter().copied())
+            .filter(|&q| !self.is_failed(q as usize))
+            .collect();
         let mut next = 0;
         let mut out = Vec::new();
         for (slot, &w) in words.iter().enumerate() {
@@ -539,16 +652,32 @@ impl SendFailover {
             let mut confirmed = 0;
             for i in 0..s.slices {
                 let bit = 1 << i;
-                if s.acked & bit != 0 || !self.is_failed(usize::from(s.slice_qp[i])) {
+                let on = usize::from(s.slice_qp[i]);
+                let failed = self.is_failed(on);
+                if s.acked & bit != 0 || !(failed || s.lost & bit != 0) {
                     continue;
                 }
                 if seen & bit != 0 {
                     confirmed |= bit;
                     continue;
                 }
-                let qp = targets[next % targets.len()] as usize;
-                next += 1;
+                let qp = if !failed {
+                    // A resumed port's slice goes again on its own, re-created QP.
+                    on
+                } else if self.is_held(self.plans[0].0.qps[on].local) {
+                    // It waits for its port: confirmed now if it landed, written again on
+                    // its own QP once the port is back.
+                    continue;
+                } else if let Some(&t) = targets.get(next % targets.len().max(1)) {
+                    next += 1;
+                    t as usize
+                } else {
+                    // Every QP of the plan is on a held port: probe again once one is back.
+                    again = true;
+                    continue;
+                };
                 let s = &mut self.slots[slot];
+                s.lost &= !bit;
                 s.slice_qp[i] = qp as u8;
                 if s.replayed & bit == 0 {
                     s.replayed |= bit;
@@ -560,6 +689,7 @@ impl SendFailover {
             self.counters.confirmed += u64::from(confirmed.count_ones());
             self.ack(slot, confirmed, pool)?;
         }
+        self.probe = if again { Probe::Needed } else { Probe::Idle };
         Ok(out)
     }
 

@@ -64,6 +64,59 @@ fn log_line(parts: &[&str]) -> String {
         .to_owned()
 }
 
+/// Reruns `test` in a child process with `vars` (and guest `policy`'s path as
+/// `NCCL_WASM_POLICY`); in the child, returns a context and a connection over a device fused
+/// of both soft ports, with INFO logs captured.
+fn fused_in_child(
+    test: &str,
+    policy: Option<&str>,
+    vars: &[(&str, &str)],
+) -> Option<(ncclwasm_transport::Net, SendComm, RecvComm)> {
+    let path = policy.map(|p| ncclwasm_testkit::guest(p).to_string_lossy().into_owned());
+    let mut all = vars.to_vec();
+    all.extend(path.as_deref().map(|p| ("NCCL_WASM_POLICY", p)));
+    if rerun_with_env(test, &all) {
+        return None;
+    }
+    capture_logs(tracing_subscriber::filter::LevelFilter::INFO);
+    let net = net();
+    let v = i64::from(net.make_vdevice(&[0, 1]).unwrap());
+    let (s, r) = connect(&net, v, v);
+    Some((net, s, r))
+}
+
+/// A whole stream goes through, and every QP of port 0 carries part of it (after `what`
+/// re-created them).
+fn port_0_carries_a_stream(s: &SendComm, r: &RecvComm, b: &Bufs, what: &str) {
+    let before = s.stats().posted;
+    assert_eq!(stream(s, r, b, |_| ()).expect("no request fails"), MESSAGES);
+    let stats = s.stats();
+    for (q, qp) in stats.plan.qps.iter().enumerate() {
+        if qp.local == 0 {
+            assert!(
+                stats.posted[q] > before[q],
+                "QP {q} carries nothing after the {what}"
+            );
+        }
+    }
+}
+
+/// Streams until the connection fails, taking the first port of its fused device down for
+/// good a third of the way in: the error, and how long after the failure it came.
+fn port_down_for_good(s: &SendComm, r: &RecvComm) -> (NetError, Duration) {
+    let dev = device(&s.stats().local[0].device);
+    let b = buffers(s, r);
+    let mut started = None;
+    let err = stream(s, r, &b, |k| {
+        if k == MESSAGES / 3 {
+            started = Some(Instant::now());
+            dev.inject_port_down(1).unwrap();
+        }
+    })
+    .expect_err("a port that stays down fails the connection");
+    (err, started.expect("the port went down").elapsed())
+}
+
 /// The receive side of one in-flight message.
 struct Pending {
     k: usize,
@@ -162,6 +215,12 @@ fn stream(
                     p.send_done = s.test(p.send)?.is_some();
                 }
             }
+            // As NCCL's proxy tests its posted receives: a held connection needs the
+            // receiver's progress to re-create its QPs.
+            assert!(
+                r.test(recv)?.is_none(),
+                "message {k} arrived before it was sent"
+            );
             assert!(Instant::now() < end, "isend of {k} never matched");
         };
         pending.push(Pending {
@@ -189,16 +248,10 @@ fn a_port_down_mid_transfer_moves_its_traffic_and_loses_nothing() {
         ("NCCL_IB_RESILIENCY_PORT_RECOVERY", "1"),
         ("NCCL_IB_QPS_PER_CONNECTION", "2"),
     ];
-    if rerun_with_env(
-        "a_port_down_mid_transfer_moves_its_traffic_and_loses_nothing",
-        &vars,
-    ) {
+    let test = "a_port_down_mid_transfer_moves_its_traffic_and_loses_nothing";
+    let Some((net, s, r)) = fused_in_child(test, None, &vars) else {
         return;
-    }
-    capture_logs(tracing_subscriber::filter::LevelFilter::INFO);
-    let net = net();
-    let v = i64::from(net.make_vdevice(&[0, 1]).unwrap());
-    let (s, r) = connect(&net, v, v);
+    };
     let stats = s.stats();
     prepared_over_both_ports(&stats);
     let first = stats.local[0].device.clone();
@@ -258,20 +311,7 @@ fn a_port_down_mid_transfer_moves_its_traffic_and_loses_nothing() {
         small_message(&s, &r);
         assert!(Instant::now() < end, "no fail-back:\n{}", logged());
     }
-    let before = s.stats().posted;
-    assert_eq!(
-        stream(&s, &r, &b, |_| ()).expect("no request fails"),
-        MESSAGES
-    );
-    let stats = s.stats();
-    for (q, qp) in stats.plan.qps.iter().enumerate() {
-        if qp.local == 0 {
-            assert!(
-                stats.posted[q] > before[q],
-                "QP {q} carries nothing after the fail-back"
-            );
-        }
-    }
+    port_0_carries_a_stream(&s, &r, &b, "fail-back");
     let back = log_line(&["NET/WASM", "is active again", "fail-back"]);
     assert!(
         back.contains("NCCL_IB_RESILIENCY_PORT_RECOVERY=1"),
@@ -303,22 +343,14 @@ fn a_port_down_mid_transfer_moves_its_traffic_and_loses_nothing() {
 /// a hang.
 #[test]
 fn a_policy_that_answers_fail_fails_the_connection_cleanly() {
-    let policy = ncclwasm_testkit::guest("nccl-default");
-    let policy = policy.to_string_lossy().into_owned();
     let vars = [
-        ("NCCL_WASM_POLICY", policy.as_str()),
         ("NCCL_WASM_POLICY_FAILURE", "closed"),
         ("NCCL_IB_QPS_PER_CONNECTION", "2"),
     ];
-    if rerun_with_env(
-        "a_policy_that_answers_fail_fails_the_connection_cleanly",
-        &vars,
-    ) {
+    let test = "a_policy_that_answers_fail_fails_the_connection_cleanly";
+    let Some((_net, s, r)) = fused_in_child(test, Some("nccl-default"), &vars) else {
         return;
-    }
-    let net = net();
-    let v = i64::from(net.make_vdevice(&[0, 1]).unwrap());
-    let (s, r) = connect(&net, v, v);
+    };
     assert!(
         s.plan_source().contains("nccl-default"),
         "{}",
@@ -328,21 +360,95 @@ fn a_policy_that_answers_fail_fails_the_connection_cleanly() {
         s.stats().failover.is_none(),
         "not prepared: the policy fails"
     );
-    let dev = device(&s.stats().local[0].device);
-    let b = buffers(&s, &r);
-    let started = std::cell::Cell::new(None);
-    let err = stream(&s, &r, &b, |k| {
-        if k == MESSAGES / 3 {
-            started.set(Some(Instant::now()));
-            dev.inject_port_down(1).unwrap();
-        }
-    })
-    .expect_err("a port failure fails an unprepared connection");
-    let took = started.get().expect("the port went down").elapsed();
+    let (err, took) = port_down_for_good(&s, &r);
     assert!(
         matches!(err.class(), ErrorClass::System | ErrorClass::Remote),
         "{err}"
     );
     assert!(took < Duration::from_secs(10), "{took:?}");
+    println!("{err} (after {took:?})");
+}
+
+/// The shipped rail-aligned policy with `wait-ms`: the failed port's traffic is held, not
+/// moved; when the port is back in time its QPs are re-created on both ends, what the
+/// receiver lacks is written again on them, and the stream goes on with nothing lost or
+/// duplicated (`stream` checks every message's bytes and that each receive completes once).
+#[test]
+fn a_held_port_back_in_time_resumes_and_loses_nothing() {
+    let vars = [
+        ("NCCL_WASM_POLICY_CONFIG", "wait-ms=10000"),
+        ("NCCL_IB_QPS_PER_CONNECTION", "2"),
+    ];
+    let test = "a_held_port_back_in_time_resumes_and_loses_nothing";
+    let Some((_net, s, r)) = fused_in_child(test, Some("rail-aligned"), &vars) else {
+        return;
+    };
+    let stats = s.stats();
+    prepared_over_both_ports(&stats);
+    let first = stats.local[0].device.clone();
+    drop(stats);
+    let dev = device(&first);
+    let b = buffers(&s, &r);
+    let mut last = s.stats().posted;
+    let mut back = None;
+    let done = stream(&s, &r, &b, |k| {
+        // Down right after a large message went out on port 0, so slices are in flight on it;
+        // up again 300 ms later, from another thread, while the stream is held.
+        let posted = s.stats().posted;
+        let on_port_0 = (0..posted.len())
+            .any(|q| s.plan().qps[q].local == 0 && posted[q] >= last[q] + (8 * MIB) as u64);
+        if k >= MESSAGES / 3 && back.is_none() && on_port_0 {
+            assert!(dev.inject_port_down(1).unwrap(), "{first} port 1 went down");
+            let dev = std::sync::Arc::clone(&dev);
+            back = Some(std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                assert!(dev.inject_port_up(1).unwrap());
+            }));
+        }
+        last = posted;
+    })
+    .unwrap_or_else(|e| panic!("no request fails: {e}\n{}", logged()));
+    back.expect("the port never went down").join().unwrap();
+    assert_eq!(done, MESSAGES);
+    let c = s.stats().failover.unwrap();
+    assert_eq!((c.moves, c.waits, c.resumes), (0, 1, 1), "{c:?}");
+    assert!(c.probes >= 1 && c.replayed + c.confirmed >= 1, "{c:?}");
+    let held = log_line(&["NET/WASM", "failed (", "wait"]);
+    assert!(held.contains("rail-aligned"), "{held}");
+    log_line(&["new messages wait up to 10000 ms"]);
+    let resumed = log_line(&["held port", "is back after"]);
+    println!("{held}\n{resumed}\n{c:?}");
+    port_0_carries_a_stream(&s, &r, &b, "resume");
+}
+
+/// The same policy when the port stays down: the connection fails once the policy's time is
+/// up, with its reason, never before and never a hang.
+#[test]
+fn a_held_port_that_stays_down_fails_with_the_policys_reason() {
+    let vars = [
+        ("NCCL_WASM_POLICY_CONFIG", "wait-ms=400"),
+        ("NCCL_IB_QPS_PER_CONNECTION", "2"),
+    ];
+    let test = "a_held_port_that_stays_down_fails_with_the_policys_reason";
+    let Some((_net, s, r)) = fused_in_child(test, Some("rail-aligned"), &vars) else {
+        return;
+    };
+    prepared_over_both_ports(&s.stats());
+    let (err, took) = port_down_for_good(&s, &r);
+    let text = err.to_string();
+    assert!(
+        matches!(err, NetError::PortFailed { .. })
+            && text.contains("did not come back within the 400 ms")
+            && text.contains("rail-aligned"),
+        "{text}"
+    );
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_secs(10),
+        "{took:?}"
+    );
+    assert_eq!(
+        s.stats().failover.map(|c| (c.waits, c.resumes)),
+        Some((1, 0))
+    );
     println!("{err} (after {took:?})");
 }

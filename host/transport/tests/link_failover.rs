@@ -74,13 +74,24 @@ fn shape(k: usize) -> (usize, usize) {
     ((k * 4099) % (8 << 20), size)
 }
 
-/// Both ranks' settings: NCCL 2.30's failover and recovery through the built-in default, two
-/// QPs on each port of the fused device, handshakes over `ctl`.
-fn failover_env(cmd: &mut Command) {
-    cmd.env("NCCL_IB_RESILIENCY_PORT_FAILOVER", "1")
-        .env("NCCL_IB_RESILIENCY_PORT_RECOVERY", "1")
-        .env("NCCL_IB_QPS_PER_CONNECTION", "2")
-        .env("NCCL_SOCKET_IFNAME", "=ctl");
+/// Set in a rank: how the policy answers the rail's failure, `move` or `wait`.
+const MODE_ENV: &str = "NCCLWASM_TEST_MODE";
+
+/// Both ranks' settings: two QPs on each port of the fused device, handshakes over `ctl`, and
+/// for `move` NCCL 2.30's failover and recovery through the built-in default, for `wait` the
+/// shipped rail-aligned policy holding a failed rail up to 10 s.
+fn failover_env(cmd: &mut Command, mode: &str) {
+    cmd.env("NCCL_IB_QPS_PER_CONNECTION", "2")
+        .env("NCCL_SOCKET_IFNAME", "=ctl")
+        .env(MODE_ENV, mode);
+    match mode {
+        "move" => cmd
+            .env("NCCL_IB_RESILIENCY_PORT_FAILOVER", "1")
+            .env("NCCL_IB_RESILIENCY_PORT_RECOVERY", "1"),
+        _ => cmd
+            .env("NCCL_WASM_POLICY", ncclwasm_testkit::guest("rail-aligned"))
+            .env("NCCL_WASM_POLICY_CONFIG", "wait-ms=10000"),
+    };
 }
 
 /// A rank's context: the soft fabric with the policy engine (the built-in default), NCCL's
@@ -166,22 +177,10 @@ fn posted_on(s: &SendComm, port: u32) -> u64 {
 /// Rank 0: connects, streams, takes rail 0 down mid-stream (the rail of local port 0 on both
 /// nodes) and brings it back, checking what failover did.
 fn sender() {
-    let (net, dev) = rank_net();
-    let mut peer = handle_from_hex(heard("HANDLE").trim());
-    let deadline = Instant::now() + WAIT;
-    let s = loop {
-        if let Some(s) = net.connect(dev, &mut peer, Default::default()).unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "connect stuck");
-    };
-    let stats = s.stats();
-    prepared_over_both_ports(&stats);
-    drop(stats);
-    let buf = DmaBuf::new(SEND_BUF);
-    pattern(&buf, SEED);
-    let mr = s.reg_mr(buf.addr(), SEND_BUF as u64, &buf).unwrap();
-    let src = Source { buf, mr };
+    if std::env::var(MODE_ENV).is_ok_and(|m| m == "wait") {
+        return held_sender();
+    }
+    let (_net, s, src) = connected();
 
     // The link goes down right after the large message was posted, so its slices on the rail
     // are in flight: the probe and the replay are exercised, not only the move (most likely;
@@ -219,6 +218,32 @@ fn sender() {
     let c = s.stats().failover.expect("prepared");
     assert_eq!((c.moves, c.fail_backs), (1, 1), "{c:?}");
     say(&format!("FAILED_BACK {c:?}"));
+    finish();
+}
+
+/// The sender's connection, prepared over both rails, and its registered source buffer (the
+/// context is returned too: it must outlive them).
+fn connected() -> (Net, SendComm, Source) {
+    let (net, dev) = rank_net();
+    let mut peer = handle_from_hex(heard("HANDLE").trim());
+    let deadline = Instant::now() + WAIT;
+    let s = loop {
+        if let Some(s) = net.connect(dev, &mut peer, Default::default()).unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "connect stuck");
+    };
+    let stats = s.stats();
+    prepared_over_both_ports(&stats);
+    drop(stats);
+    let buf = DmaBuf::new(SEND_BUF);
+    pattern(&buf, SEED);
+    let mr = s.reg_mr(buf.addr(), SEND_BUF as u64, &buf).unwrap();
+    (net, s, Source { buf, mr })
+}
+
+/// The sender's end: waits for the receiver's verdict and relays its port log lines.
+fn finish() {
     heard("VERIFIED");
     for l in logged()
         .lines()
@@ -226,6 +251,37 @@ fn sender() {
     {
         say(&format!("LOG {l}"));
     }
+}
+
+/// Rank 0 under rail-aligned's `wait`: rail 0 goes down right after the large message and
+/// comes back 500 ms later, while the connection is held; nothing moves to rail 1, and the
+/// re-created QPs carry the held slices and then new messages.
+fn held_sender() {
+    let (_net, s, src) = connected();
+    let mut next = 0;
+    let mut back = None;
+    send_stream(&s, &src, &mut next, MESSAGES, |k| {
+        if k == BIG {
+            ip(&["link", "set", "rail0", "down"]);
+            back = Some(std::thread::spawn(|| {
+                std::thread::sleep(Duration::from_millis(500));
+                ip(&["link", "set", "rail0", "up"]);
+            }));
+        }
+    });
+    back.expect("the link never went down").join().unwrap();
+    let c = s.stats().failover.expect("prepared");
+    assert_eq!((c.moves, c.waits, c.resumes), (0, 1, 1), "{c:?}");
+    let before = posted_on(&s, 0);
+    let end = next + MESSAGES;
+    send_stream(&s, &src, &mut next, end, |_| ());
+    assert!(
+        posted_on(&s, 0) > before,
+        "port 0 carries nothing after the resume"
+    );
+    send_end(&s, &src);
+    say(&format!("RESUMED {c:?}"));
+    finish();
 }
 
 /// Rank 1: accepts, receives every message into a region of its own, checks each one's size
@@ -322,6 +378,19 @@ fn cidr(node: usize, rail: usize) -> String {
 /// when the veth comes back the traffic fails back onto it.
 #[test]
 fn a_rail_whose_link_goes_down_moves_its_traffic_and_fails_back() {
+    two_nodes("move", "@@FAILED_BACK");
+}
+
+/// The same with a policy that answers `wait`: the connection holds the rail's traffic while
+/// the veth is down and resumes on it when it comes back, nothing lost or duplicated.
+#[test]
+fn a_rail_whose_link_goes_down_is_waited_for_and_resumes() {
+    two_nodes("wait", "@@RESUMED");
+}
+
+/// Runs both ranks in two namespaces with the policy of `mode`; the sender must say `done`
+/// and the receiver that it verified every message.
+fn two_nodes(mode: &str, done: &str) {
     if let Some(why) = netns::unavailable() {
         ncclwasm_testkit::skip(why);
         return;
@@ -345,7 +414,7 @@ fn a_rail_whose_link_goes_down_moves_its_traffic_and_fails_back() {
     let ranks = (0..2)
         .map(|i| {
             let mut cmd = child::command_via(hosts.exec(i), "rank");
-            failover_env(&mut cmd);
+            failover_env(&mut cmd, mode);
             cmd.env(RANK_ENV, i.to_string())
                 .env("NCCL_WASM_TOPOLOGY", &topologies[i]);
             (format!("rank {i} in {}", hosts.name(i)), cmd)
@@ -364,7 +433,7 @@ fn a_rail_whose_link_goes_down_moves_its_traffic_and_fails_back() {
         out.iter()
             .any(|r| r.lines.iter().any(|l| l.starts_with(what)))
     };
-    assert!(said("@@FAILED_BACK") && said("@@VERIFIED"), "{out:?}");
+    assert!(said(done) && said("@@VERIFIED"), "{out:?}");
 }
 
 /// What the decision maker was told of GID tables, on top of the built-in default.

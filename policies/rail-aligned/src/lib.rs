@@ -20,13 +20,20 @@
 //! built-in's. No opinion when the ports share one subnet, or when `NCCL_IB_HCA` gives rails
 //! itself (`<hca>:<port>:<rail>:<plane>`: the operator's word stands).
 //!
+//! With `wait-ms=N` it also answers port events: a failed port's rail is held for up to N ms
+//! (`wait`) rather than moving its traffic across rails, and a port that is active again carries
+//! its share once more (`fail-back`). Without it the built-in answer stands.
+//!
 //! Settings (`NCCL_WASM_POLICY_CONFIG`): `qps-per-pair=N` (1..=128), default
-//! `NCCL_IB_QPS_PER_CONNECTION` (1), NCCL's QPs per device.
+//! `NCCL_IB_QPS_PER_CONNECTION` (1), NCCL's QPs per device; `wait-ms=N` (1..=10000), unset by
+//! default.
 
 use ncclwasm_default::IbConfig;
+use ncclwasm_guest::model::MAX_PORT_WAIT_MS;
 use ncclwasm_guest::model::device_table::{ID_UNDEF, RailPlane};
 use ncclwasm_guest::{
-    Config, Connection, DeviceSelection, Hooks, PlanPatch, Policy, Port, QpPlan, Subnet,
+    Config, Connection, DeviceSelection, Hooks, PlanPatch, Policy, Port, PortAnswer, PortChange,
+    PortEvent, PortState, QpPlan, Subnet,
 };
 
 /// The most QPs a plan may hold (`conn-plan.qps` in the WIT).
@@ -38,10 +45,16 @@ struct RailAligned {
     qps_per_pair: u32,
     /// `NCCL_IB_SPLIT_DATA_ON_QPS`: stripe each message over every QP, not one per pair.
     split_data_on_qps: bool,
+    /// `wait-ms`: how long a failed port's rail is held; `None`: no opinion on port events.
+    wait_ms: Option<u32>,
 }
 
 impl Policy for RailAligned {
-    const HOOKS: Hooks = Hooks::SELECT_DEVICES.union(Hooks::PLAN_CONNECTION);
+    // `HOOKS` is a constant: `on-port-event` is always declared and answers `None` (the
+    // built-in's answer) unless `wait-ms` is set.
+    const HOOKS: Hooks = Hooks::SELECT_DEVICES
+        .union(Hooks::PLAN_CONNECTION)
+        .union(Hooks::ON_PORT_EVENT);
 
     fn init(config: &Config) -> Result<Self, String> {
         let ib = IbConfig::from_pairs(config.pairs()).map_err(|e| e.to_string())?;
@@ -49,15 +62,24 @@ impl Policy for RailAligned {
         let qps_per_pair = options
             .take::<u32>("qps-per-pair")?
             .unwrap_or(ib.qps_per_connection);
+        let wait_ms = options.take::<u32>("wait-ms")?;
         options.finish()?;
         if !(1..=MAX_QPS as u32).contains(&qps_per_pair) {
             return Err(format!(
                 "qps-per-pair={qps_per_pair}: a connection holds 1..={MAX_QPS} QPs"
             ));
         }
+        if let Some(ms) = wait_ms
+            && !(1..=MAX_PORT_WAIT_MS).contains(&ms)
+        {
+            return Err(format!(
+                "wait-ms={ms}: a failed port is waited for 1..={MAX_PORT_WAIT_MS} ms"
+            ));
+        }
         Ok(RailAligned {
             qps_per_pair,
             split_data_on_qps: ib.split_data_on_qps,
+            wait_ms,
             ib,
         })
     }
@@ -68,6 +90,16 @@ impl Policy for RailAligned {
 
     fn plan_connection(&mut self, conn: &Connection) -> Option<PlanPatch> {
         self.plan(conn)
+    }
+
+    fn on_port_event(
+        &mut self,
+        event: &PortEvent,
+        conn: &Connection,
+        _qps: &[QpPlan],
+        _states: &[PortState],
+    ) -> Option<PortAnswer> {
+        self.port_answer(event, conn)
     }
 }
 
@@ -163,6 +195,27 @@ fn pair_up(conn: &Connection) -> Vec<Pair> {
 }
 
 impl RailAligned {
+    /// With `wait-ms`: a port-down holds the failed port's rail for up to that long, a port-up
+    /// gives the rail its share again. `None` without it.
+    fn port_answer(&self, event: &PortEvent, conn: &Connection) -> Option<PortAnswer> {
+        let ms = self.wait_ms?;
+        let rail = conn.local.get(event.port as usize).map_or_else(
+            || format!("port {}", event.port),
+            |e| format!("{}:{}", e.device, e.port),
+        );
+        Some(match event.change {
+            PortChange::Down => PortAnswer::Wait {
+                ms,
+                reason: format!(
+                    "rail {rail} held for up to {ms} ms rather than moving its traffic across rails"
+                ),
+            },
+            PortChange::Up => PortAnswer::FailBack {
+                reason: format!("rail {rail} is active again: it carries its share of the traffic"),
+            },
+        })
+    }
+
     /// `qps_per_pair` QPs per pair, interleaved pair by pair as NCCL rotates over devices, so
     /// consecutive messages start on different rails; a message goes over one QP per pair (or
     /// every QP with `NCCL_IB_SPLIT_DATA_ON_QPS=1`), as NCCL stripes over devices. `None` when
@@ -223,7 +276,7 @@ impl RailAligned {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ncclwasm_guest::model::validate::{check_plan, check_selection};
+    use ncclwasm_guest::model::validate::{check_plan, check_port_answer, check_selection};
     use ncclwasm_guest::testing::{connection, endpoint, port, topology};
     use ncclwasm_guest::{AddrFamily, Endpoint, GidType, POLICY_CONFIG_KEY, Port};
 
@@ -250,6 +303,7 @@ mod tests {
             ib: IbConfig::default(),
             qps_per_pair,
             split_data_on_qps: false,
+            wait_ms: None,
         }
     }
 
@@ -433,6 +487,74 @@ mod tests {
         assert_eq!(from_nccl.qps_per_pair, 2);
         assert!(init("qps-per-pair=0").unwrap_err().contains("1..=128"));
         assert!(init("qps=2").unwrap_err().contains("unknown setting `qps`"));
+        assert_eq!(init("").unwrap().wait_ms, None);
+        assert_eq!(init("wait-ms=2500").unwrap().wait_ms, Some(2500));
+        assert_eq!(init("wait-ms=1").unwrap().wait_ms, Some(1));
+        assert_eq!(init("wait-ms=10000").unwrap().wait_ms, Some(10_000));
+        for bad in ["wait-ms=0", "wait-ms=10001"] {
+            let e = init(bad).unwrap_err();
+            assert!(e.contains(bad) && e.contains("1..=10000"), "{e}");
+        }
+        let e = init("wait-ms=soon").unwrap_err();
+        assert!(e.contains("`wait-ms=soon`"), "{e}");
+        let e = init("wait-ms=-1").unwrap_err();
+        assert!(e.contains("`wait-ms=-1`"), "{e}");
+    }
+
+    #[test]
+    fn port_events_wait_on_the_rail_only_with_wait_ms() {
+        use ncclwasm_guest::PortEventCause;
+        let ports = topology("dual-port");
+        let a = endpoint(port(&ports, "mlx5_0"), 3);
+        let b = endpoint(port(&ports, "mlx5_1"), 3);
+        let conn = connection(vec![a.clone(), b.clone()], vec![a, b]);
+        let event = |port, change| PortEvent {
+            port,
+            change,
+            cause: PortEventCause::AsyncEvent,
+        };
+        let states = [PortState::Down, PortState::Active];
+        let mut quiet = init("").unwrap();
+        let mut waits = init("wait-ms=2500").unwrap();
+        let plan = waits.plan(&conn).unwrap().qps.unwrap();
+        for change in [PortChange::Down, PortChange::Up] {
+            assert_eq!(
+                quiet.on_port_event(&event(0, change), &conn, &plan, &states),
+                None
+            );
+        }
+        let down = waits.on_port_event(&event(1, PortChange::Down), &conn, &plan, &states);
+        assert_eq!(
+            down,
+            Some(PortAnswer::Wait {
+                ms: 2500,
+                reason: "rail mlx5_1:1 held for up to 2500 ms rather than moving its traffic \
+                         across rails"
+                    .into()
+            })
+        );
+        let up = waits.on_port_event(&event(0, PortChange::Up), &conn, &plan, &states);
+        assert_eq!(
+            up,
+            Some(PortAnswer::FailBack {
+                reason: "rail mlx5_0:1 is active again: it carries its share of the traffic".into()
+            })
+        );
+        // The host's validation accepts both, at either end of the range, for either cause.
+        for config in ["wait-ms=1", "wait-ms=10000"] {
+            let mut p = init(config).unwrap();
+            for change in [PortChange::Down, PortChange::Up] {
+                for cause in [PortEventCause::AsyncEvent, PortEventCause::FatalCompletion] {
+                    let e = PortEvent {
+                        cause,
+                        ..event(1, change)
+                    };
+                    let answer = p.on_port_event(&e, &conn, &plan, &states).unwrap();
+                    check_port_answer(&answer, &e, &conn, &plan, &states)
+                        .unwrap_or_else(|err| panic!("{config} {e:?}: {err:?}"));
+                }
+            }
+        }
     }
 
     #[test]

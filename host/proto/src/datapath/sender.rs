@@ -163,6 +163,7 @@ impl Sender {
                 slice_qp,
                 acked: 0,
                 replayed: 0,
+                lost: 0,
             });
         }
         let work = SlotWork {
@@ -226,6 +227,26 @@ impl Sender {
         let f = self.failover_mut()?;
         let full = f.plan(0).clone();
         f.fail_back(&full, port)?;
+        let (_, plan, map) = f.current();
+        let (plan, map) = (plan.clone(), map.to_vec());
+        self.rotation.switch(&plan, &map);
+        Ok(())
+    }
+
+    /// Holds local port `port` after a `wait` answer: its QPs are failed, and nothing new
+    /// starts until it is resumed.
+    pub fn hold(&mut self, port: u32) -> Result<(), ProtoError> {
+        let f = self.failover_mut()?;
+        let full = f.plan(0).clone();
+        f.hold(&full, port)
+    }
+
+    /// Held port `port`'s QPs were re-created and connected: probe and write again what the
+    /// receiver lacks, then stripe over them again.
+    pub fn resume(&mut self, port: u32) -> Result<(), ProtoError> {
+        let f = self.failover_mut()?;
+        let full = f.plan(0).clone();
+        f.resume(&full, port)?;
         let (_, plan, map) = f.current();
         let (plan, map) = (plan.clone(), map.to_vec());
         self.rotation.switch(&plan, &map);

@@ -4,10 +4,12 @@
 //! returns. [`SendComm`]'s progress calls in here only when the connection is prepared; an
 //! unprepared one never reaches this file.
 
+use std::time::{Duration, Instant};
+
 use ncclwasm_model::{PortAnswer, PortChange, PortEvent, PortEventCause, PortState};
 use ncclwasm_proto::MAX_REQUESTS;
 use ncclwasm_proto::ProtoError;
-use ncclwasm_proto::failover::PROBE_WR_ID;
+use ncclwasm_proto::failover::{PROBE_WR_ID, SendFailover};
 use ncclwasm_proto::fifo::ARRIVALS_OFFSET;
 use ncclwasm_proto::handshake::rejoin_bring_up;
 use ncclwasm_proto::message::{Message, Rejoin};
@@ -21,8 +23,8 @@ use crate::send::{SendComm, SendState};
 use crate::socket::Stream;
 
 /// Fail-back on a prepared connection: the kept handshake socket, the ports whose QPs failed
-/// (with the port's return count then), the policy's `stay` answers, and a rejoin waiting for
-/// the peer's halves.
+/// (with the port's return count then), the policy's `stay` and `wait` answers, and a rejoin
+/// waiting for the peer's halves.
 #[derive(Debug)]
 pub(crate) struct Failback {
     link: ControlLink,
@@ -30,10 +32,21 @@ pub(crate) struct Failback {
     down: Vec<Option<u64>>,
     /// Per local endpoint: the return count the policy answered `stay` to.
     stayed: Vec<Option<u64>>,
+    /// Per local endpoint: the `wait` the port is held by.
+    held: Vec<Option<Held>>,
     /// A rejoin sent: the port and its fresh QPs (plan index, QP).
     pending: Option<(u32, Vec<(usize, ConnQp)>)>,
     /// Port failures announced by async events.
     watch: PortWatch,
+}
+
+/// A port held by the policy's `wait`: until when, and why (for the error when it stays down).
+#[derive(Debug)]
+struct Held {
+    since: Instant,
+    ms: u32,
+    reason: String,
+    source: String,
 }
 
 impl Failback {
@@ -44,6 +57,7 @@ impl Failback {
             link: ControlLink::new(stream),
             down: vec![None; endpoints],
             stayed: vec![None; endpoints],
+            held: (0..endpoints).map(|_| None).collect(),
             pending: None,
             watch: PortWatch::new(ports),
         }
@@ -71,6 +85,10 @@ impl SendComm {
         let mut probe_done = false;
         self.side.poll_each(self.side.all(), |d, wc: &Completion| {
             let Some(q) = self.side.qp_index(wc.qp_num) else {
+                // What a failed QP flushed, polled only after it was re-created.
+                if wc.status == WcStatus::WrFlushErr {
+                    return Ok(());
+                }
                 return Err(self.side.failed(d, wc));
             };
             let fo = st.sender.failover().is_some_and(|f| f.is_failed(q));
@@ -104,6 +122,7 @@ impl SendComm {
             self.replay(st)?;
         }
         self.fail_back(st)?;
+        self.held_too_long(st)?;
         if let Some((q, route)) = st.sender.take_probe() {
             let len = (MAX_REQUESTS * size_of::<u64>()) as u32;
             let sge = self.sizes.mrs[route.local]
@@ -168,11 +187,10 @@ impl SendComm {
         }
         let name = port_name(&self.conn, port);
         tracing::info!(
-            "NET/WASM: {}: port {name} failed ({} on QP {}): {}: {} [{}]",
+            "NET/WASM: {}: port {name} failed ({} on QP {}): {} [{}]",
             self.side.desc,
             cause_text(cause),
             self.side.qps()[q].qp.qpn(),
-            d.value.kind(),
             d.reason,
             d.source
         );
@@ -201,11 +219,31 @@ impl SendComm {
                 Ok(())
             }
             PortAnswer::Fail { reason } => Err(fail(reason)),
-            PortAnswer::Wait { .. } => Err(fail(
-                "the policy answered wait; holding traffic for a port to return needs the \
-                 failed QPs re-created, which this transport does not do yet"
-                    .into(),
-            )),
+            PortAnswer::Wait { ms, reason } => {
+                let Some(fb) = st.failback.as_mut() else {
+                    return Err(NetError::Internal(
+                        "a prepared connection without its handshake socket".into(),
+                    ));
+                };
+                st.sender.hold(port).map_err(|e| fail(e.to_string()))?;
+                // Nothing the failed QPs still hold may land after the resumed QPs wrote it.
+                let on_port = (0..self.setup.routes.len())
+                    .filter(|&i| self.setup.routes[i].local as u32 == port);
+                fence(&self.side.qps(), on_port)?;
+                fb.held[port as usize] = Some(Held {
+                    since: Instant::now(),
+                    ms,
+                    reason,
+                    source: d.source.clone(),
+                });
+                tracing::info!(
+                    "NET/WASM: {}: new messages wait up to {ms} ms for {name} to come back; its \
+                     slices in flight are then written again on its re-created QPs where the \
+                     receiver lacks them",
+                    self.side.desc
+                );
+                Ok(())
+            }
             other => Err(NetError::Internal(format!(
                 "the answer to a port failure was {}, an answer to a port coming back",
                 other.kind()
@@ -248,27 +286,56 @@ impl SendComm {
                 q.bring_up(&self.side.ports[b.route.local], b)?;
                 drop(self.side.replace_qp(i, q));
             }
-            sender
-                .fail_back(port)
-                .map_err(NetError::protocol("fail-back"))?;
             fb.down[port as usize] = None;
-            tracing::info!(
-                "NET/WASM: {}: port {} is back: its {n} QP(s) were re-created and carry new \
-                 messages again",
-                self.side.desc,
-                port_name(&self.conn, port)
-            );
-            return Ok(());
-        }
-        if sender.failover().is_none_or(|f| f.blocked()) {
+            let name = port_name(&self.conn, port);
+            if let Some(h) = fb.held[port as usize].take() {
+                sender
+                    .resume(port)
+                    .map_err(NetError::protocol("resuming a held port"))?;
+                tracing::info!(
+                    "NET/WASM: {}: held port {name} is back after {} ms: its {n} QP(s) were \
+                     re-created; what the receiver lacks is written again on them, then new \
+                     messages start",
+                    self.side.desc,
+                    h.since.elapsed().as_millis()
+                );
+            } else {
+                sender
+                    .fail_back(port)
+                    .map_err(NetError::protocol("fail-back"))?;
+                tracing::info!(
+                    "NET/WASM: {}: port {name} is back: its {n} QP(s) were re-created and carry \
+                     new messages again",
+                    self.side.desc
+                );
+            }
             return Ok(());
         }
         for p in 0..fb.down.len() {
             let Some(at) = fb.down[p] else { continue };
             let pc = &self.side.ports[p];
+            if fb.held[p].is_some() {
+                // Back when verbs says it is active — also when it came back before the failure
+                // was noticed, or never went down (a QP failed on an active port); its events
+                // may still be on their way. The `wait` already said what to do then: no up
+                // event is asked about. Asked only while the connection is held.
+                let active = pc
+                    .dev
+                    .ctx
+                    .query_port(pc.port.port)
+                    .is_ok_and(|a| a.state == PortState::Active);
+                if active {
+                    fb.pending = Some(self.rejoin(&mut fb.link, sender.failover(), p)?);
+                    return Ok(());
+                }
+                continue;
+            }
             let now = pc.dev.port_counts(pc.port.port).ups;
             if now <= at || fb.stayed[p] == Some(now) {
                 continue;
+            }
+            if sender.failover().is_none_or(|f| f.blocked()) {
+                return Ok(());
             }
             let event = PortEvent {
                 port: p as u32,
@@ -289,33 +356,14 @@ impl SendComm {
                     .on_port_event(&event, &self.conn, &self.setup.plan.qps, &states)?;
             let name = port_name(&self.conn, p as u32);
             tracing::info!(
-                "NET/WASM: {}: port {name} is active again: {}: {} [{}]",
+                "NET/WASM: {}: port {name} is active again: {} [{}]",
                 self.side.desc,
-                d.value.kind(),
                 d.reason,
                 d.source
             );
             match d.value {
                 PortAnswer::FailBack { .. } => {
-                    let f = sender.failover();
-                    let mut fresh = Vec::new();
-                    let mut halves = Vec::new();
-                    let failed = self
-                        .setup
-                        .routes
-                        .iter()
-                        .enumerate()
-                        .filter(|(i, r)| r.local == p && f.is_some_and(|f| f.is_failed(*i)));
-                    for (i, _) in failed {
-                        let (q, l) = qp::create(pc, &self.side.cqs[p], false, false)?;
-                        halves.push(half(&l, p));
-                        fresh.push((i, q));
-                    }
-                    fb.link.send(&Message::Rejoin(Rejoin {
-                        indices: fresh.iter().map(|(i, _)| *i as u32).collect(),
-                        qps: halves,
-                    }))?;
-                    fb.pending = Some((p as u32, fresh));
+                    fb.pending = Some(self.rejoin(&mut fb.link, sender.failover(), p)?);
                     return Ok(());
                 }
                 PortAnswer::Stay { .. } => fb.stayed[p] = Some(now),
@@ -326,6 +374,59 @@ impl SendComm {
                     )));
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Re-creates the failed QPs of local endpoint `p` and sends their halves to the peer;
+    /// returns the rejoin to finish when the peer's halves arrive.
+    fn rejoin(
+        &self,
+        link: &mut ControlLink,
+        f: Option<&SendFailover>,
+        p: usize,
+    ) -> Result<(u32, Vec<(usize, ConnQp)>), NetError> {
+        let pc = &self.side.ports[p];
+        let mut fresh = Vec::new();
+        let mut halves = Vec::new();
+        let failed = self
+            .setup
+            .routes
+            .iter()
+            .enumerate()
+            .filter(|(i, r)| r.local == p && f.is_some_and(|f| f.is_failed(*i)));
+        for (i, _) in failed {
+            let (q, l) = qp::create(pc, &self.side.cqs[p], false, false)?;
+            halves.push(half(&l, p));
+            fresh.push((i, q));
+        }
+        link.send(&Message::Rejoin(Rejoin {
+            indices: fresh.iter().map(|(i, _)| *i as u32).collect(),
+            qps: halves,
+        }))?;
+        Ok((p as u32, fresh))
+    }
+
+    /// A port held by `wait` that has not come back (rejoined) within the policy's time fails
+    /// the connection with the policy's reason.
+    fn held_too_long(&self, st: &SendState) -> Result<(), NetError> {
+        let Some(fb) = st.failback.as_ref() else {
+            return Ok(());
+        };
+        for (p, h) in fb.held.iter().enumerate() {
+            let Some(h) = h else { continue };
+            if h.since.elapsed() < Duration::from_millis(u64::from(h.ms)) {
+                continue;
+            }
+            return Err(NetError::PortFailed {
+                connection: self.side.desc.clone(),
+                port: port_name(&self.conn, p as u32),
+                reason: format!(
+                    "{}; the port did not come back within the {} ms the policy waited",
+                    h.reason, h.ms
+                ),
+                source_of: h.source.clone(),
+            });
         }
         Ok(())
     }

@@ -17,6 +17,23 @@ impl Wire {
         w
     }
 
+    /// A prepared wire with QPs 0 and 2 on port 0, 1 and 3 on port 1 (stripes of 2), and `n`
+    /// messages of `len` bytes received and sent (message `k` from and to offset `k * len`),
+    /// each still held by the fabric.
+    fn four_qps_streaming(n: u64, len: u64) -> (Wire, Vec<ReqId>, Vec<ReqId>) {
+        fn four(_: &ncclwasm_model::Connection) -> ConnPlan {
+            plan(&[(0, 0, 1), (1, 1, 1), (0, 0, 1), (1, 1, 1)], 2)
+        }
+        let mut w = Wire::prepared(four);
+        let mut recvs = Vec::new();
+        let mut sends = Vec::new();
+        for k in 0..n {
+            recvs.push(w.irecv(&[(k * len, len, 7)]).unwrap());
+            sends.push(w.isend(k * len, len, 7).unwrap().unwrap());
+        }
+        (w, recvs, sends)
+    }
+
     /// Lets the first `n` chains waiting on QP `qp` land.
     fn deliver(&mut self, qp: usize, n: usize) {
         for _ in 0..n {
@@ -39,6 +56,16 @@ impl Wire {
         }
     }
 
+    /// Receive `k` of `recvs` completed once, with the `len` bytes sent from `k * len`.
+    fn received_once(&mut self, recvs: &[ReqId], len: u64) {
+        for (k, &r) in recvs.iter().enumerate() {
+            assert_eq!(self.recv_sizes(r), [len], "receive {k}");
+            let at = k as u64 * len;
+            assert_eq!(self.received(at, len), self.sent(at, len), "bytes of {k}");
+            assert!(self.rx.requests().test(r).is_err(), "completed twice");
+        }
+    }
+
     /// The sender polls acknowledgements; QPs that failed count nothing.
     fn tx_poll(&mut self) {
         while let Some((qp, wr_id)) = self.acks.pop_front() {
@@ -56,19 +83,9 @@ impl Wire {
 /// landed.
 #[test]
 fn a_failed_port_loses_and_duplicates_nothing() {
-    // QPs 0 and 2 on port 0, 1 and 3 on port 1; stripes of 2.
-    fn four(_: &ncclwasm_model::Connection) -> ConnPlan {
-        plan(&[(0, 0, 1), (1, 1, 1), (0, 0, 1), (1, 1, 1)], 2)
-    }
-    let mut w = Wire::prepared(four);
     const N: u64 = 12;
     const LEN: u64 = 40_000;
-    let mut recvs = Vec::new();
-    let mut sends = Vec::new();
-    for k in 0..N {
-        recvs.push(w.irecv(&[(k * LEN, LEN, 7)]).unwrap());
-        sends.push(w.isend(k * LEN, LEN, 7).unwrap().unwrap());
-    }
+    let (mut w, recvs, sends) = Wire::four_qps_streaming(N, LEN);
     // Each QP carried N / 2 chains; the sizes row rides with every tagged slice.
     assert!(w.queued.iter().all(|q| q.len() == N as usize / 2));
     assert!(w.posted.iter().all(|p| p.wrs().len() == 2));
@@ -125,16 +142,7 @@ fn a_failed_port_loses_and_duplicates_nothing() {
     w.rx_poll();
     w.tx_poll();
     // Every receive completed once, with every byte; every send completed.
-    for (k, &r) in recvs.iter().enumerate() {
-        assert_eq!(w.recv_sizes(r), [LEN], "receive {k}");
-        let k = k as u64;
-        assert_eq!(
-            w.received(k * LEN, LEN),
-            w.sent(k * LEN, LEN),
-            "bytes of {k}"
-        );
-        assert!(w.rx.requests().test(r).is_err(), "completed twice");
-    }
+    w.received_once(&recvs, LEN);
     for &s in &sends {
         assert_eq!(w.send_size(s), LEN);
     }
@@ -172,4 +180,89 @@ fn a_receiver_rewrites_its_cts_through_a_surviving_qp() {
     w.irecv(&[(200, 100, 3)]).unwrap();
     assert!(w.rx.qp_failed(1).is_err(), "no QP left");
     let _ = (a, b);
+}
+
+/// A `wait` answer holds port 0: nothing new starts while it is down and none of its traffic
+/// crosses to port 1 (a probe over port 1 only confirms what landed); once its QPs are
+/// re-created, the probe decides which of its slices landed, the others are written again on
+/// their own QPs, and every receive completes once with its bytes.
+#[test]
+fn a_held_port_resumes_on_its_own_qps_and_loses_nothing() {
+    const N: u64 = 8;
+    const LEN: u64 = 40_000;
+    let (mut w, recvs, sends) = Wire::four_qps_streaming(N, LEN);
+    // Port 1 delivers everything. QP 0 lands 3 of its 4 chains, the receiver polls 2 of them,
+    // the sender hears of 1; QP 2 lands nothing.
+    w.deliver(1, N as usize);
+    w.deliver(3, N as usize);
+    w.deliver(0, 2);
+    w.rx_poll();
+    w.deliver(0, 1);
+    let mut heard_on_0 = 0;
+    w.acks.retain(|&(qp, _)| {
+        heard_on_0 += usize::from(qp == 0);
+        qp != 0 || heard_on_0 == 1
+    });
+    w.tx_poll();
+    for q in [0, 2] {
+        w.queued[q].clear();
+    }
+    w.tx.hold(0).unwrap();
+    assert!(w.tx.failover().unwrap().is_held(0));
+    // Held: nothing new starts. The probe runs over port 1 and confirms the chain the
+    // receiver polled, but writes nothing of port 0's elsewhere.
+    let extra = w.irecv(&[(N * LEN, LEN, 7)]).unwrap();
+    assert!(w.isend(N * LEN, LEN, 7).unwrap().is_none());
+    let (_, route) = w.tx.take_probe().unwrap();
+    assert_eq!(route.local, 1);
+    let words: [u64; MAX_REQUESTS] = w.records.clone().try_into().unwrap();
+    assert_eq!(w.tx.probed(&words).unwrap(), []);
+    assert!(
+        w.tx.take_probe().is_none(),
+        "nothing more to learn while held"
+    );
+    assert_eq!(w.send_size(sends[2]), LEN, "confirmed: its send completes");
+    // Port 0 is back with fresh QPs at the same plan indices.
+    w.tx.resume(0).unwrap();
+    assert!(!w.tx.failover().unwrap().is_held(0));
+    assert!(
+        w.isend(N * LEN, LEN, 7).unwrap().is_none(),
+        "the probe comes first"
+    );
+    w.tx.take_probe().unwrap();
+    let words: [u64; MAX_REQUESTS] = w.records.clone().try_into().unwrap();
+    let reposts = w.tx.probed(&words).unwrap();
+    // Lost: QP 0's unpolled and unsent chains, all 4 of QP 2's.
+    assert_eq!(reposts.len(), 2 + 4, "{reposts:?}");
+    let c = w.tx.failover().unwrap().counters();
+    let counted = (c.moves, c.waits, c.resumes, c.probes, c.confirmed);
+    assert_eq!((counted, c.replayed), ((0, 1, 1, 2, 1), 6));
+    for r in &reposts {
+        // Message k went over QPs (0, 1) or (2, 3) by turns: its slice 0 over 0 or 2.
+        assert_eq!(r.qp, 2 * (r.slot % 2), "{r:?} goes again on its own QP");
+        let (post, reqs) = w.tx.replay(r).unwrap();
+        w.execute(&post, &reqs);
+    }
+    assert!(
+        w.isend(N * LEN, LEN, 7).unwrap().is_none(),
+        "replays unacknowledged"
+    );
+    w.rx_poll();
+    w.tx_poll();
+    w.received_once(&recvs, LEN);
+    for &s in sends.iter().filter(|&&s| s != sends[2]) {
+        assert_eq!(w.send_size(s), LEN);
+    }
+    // New messages use port 0 again.
+    let s = w.isend(N * LEN, LEN, 7).unwrap().unwrap();
+    assert_eq!(w.queued[0].len() + w.queued[2].len(), 1);
+    for q in 0..4 {
+        w.deliver(q, 1);
+    }
+    w.rx_poll();
+    w.tx_poll();
+    assert_eq!(w.recv_sizes(extra), [LEN]);
+    assert_eq!(w.received(N * LEN, LEN), w.sent(N * LEN, LEN));
+    assert_eq!(w.send_size(s), LEN);
+    assert!(w.tx.resume(0).is_err(), "port 0 is no longer held");
 }
