@@ -92,10 +92,15 @@ impl Iterator for Stripes<'_> {
         }
         let qp = (self.start + self.next) % self.qps.len();
         self.next += 1;
-        let share = (u128::from(self.size) * u128::from(weight(&self.qps[qp])))
-            .div_ceil(u128::from(self.total_weight));
-        let align = u128::from(self.align);
-        let chunk = u64::try_from(share.div_ceil(align) * align).unwrap_or(u64::MAX);
+        let chunk = if self.count == 1 {
+            // The whole message: no share to compute (this runs for every message).
+            self.size
+        } else {
+            let share = (u128::from(self.size) * u128::from(weight(&self.qps[qp])))
+                .div_ceil(u128::from(self.total_weight));
+            let align = u128::from(self.align);
+            u64::try_from(share.div_ceil(align) * align).unwrap_or(u64::MAX)
+        };
         let offset = self.offset.min(self.size);
         let len = chunk.min(self.size - offset);
         self.offset = self.offset.saturating_add(chunk);
