@@ -90,7 +90,8 @@ pub struct NetIbQp {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct NetWasmDescrV1 {
-    /// 1: the plan the connection runs; 2: a failover move; 3: a fail-back.
+    /// 1: the plan the connection runs; 2: a failover move; 3: a fail-back; 4: a port held
+    /// for (`wait`); 5: a held port resumed.
     pub kind: u8,
     /// The NCCL device the connection was made on.
     pub device: c_int,

@@ -92,6 +92,8 @@ impl Profiler for NcclProfiler {
                 DecisionKind::Plan => 1,
                 DecisionKind::FailoverMove => 2,
                 DecisionKind::FailBack => 3,
+                DecisionKind::Wait => 4,
+                DecisionKind::Resume => 5,
             },
             device: e.device as i32,
             comm_id: e.comm_id,

@@ -49,6 +49,10 @@ pub enum DecisionKind {
     FailoverMove,
     /// The port came back and took its share again.
     FailBack,
+    /// A port failed and the policy holds its traffic for it (`wait`).
+    Wait,
+    /// A held port came back: its re-created QPs carry the held traffic.
+    Resume,
 }
 
 /// A decision about one connection, as this plugin's own profiler events carry it.

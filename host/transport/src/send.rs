@@ -282,6 +282,8 @@ struct Reported {
     plan: bool,
     moves: u32,
     fail_backs: u32,
+    waits: u32,
+    resumes: u32,
 }
 
 /// What a send communicator runs and has done: the plugin's `ncclwasm_send_comm_stats`.
@@ -492,17 +494,18 @@ impl SendComm {
 
     /// The decisions about this connection the profiler has not heard of, under `parent`.
     fn report(&self, p: &dyn Profiler, parent: usize, st: &mut SendState) {
-        let (moves, fail_backs) = st
+        let c = st
             .sender
             .failover()
-            .map_or((0, 0), |f| (f.counters().moves, f.counters().fail_backs));
+            .map(|f| f.counters())
+            .unwrap_or_default();
         let event = |kind| DecisionEvent {
             kind,
             comm_id: self.conn.comm_id,
             device: self.conn.device,
             qps: self.setup.plan.qps.len() as u32,
-            moves,
-            fail_backs,
+            moves: c.moves,
+            fail_backs: c.fail_backs,
             source: &self.source,
         };
         let r = &mut st.reported;
@@ -510,13 +513,19 @@ impl SendComm {
             r.plan = true;
             p.decision(parent, &event(DecisionKind::Plan));
         }
-        for _ in r.moves..moves {
+        for _ in r.moves..c.moves {
             p.decision(parent, &event(DecisionKind::FailoverMove));
         }
-        for _ in r.fail_backs..fail_backs {
+        for _ in r.fail_backs..c.fail_backs {
             p.decision(parent, &event(DecisionKind::FailBack));
         }
-        (r.moves, r.fail_backs) = (moves, fail_backs);
+        for _ in r.waits..c.waits {
+            p.decision(parent, &event(DecisionKind::Wait));
+        }
+        for _ in r.resumes..c.resumes {
+            p.decision(parent, &event(DecisionKind::Resume));
+        }
+        (r.moves, r.fail_backs, r.waits, r.resumes) = (c.moves, c.fail_backs, c.waits, c.resumes);
     }
 
     /// Posts one QP's chain; `reqs` are the requests of its slot in receive order (a replay's

@@ -1,8 +1,8 @@
 //! NCCL's profiler sees the data path as net_ib's `NET_PROFILER` build shows it: one QP event
 //! per request and QP its data goes over, started before the post under NCCL's parent handle
 //! and stopped when `test` finds the request done; none for a request without a parent; and
-//! this plugin's decision events (the plan, a failover move, a fail-back) under the next
-//! profiled send.
+//! this plugin's decision events (the plan, a failover move, a fail-back, a hold and its
+//! resume) under the next profiled send.
 
 mod common;
 
@@ -97,6 +97,9 @@ fn message(s: &SendComm, r: &RecvComm, b: &Bufs, size: u64, parents: (usize, usi
         {
             break q;
         }
+        // As NCCL's proxy tests its posted receives: a held connection needs the receiver's
+        // progress to re-create its QPs.
+        assert!(r.test(rreq).unwrap().is_none(), "received before sent");
         assert!(Instant::now() < end, "isend never matched");
     };
     assert_eq!(wait_send(s, sreq), size);
@@ -236,10 +239,71 @@ fn a_failover_and_its_fail_back_are_reported_to_the_profiler() {
         message(&s, &r, &b, 4096, (0, 0));
         assert!(Instant::now() < end, "no fail-back:\n{}", logged());
     }
+    assert_eq!(
+        decisions_of_a_profiled_send(&rec, &s, &r, &b),
+        [
+            (DecisionKind::Plan, 1, 1),
+            (DecisionKind::FailoverMove, 1, 1),
+            (DecisionKind::FailBack, 1, 1)
+        ]
+    );
+}
+
+/// The same under a policy that holds the failed port (rail-aligned with `wait-ms`): the plan,
+/// the hold and the resume, with no move or fail-back counted.
+#[test]
+fn a_held_port_and_its_resume_are_reported_to_the_profiler() {
+    let policy = ncclwasm_testkit::guest("rail-aligned");
+    let vars = [
+        ("NCCL_WASM_POLICY", policy.to_str().expect("a UTF-8 path")),
+        ("NCCL_WASM_POLICY_CONFIG", "wait-ms=10000"),
+    ];
+    if rerun_with_env(
+        "a_held_port_and_its_resume_are_reported_to_the_profiler",
+        &vars,
+    ) {
+        return;
+    }
+    capture_logs(tracing_subscriber::filter::LevelFilter::INFO);
+    let (_net, rec, s, r, b) = profiled();
+    let first = s.stats().local[0].device.clone();
+    let dev = Arc::new(ncclwasm_soft::fabric().unwrap().open(&first).unwrap());
+    assert!(dev.inject_port_down(1).unwrap());
+    // Back while the next message is held.
+    let up = std::thread::spawn({
+        let dev = Arc::clone(&dev);
+        move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            assert!(dev.inject_port_up(1).unwrap());
+        }
+    });
+    let end = deadline();
+    while s.stats().failover.expect("prepared").resumes == 0 {
+        message(&s, &r, &b, 4096, (0, 0));
+        assert!(Instant::now() < end, "no resume:\n{}", logged());
+    }
+    up.join().unwrap();
+    assert_eq!(
+        decisions_of_a_profiled_send(&rec, &s, &r, &b),
+        [
+            (DecisionKind::Plan, 0, 0),
+            (DecisionKind::Wait, 0, 0),
+            (DecisionKind::Resume, 0, 0)
+        ]
+    );
+}
+
+/// The decision events a profiled send reports (kind, moves, fail-backs), when nothing was
+/// profiled before it.
+fn decisions_of_a_profiled_send(
+    rec: &Recorder,
+    s: &SendComm,
+    r: &RecvComm,
+    b: &Bufs,
+) -> Vec<(DecisionKind, u32, u32)> {
     assert_eq!(rec.take(), [], "nothing profiled yet");
-    message(&s, &r, &b, 4096, (SEND_PARENT, 0));
-    let decisions: Vec<(DecisionKind, u32, u32)> = rec
-        .take()
+    message(s, r, b, 4096, (SEND_PARENT, 0));
+    rec.take()
         .into_iter()
         .filter_map(|s| match s {
             Seen::Decision {
@@ -254,13 +318,5 @@ fn a_failover_and_its_fail_back_are_reported_to_the_profiler() {
             }
             _ => None,
         })
-        .collect();
-    assert_eq!(
-        decisions,
-        [
-            (DecisionKind::Plan, 1, 1),
-            (DecisionKind::FailoverMove, 1, 1),
-            (DecisionKind::FailBack, 1, 1)
-        ]
-    );
+        .collect()
 }
