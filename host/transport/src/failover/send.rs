@@ -252,9 +252,10 @@ impl SendComm {
     }
 
     /// Fail-back: a rejoin in flight is finished when the peer's halves arrive; otherwise a
-    /// port whose QPs failed and that came back since is decided by the policy (`fail-back`
-    /// re-creates its QPs and sends their halves over the kept socket; `stay` leaves traffic
-    /// where it is until the port fails and returns again).
+    /// held port that is active again is re-created at once, and a port whose QPs failed and
+    /// that came back since is decided by the policy (`fail-back` re-creates its QPs and sends
+    /// their halves over the kept socket; `stay` leaves traffic where it is until the port
+    /// fails and returns again).
     fn fail_back(&self, st: &mut SendState) -> Result<(), NetError> {
         let SendState {
             sender, failback, ..
@@ -335,7 +336,8 @@ impl SendComm {
                 continue;
             }
             if sender.failover().is_none_or(|f| f.blocked()) {
-                return Ok(());
+                // Asked once nothing is held or being replayed; a held port may still be back.
+                continue;
             }
             let event = PortEvent {
                 port: p as u32,
