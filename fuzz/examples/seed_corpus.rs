@@ -92,7 +92,8 @@ fn main() {
             .collect();
         let post = receiver.irecv(&recvs).expect("irecv");
         let mut slot = vec![0u8; ncclwasm_proto::MAX_RECVS * 64];
-        for (i, e) in post.cts.entries().iter().enumerate() {
+        let cts_write = post.cts.expect("a CTS write: no QP failed");
+        for (i, e) in cts_write.entries().iter().enumerate() {
             slot[i * 64..(i + 1) * 64].copy_from_slice(&e.to_bytes());
         }
         cts.extend(slot);

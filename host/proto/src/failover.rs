@@ -724,7 +724,7 @@ pub struct RecvFailover {
     pub(crate) entries: Vec<([CtsEntry; MAX_RECVS], usize, FifoCursor)>,
     /// Bit `q`: plan QP `q` failed.
     pub(crate) failed: u128,
-    /// After a failure, every CTS write goes through this QP.
+    /// After a failure, every CTS write goes through this QP (none while every QP failed).
     pub(crate) cts_pin: Option<usize>,
 }
 
@@ -741,6 +741,12 @@ impl RecvFailover {
 
     pub fn is_failed(&self, qp: usize) -> bool {
         qp < 128 && self.failed & (1 << qp) != 0
+    }
+
+    /// Every QP failed (none was left to pin the CTS writes to): the CTS entries wait for one
+    /// to be re-created.
+    pub(crate) fn stranded(&self) -> bool {
+        self.cts_pin.is_none() && self.failed != 0
     }
 
     /// Plan QP `qp` was re-created and connected again: its completions count again.

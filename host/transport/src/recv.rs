@@ -364,8 +364,9 @@ impl RecvComm {
             // Before the CTS: the sender may probe the record as soon as it can send.
             self.regions.sizes.buf.store_u64_release(off, word);
         }
-        let cts = post.cts;
-        self.post_cts(&cts)?;
+        if let Some(cts) = post.cts {
+            self.post_cts(&cts)?;
+        }
         Ok(req)
     }
 

@@ -8,10 +8,12 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use ncclwasm_model::PortState;
+use ncclwasm_model::{PortAnswer, PortChange, PortState};
+use ncclwasm_transport::oob::OobEnv;
 use ncclwasm_transport::{ErrorClass, NetError, RecvBuf, RecvComm, ReqId, SendComm};
 use ncclwasm_verbs::{Context, DmaBuf};
 
@@ -451,4 +453,68 @@ fn a_held_port_that_stays_down_fails_with_the_policys_reason() {
         Some((1, 0))
     );
     println!("{err} (after {took:?})");
+}
+
+/// A move and a hold on one connection: the test's policy holds port 1 and leaves port 0 to
+/// NCCL 2.30's failover and recovery (move to port 1, fail back). Port 0 goes down and its
+/// traffic moves; port 1 goes down too and is held, with no QP left to probe over; port 0
+/// comes back first — nothing may be asked about it while the connection is held — then port
+/// 1: the held port resumes, then port 0 fails back, and every message arrives once, intact.
+#[test]
+fn a_move_then_a_hold_resumes_and_fails_back() {
+    let vars = [
+        ("NCCL_IB_RESILIENCY_PORT_FAILOVER", "1"),
+        ("NCCL_IB_RESILIENCY_PORT_RECOVERY", "1"),
+        ("NCCL_IB_QPS_PER_CONNECTION", "2"),
+    ];
+    if rerun_with_env("a_move_then_a_hold_resumes_and_fails_back", &vars) {
+        return;
+    }
+    capture_logs(tracing_subscriber::filter::LevelFilter::INFO);
+    let overlay = Overlay::new(|e| {
+        (e.port == 1 && e.change == PortChange::Down).then(|| PortAnswer::Wait {
+            ms: 10_000,
+            reason: "port 1 is held".into(),
+        })
+    });
+    let net = overlay.net(OobEnv::default());
+    let v = i64::from(net.make_vdevice(&[0, 1]).unwrap());
+    let (s, r) = connect(&net, v, v);
+    let stats = s.stats();
+    prepared_over_both_ports(&stats);
+    let devs = [0, 1].map(|p| device(&stats.local[p].device));
+    drop(stats);
+    let b = buffers(&s, &r);
+    let mut back = None;
+    let done = stream(&s, &r, &b, |k| {
+        if k == MESSAGES / 4 {
+            assert!(devs[0].inject_port_down(1).unwrap());
+        }
+        if k == MESSAGES / 2 {
+            assert!(devs[1].inject_port_down(1).unwrap());
+            let devs = devs.each_ref().map(Arc::clone);
+            back = Some(std::thread::spawn(move || {
+                for d in devs {
+                    std::thread::sleep(Duration::from_millis(200));
+                    assert!(d.inject_port_up(1).unwrap());
+                }
+            }));
+        }
+    })
+    .unwrap_or_else(|e| panic!("no request fails: {e}\n{}", logged()));
+    back.expect("port 1 went down").join().unwrap();
+    assert_eq!(done, MESSAGES);
+    let end = Instant::now() + Duration::from_secs(20);
+    while s.stats().failover.unwrap().fail_backs == 0 {
+        small_message(&s, &r);
+        assert!(Instant::now() < end, "no fail-back:\n{}", logged());
+    }
+    let c = s.stats().failover.unwrap();
+    assert_eq!(
+        (c.moves, c.waits, c.resumes, c.fail_backs),
+        (1, 1, 1, 1),
+        "{c:?}"
+    );
+    println!("{c:?}");
+    port_0_carries_a_stream(&s, &r, &b, "fail-back");
 }

@@ -16,26 +16,21 @@ mod common;
 
 use std::collections::VecDeque;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::nodes::{bound_copy, heard};
 use common::{
-    capture_logs, handle_from_hex, handle_hex, logged, net_with, pattern, prepared_over_both_ports,
+    Overlay, capture_logs, handle_from_hex, handle_hex, logged, net_with, pattern,
+    prepared_over_both_ports,
 };
-use ncclwasm_model::{
-    ConnPlan, Connection, DeviceGroup, DeviceSelection, Gid, GidChoice, Port, PortAnswer,
-    PortEvent, PortState, QpPlan, VnicAnswer,
-};
+use ncclwasm_model::Gid;
 use ncclwasm_policy::PolicyHost;
 use ncclwasm_testkit::child::{self, say};
 use ncclwasm_testkit::netns::{self, Hosts, ip};
 use ncclwasm_testkit::scratch::Scratch;
 use ncclwasm_transport::oob::OobEnv;
-use ncclwasm_transport::{
-    Decided, DecisionError, Decisions, Done, MemHandle, Net, NetConfig, RecvBuf, RecvComm, ReqId,
-    SendComm,
-};
+use ncclwasm_transport::{Decisions, Done, MemHandle, Net, RecvBuf, RecvComm, ReqId, SendComm};
 use ncclwasm_verbs::DmaBuf;
 
 /// Set in a rank: its number, 0 (the sender, which takes rail 0 down and up) or 1 (the
@@ -436,61 +431,6 @@ fn two_nodes(mode: &str, done: &str) {
     assert!(said(done) && said("@@VERIFIED"), "{out:?}");
 }
 
-/// What the decision maker was told of GID tables, on top of the built-in default.
-#[derive(Debug)]
-struct Recorder {
-    policy: PolicyHost,
-    gids: Mutex<Vec<(String, u8, Vec<Gid>)>>,
-}
-
-impl Decisions for Recorder {
-    fn live_ports(&self, ports: &[Port]) {
-        Decisions::live_ports(&self.policy, ports)
-    }
-    fn select_devices(&self, ports: &[Port]) -> Result<Decided<DeviceSelection>, DecisionError> {
-        Decisions::select_devices(&self.policy, ports)
-    }
-    fn select_gid(&self, port: &Port) -> Result<Decided<GidChoice>, DecisionError> {
-        Decisions::select_gid(&self.policy, port)
-    }
-    fn group_devices(&self, ports: &[Port]) -> Result<Decided<Vec<DeviceGroup>>, DecisionError> {
-        Decisions::group_devices(&self.policy, ports)
-    }
-    fn make_vnic(
-        &self,
-        request: &[u32],
-        ports: &[Port],
-    ) -> Result<Decided<VnicAnswer>, DecisionError> {
-        Decisions::make_vnic(&self.policy, request, ports)
-    }
-    fn plan_connection(
-        &self,
-        conn: &Connection,
-        fits: &dyn Fn(&ConnPlan) -> Result<(), String>,
-    ) -> Result<Decided<ConnPlan>, DecisionError> {
-        Decisions::plan_connection(&self.policy, conn, fits)
-    }
-    fn on_port_event(
-        &self,
-        event: &PortEvent,
-        conn: &Connection,
-        qps: &[QpPlan],
-        states: &[PortState],
-    ) -> Result<Decided<PortAnswer>, DecisionError> {
-        Decisions::on_port_event(&self.policy, event, conn, qps, states)
-    }
-    fn port_changed(&self, device: &str, port: u8, state: PortState) {
-        Decisions::port_changed(&self.policy, device, port, state)
-    }
-    fn gids_changed(&self, device: &str, port: u8, gids: &[Gid]) {
-        self.gids
-            .lock()
-            .unwrap()
-            .push((device.to_owned(), port, gids.to_vec()));
-        Decisions::gids_changed(&self.policy, device, port, gids)
-    }
-}
-
 /// nccl#1819: the address of a port's interface leaving it and coming back is
 /// `IBV_EVENT_GID_CHANGE`; the transport reads the port's GID table again, logs what changed,
 /// and hands the table to the decision maker. In a child in its own namespace, the port's
@@ -514,18 +454,8 @@ fn an_address_change_is_read_again_and_told_to_the_decision_maker() {
         return;
     }
     capture_logs(tracing_subscriber::filter::LevelFilter::INFO);
-    let recorder = Arc::new(Recorder {
-        policy: PolicyHost::from_env(4).expect("policy settings"),
-        gids: Mutex::default(),
-    });
-    let net = Net::new(NetConfig {
-        fabric: ncclwasm_soft::fabric().expect("soft fabric"),
-        require_active_port: false,
-        max_devs_per_nic: 4,
-        decisions: Arc::clone(&recorder) as _,
-        oob: OobEnv::default(),
-    })
-    .expect("a context on the soft fabric");
+    let recorder = Overlay::new(|_| None);
+    let net = recorder.net(OobEnv::default());
     let told = |n: usize, after: &str| {
         ncclwasm_testkit::wait_until(after, Duration::from_secs(10), || {
             recorder.gids.lock().unwrap().len() >= n

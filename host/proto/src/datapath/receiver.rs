@@ -68,8 +68,9 @@ pub struct RecvPost<'a> {
     /// Prepared for failover: the slot's arrival record to publish before posting the CTS
     /// (offset in the sizes FIFO region, little-endian word).
     pub record: Option<(usize, u64)>,
-    /// The CTS write, to post after the receives.
-    pub cts: CtsWrite,
+    /// The CTS write, to post after the receives; `None` while every QP of a prepared
+    /// connection failed (the sender holds them): [`Receiver::qp_rejoined`] writes it then.
+    pub cts: Option<CtsWrite>,
 }
 
 impl RecvPost<'_> {
@@ -164,11 +165,20 @@ impl Receiver {
         }
     }
 
-    /// Plan QP `qp` was re-created and connected again (fail-back): it counts again.
-    pub fn qp_rejoined(&mut self, qp: usize) {
-        if let Some(f) = self.failover.as_deref_mut() {
-            f.rejoined(qp);
+    /// Plan QP `qp` was re-created and connected again (fail-back, resume): it counts again.
+    /// When every QP had failed, the CTS writes of the receives in flight, to post through it.
+    pub fn qp_rejoined(&mut self, qp: usize) -> Vec<CtsWrite> {
+        let Some(f) = self.failover.as_deref_mut() else {
+            return Vec::new();
+        };
+        let stranded = f.stranded();
+        f.rejoined(qp);
+        if !stranded {
+            return Vec::new();
         }
+        // The CTS entries of the receives in flight, and every later one, go through this
+        // first QP back.
+        self.rewrite_cts(qp)
     }
 
     /// The QP every CTS write goes through since a QP failed.
@@ -210,7 +220,8 @@ impl Receiver {
 
     /// Plan QP `qp` failed (prepared connection): its completions are ignored from now on, and
     /// the CTS entries of every receive in flight are written again, like every later one,
-    /// through one QP that still works. An error when no QP is left.
+    /// through one QP that still works; when none is left, they wait for one to be re-created
+    /// ([`qp_rejoined`](Self::qp_rejoined)) and nothing is written.
     pub fn qp_failed(&mut self, qp: usize) -> Result<Vec<CtsWrite>, ProtoError> {
         let routes = &self.rotation.routes;
         let f = self
@@ -221,14 +232,25 @@ impl Receiver {
             return Ok(Vec::new());
         }
         f.failed |= 1 << qp;
-        let live = (0..routes.len()).find(|&q| !f.is_failed(q));
-        let Some(pin) = live else {
-            return Err(ProtoError::Bookkeeping {
-                detail: "every QP of the connection failed".into(),
-            });
+        match (0..routes.len()).find(|&q| !f.is_failed(q)) {
+            Some(pin) => Ok(self.rewrite_cts(pin)),
+            None => {
+                // The sender holds its ports (`wait`) or fails: the CTS entries wait for a QP to
+                // come back (`qp_rejoined`).
+                f.cts_pin = None;
+                Ok(Vec::new())
+            }
+        }
+    }
+
+    /// Pins every CTS write to QP `pin` from now on, and returns the writes of the CTS entries
+    /// of every receive in flight through it.
+    fn rewrite_cts(&mut self, pin: usize) -> Vec<CtsWrite> {
+        let route = self.rotation.routes[pin];
+        let Some(f) = self.failover.as_deref_mut() else {
+            return Vec::new();
         };
         f.cts_pin = Some(pin);
-        let route = routes[pin];
         let mut out = Vec::new();
         for (slot, req) in f.slot_req.iter().enumerate() {
             if req.is_none() {
@@ -247,7 +269,7 @@ impl Receiver {
                 wr_id: CTS_WR_ID,
             });
         }
-        Ok(out)
+        out
     }
 
     /// The requests, for completions and `test`.
@@ -299,6 +321,18 @@ impl Receiver {
                 record = Some((record_offset(slot.slot()), f.arrivals.word(slot.slot())));
                 let k = c.next;
                 c.next = (c.next + 1) % c.n;
+                if f.stranded() {
+                    // Written when a QP rejoins (`qp_rejoined`).
+                    self.tail.advance();
+                    return Ok(RecvPost {
+                        req,
+                        rotation: &self.rotation,
+                        start,
+                        receives: false,
+                        record,
+                        cts: None,
+                    });
+                }
                 let qp = f.cts_pin.unwrap_or(c.qps[k]);
                 // One signal per interval and endpoint slot of the rotation, as below; the
                 // completion settles nothing.
@@ -345,7 +379,7 @@ impl Receiver {
             start,
             receives: self.failover.is_none(),
             record,
-            cts,
+            cts: Some(cts),
         })
     }
 

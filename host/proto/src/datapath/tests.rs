@@ -116,7 +116,7 @@ impl Wire {
         for (qp, _) in post.receives() {
             self.rq[qp].push_back(wr_id);
         }
-        let cts = post.cts;
+        let cts = post.cts.expect("a CTS write");
         assert_eq!(
             cts.rkey, self.recv.cts_fifo.rkeys[cts.route.remote],
             "CTS rkey"
@@ -505,7 +505,7 @@ fn cts_writes_rotate_over_endpoints_and_are_signalled_periodically() {
                 rkeys: [1; 8],
             }])
             .unwrap();
-        let (req, cts) = (post.req, post.cts);
+        let (req, cts) = (post.req, post.cts.expect("a CTS write"));
         per_qp[cts.qp] += 1;
         if cts.signaled {
             signaled += 1;

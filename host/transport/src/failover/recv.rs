@@ -133,6 +133,7 @@ impl RecvComm {
         let ups = rejoin_bring_up(&s.plan, &s.routes, &s.local, &s.peer, m, s.plan.fifo_tc)
             .map_err(NetError::protocol("fail-back"))?;
         let mut halves = Vec::with_capacity(ups.len());
+        let mut rewrites = Vec::new();
         for b in &ups {
             let ep = b.route.local;
             let port = &self.side.ports[ep];
@@ -140,13 +141,19 @@ impl RecvComm {
             q.bring_up(port, b)?;
             prefill(&q, receiver.prefill())?;
             drop(self.side.replace_qp(b.qp, q));
-            receiver.qp_rejoined(b.qp);
+            rewrites.extend(receiver.qp_rejoined(b.qp));
             halves.push(half(&l, ep));
         }
         link.send(&Message::Rejoined(Rejoin {
             indices: m.indices.clone(),
             qps: halves,
         }))?;
+        // Every QP had failed: the CTS entries held back go now, through the first one back
+        // (the sender's side of it is connected as soon as it reads our halves; until then
+        // the write is retried, as a NIC retries a QP not ready yet).
+        for cts in &rewrites {
+            self.post_cts(cts)?;
+        }
         tracing::info!(
             "NET/WASM: {}: QP(s) {:?} re-created for the sender's fail-back",
             self.side.desc,

@@ -7,11 +7,15 @@ pub mod nodes;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ncclwasm_model::{
+    ConnPlan, Connection, DeviceGroup, DeviceSelection, Gid, GidChoice, Port, PortAnswer,
+    PortEvent, PortState, QpPlan, VnicAnswer,
+};
 use ncclwasm_policy::PolicyHost;
 use ncclwasm_transport::oob::OobEnv;
 use ncclwasm_transport::{
-    CommConfig, Done, HANDLE_SIZE, Listener, MemHandle, Net, NetConfig, NetError, RecvBuf,
-    RecvComm, ReqId, SendComm,
+    CommConfig, Decided, DecisionError, Decisions, Done, HANDLE_SIZE, Listener, MemHandle, Net,
+    NetConfig, NetError, RecvBuf, RecvComm, ReqId, SendComm,
 };
 use ncclwasm_verbs::DmaBuf;
 
@@ -71,6 +75,93 @@ pub fn net_with(oob: OobEnv, policy: Arc<PolicyHost>) -> Result<Net, NetError> {
         decisions: policy as _,
         oob,
     })
+}
+
+/// The policy engine's decisions (configured from the environment) with a test's own on top:
+/// its answers to port events (`None`: the engine's), and a record of the GID tables the
+/// transport told it of.
+#[derive(Debug)]
+pub struct Overlay {
+    pub policy: PolicyHost,
+    pub port_answer: fn(&PortEvent) -> Option<PortAnswer>,
+    pub gids: std::sync::Mutex<Vec<(String, u8, Vec<Gid>)>>,
+}
+
+impl Overlay {
+    pub fn new(port_answer: fn(&PortEvent) -> Option<PortAnswer>) -> Arc<Self> {
+        Arc::new(Overlay {
+            policy: PolicyHost::from_env(4).expect("policy settings"),
+            port_answer,
+            gids: Default::default(),
+        })
+    }
+
+    /// A context on the soft fabric deciding by this overlay.
+    pub fn net(self: &Arc<Self>, oob: OobEnv) -> Net {
+        Net::new(NetConfig {
+            fabric: ncclwasm_soft::fabric().expect("soft fabric"),
+            require_active_port: false,
+            max_devs_per_nic: 4,
+            decisions: Arc::clone(self) as _,
+            oob,
+        })
+        .expect("a context on the soft fabric")
+    }
+}
+
+impl Decisions for Overlay {
+    fn live_ports(&self, ports: &[Port]) {
+        Decisions::live_ports(&self.policy, ports)
+    }
+    fn select_devices(&self, ports: &[Port]) -> Result<Decided<DeviceSelection>, DecisionError> {
+        Decisions::select_devices(&self.policy, ports)
+    }
+    fn select_gid(&self, port: &Port) -> Result<Decided<GidChoice>, DecisionError> {
+        Decisions::select_gid(&self.policy, port)
+    }
+    fn group_devices(&self, ports: &[Port]) -> Result<Decided<Vec<DeviceGroup>>, DecisionError> {
+        Decisions::group_devices(&self.policy, ports)
+    }
+    fn make_vnic(
+        &self,
+        request: &[u32],
+        ports: &[Port],
+    ) -> Result<Decided<VnicAnswer>, DecisionError> {
+        Decisions::make_vnic(&self.policy, request, ports)
+    }
+    fn plan_connection(
+        &self,
+        conn: &Connection,
+        fits: &dyn Fn(&ConnPlan) -> Result<(), String>,
+    ) -> Result<Decided<ConnPlan>, DecisionError> {
+        Decisions::plan_connection(&self.policy, conn, fits)
+    }
+    fn on_port_event(
+        &self,
+        event: &PortEvent,
+        conn: &Connection,
+        qps: &[QpPlan],
+        states: &[PortState],
+    ) -> Result<Decided<PortAnswer>, DecisionError> {
+        match (self.port_answer)(event) {
+            Some(value) => Ok(Decided {
+                reason: format!("{}: the test's answer", value.kind()),
+                value,
+                source: "the test".into(),
+            }),
+            None => Decisions::on_port_event(&self.policy, event, conn, qps, states),
+        }
+    }
+    fn port_changed(&self, device: &str, port: u8, state: PortState) {
+        Decisions::port_changed(&self.policy, device, port, state)
+    }
+    fn gids_changed(&self, device: &str, port: u8, gids: &[Gid]) {
+        self.gids
+            .lock()
+            .unwrap()
+            .push((device.to_owned(), port, gids.to_vec()));
+        Decisions::gids_changed(&self.policy, device, port, gids)
+    }
 }
 
 pub fn deadline() -> Instant {

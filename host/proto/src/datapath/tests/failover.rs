@@ -160,8 +160,9 @@ fn a_failed_port_loses_and_duplicates_nothing() {
 }
 
 /// The receiver drops a failed QP and writes the CTS entries of its receives in flight again
-/// through one surviving QP, which then carries every CTS write; losing the last QP is an
-/// error.
+/// through one surviving QP, which then carries every CTS write; once the last QP is lost too
+/// (the sender holds its ports), CTS entries wait, and the first QP re-created carries them
+/// all.
 #[test]
 fn a_receiver_rewrites_its_cts_through_a_surviving_qp() {
     fn two(_: &ncclwasm_model::Connection) -> ConnPlan {
@@ -178,7 +179,29 @@ fn a_receiver_rewrites_its_cts_through_a_surviving_qp() {
     assert!(w.rx.qp_failed(0).unwrap().is_empty(), "once");
     assert_eq!(w.rx.cts_qp(), Some(1));
     w.irecv(&[(200, 100, 3)]).unwrap();
-    assert!(w.rx.qp_failed(1).is_err(), "no QP left");
+    assert_eq!(
+        w.rx.qp_failed(1).unwrap(),
+        [],
+        "no QP left to write through"
+    );
+    assert_eq!(w.rx.cts_qp(), None);
+    let stranded =
+        w.rx.irecv(&[PostedRecv {
+            addr: RECV_BASE + 300,
+            size: 100,
+            tag: 4,
+            rkeys: [0; 8],
+        }])
+        .unwrap();
+    assert!(stranded.cts.is_none(), "held back");
+    let back = w.rx.qp_rejoined(1);
+    assert_eq!(
+        back.iter().map(|c| c.entries()[0].tag).collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+    assert!(back.iter().all(|c| c.qp == 1 && c.signaled));
+    assert_eq!(w.rx.cts_qp(), Some(1));
+    assert_eq!(w.rx.qp_rejoined(0), [], "written once");
     let _ = (a, b);
 }
 
