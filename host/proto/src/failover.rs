@@ -38,7 +38,8 @@
 //! 5. **The receiver's side of the move.** The receive queue of a failed QP is gone with it; the
 //!    receiver ignores that QP's completions from then on and writes its outstanding CTS entries
 //!    again through one surviving QP, and every later CTS entry through that same QP, so a stale
-//!    rewrite can never land after a newer entry of the same slot.
+//!    rewrite can never land after a newer entry of the same slot. When no QP survives (every
+//!    port held), the entries wait for the first QP re-created, which then carries them all.
 //!
 //! Writes are idempotent (the same bytes to the same place), so a slice written twice — once on
 //! the failed QP, once again after the probe — leaves the memory as once; the tag makes the
