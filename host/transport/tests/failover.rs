@@ -413,8 +413,9 @@ fn a_held_port_back_in_time_resumes_and_loses_nothing() {
     back.expect("the port never went down").join().unwrap();
     assert_eq!(done, MESSAGES);
     let c = s.stats().failover.unwrap();
+    // Whether slices were still in flight on the port when it failed is the scheduler's (the
+    // proto test `a_held_port_resumes_on_its_own_qps_and_loses_nothing` pins the replay).
     assert_eq!((c.moves, c.waits, c.resumes), (0, 1, 1), "{c:?}");
-    assert!(c.probes >= 1 && c.replayed + c.confirmed >= 1, "{c:?}");
     let held = log_line(&["NET/WASM", "failed (", "wait"]);
     assert!(held.contains("rail-aligned"), "{held}");
     log_line(&["new messages wait up to 10000 ms"]);
