@@ -95,15 +95,21 @@ impl RecvComm {
             // Its responder must place nothing the sender wrote before the failure and wrote
             // again elsewhere since, and its CTS writes must not land late either.
             fence(&self.side.qps(), [q])?;
-            if let Some(first) = receiver.cts_qp() {
-                tracing::info!(
-                    "NET/WASM: {}: QP {} failed; the sender moves its traffic; {} CTS \
+            match receiver.cts_qp() {
+                Some(first) => tracing::info!(
+                    "NET/WASM: {}: QP {} failed; the sender moves or holds its traffic; {} CTS \
                      entr(ies) written again, CTS now through QP {}",
                     self.side.desc,
                     self.side.qps()[q].qp.qpn(),
                     rewrites.len(),
                     self.side.qps()[first].qp.qpn()
-                );
+                ),
+                None => tracing::info!(
+                    "NET/WASM: {}: QP {} failed, the last one; CTS entries wait for the first \
+                     QP the sender re-creates",
+                    self.side.desc,
+                    self.side.qps()[q].qp.qpn()
+                ),
             }
             for cts in &rewrites {
                 self.post_cts(cts)?;
