@@ -451,22 +451,26 @@ impl SendFailover {
         settle_if_done(s, pool)
     }
 
-    /// Marks the QPs of local port `port` of plan `full` failed.
-    fn fail_port(&mut self, full: &ConnPlan, port: u32) {
-        for (q, p) in full.qps.iter().enumerate() {
-            if p.local == port {
-                self.failed |= 1 << q;
-            }
-        }
+    /// The connection's own plan (generation 0), which failed and restored ports are
+    /// counted against.
+    fn full(&self) -> &ConnPlan {
+        &self.plans[0].0
+    }
+
+    /// Bit `q`: plan QP `q` is on local port `port`.
+    fn port_qps(&self, port: u32) -> u128 {
+        (self.full().qps.iter().enumerate())
+            .filter(|(_, p)| p.local == port)
+            .fold(0, |m, (q, _)| m | 1 << q)
     }
 
     /// The QPs of local port `port` failed and the policy moved their traffic to `to`: new
     /// messages go over the QPs of `to` that still work, and a probe is due if any in-flight
-    /// slice on a failed QP is unaccounted for. `full` is the connection's own plan.
-    pub fn fail_over(&mut self, full: &ConnPlan, port: u32, to: &[u32]) -> Result<(), ProtoError> {
-        self.fail_port(full, port);
+    /// slice on a failed QP is unaccounted for.
+    pub fn fail_over(&mut self, port: u32, to: &[u32]) -> Result<(), ProtoError> {
+        self.failed |= self.port_qps(port);
         let live: Vec<u32> = to.iter().copied().filter(|&p| p != port).collect();
-        let (mut plan, mut kept) = surviving_plan(full, &live);
+        let (mut plan, mut kept) = surviving_plan(self.full(), &live);
         let keep: Vec<usize> = (0..kept.len())
             .filter(|&i| !self.is_failed(kept[i] as usize))
             .collect();
@@ -513,28 +517,29 @@ impl SendFailover {
     /// carry new messages again, with every other QP that works. Only once no probe or replay
     /// is pending ([`blocked`](Self::blocked)), so no slice is still accounted to the QPs the
     /// new ones replace.
-    pub fn fail_back(&mut self, full: &ConnPlan, port: u32) -> Result<(), ProtoError> {
+    pub fn fail_back(&mut self, port: u32) -> Result<(), ProtoError> {
         if self.blocked() {
             return Err(ProtoError::Bookkeeping {
                 detail: "fail-back while a port is held, or a probe or replays are pending".into(),
             });
         }
-        self.restore(full, port)?;
+        self.restore(port)?;
         self.counters.fail_backs += 1;
         Ok(())
     }
 
     /// The policy answered `wait` to the failure of local port `port`: its QPs are failed as
-    /// for a move, and no new message starts and no probe runs until it comes back
-    /// ([`resume`](Self::resume)) — the shell fails the connection when it does not in time.
-    pub fn hold(&mut self, full: &ConnPlan, port: u32) -> Result<(), ProtoError> {
+    /// for a move, and no new message starts until it comes back ([`resume`](Self::resume));
+    /// a probe over a working QP only confirms what landed — the shell fails the connection
+    /// when the port does not come back in time.
+    pub fn hold(&mut self, port: u32) -> Result<(), ProtoError> {
         // A port whose QPs fail again as soon as they are re-created would cycle for ever.
         if self.counters.waits as usize >= MAX_GENERATIONS {
             return Err(ProtoError::Bookkeeping {
                 detail: format!("{MAX_GENERATIONS} waits on one connection"),
             });
         }
-        self.fail_port(full, port);
+        self.failed |= self.port_qps(port);
         if !self.is_held(port) {
             self.held.push(port);
         }
@@ -546,28 +551,24 @@ impl SendFailover {
     /// Held port `port` came back and its QPs were re-created and connected again: its
     /// unacknowledged slices are probed (those the receiver lacks are written again on their
     /// own QPs), and new messages start again once nothing is held and the replays landed.
-    pub fn resume(&mut self, full: &ConnPlan, port: u32) -> Result<(), ProtoError> {
+    pub fn resume(&mut self, port: u32) -> Result<(), ProtoError> {
         let Some(at) = self.held.iter().position(|&p| p == port) else {
             return Err(ProtoError::Bookkeeping {
                 detail: format!("resuming port {port}, which is not held"),
             });
         };
         self.held.swap_remove(at);
-        let on_port = |q: u8| {
-            full.qps
-                .get(usize::from(q))
-                .is_some_and(|p| p.local == port)
-        };
+        let on_port = self.port_qps(port);
         let mut lost = false;
         for s in self.slots.iter_mut().filter(|s| s.live) {
             for i in 0..s.slices {
-                if s.acked & (1 << i) == 0 && on_port(s.slice_qp[i]) {
+                if s.acked & (1 << i) == 0 && on_port & (1 << s.slice_qp[i]) != 0 {
                     s.lost |= 1 << i;
                     lost = true;
                 }
             }
         }
-        self.restore(full, port)?;
+        self.restore(port)?;
         if lost {
             self.probe_again();
         }
@@ -576,14 +577,11 @@ impl SendFailover {
     }
 
     /// The QPs of local port `port` work again: they count again, and new messages are
-    /// striped over every QP of `full` that works (a new plan generation when that differs
-    /// from the current one).
-    fn restore(&mut self, full: &ConnPlan, port: u32) -> Result<(), ProtoError> {
-        for (q, p) in full.qps.iter().enumerate() {
-            if p.local == port {
-                self.failed &= !(1 << q);
-            }
-        }
+    /// striped over every QP of the connection's plan that works (a new plan generation when
+    /// that differs from the current one).
+    fn restore(&mut self, port: u32) -> Result<(), ProtoError> {
+        self.failed &= !self.port_qps(port);
+        let full = self.full();
         let kept: Vec<u32> = (0..full.qps.len() as u32)
             .filter(|&q| !self.is_failed(q as usize))
             .collect();
@@ -665,7 +663,7 @@ impl SendFailover {
                 let qp = if !failed {
                     // A resumed port's slice goes again on its own, re-created QP.
                     on
-                } else if self.is_held(self.plans[0].0.qps[on].local) {
+                } else if self.is_held(self.full().qps[on].local) {
                     // It waits for its port: confirmed now if it landed, written again on
                     // its own QP once the port is back.
                     continue;

@@ -103,6 +103,32 @@ fn port_0_carries_a_stream(s: &SendComm, r: &RecvComm, b: &Bufs, what: &str) {
     }
 }
 
+/// Streams as [`stream`] does, taking the first port of the fused device down once: right
+/// after a large message went out on one of its QPs, past a third of the stream, so slices are
+/// in flight on it. `failed` is called then, with the bytes posted on each QP so far.
+fn stream_losing_port_0(
+    s: &SendComm,
+    r: &RecvComm,
+    b: &Bufs,
+    mut failed: impl FnMut(&[u64]),
+) -> Result<usize, NetError> {
+    let first = s.stats().local[0].device.clone();
+    let dev = device(&first);
+    let mut last = s.stats().posted;
+    let mut down = false;
+    stream(s, r, b, |k| {
+        let posted = s.stats().posted;
+        let on_port_0 = (0..posted.len())
+            .any(|q| s.plan().qps[q].local == 0 && posted[q] >= last[q] + (8 * MIB) as u64);
+        if k >= MESSAGES / 3 && !down && on_port_0 {
+            assert!(dev.inject_port_down(1).unwrap(), "{first} port 1 went down");
+            down = true;
+            failed(&posted);
+        }
+        last = posted;
+    })
+}
+
 /// Streams until the connection fails, taking the first port of its fused device down for
 /// good a third of the way in: the error, and how long after the failure it came.
 fn port_down_for_good(s: &SendComm, r: &RecvComm) -> (NetError, Duration) {
@@ -261,20 +287,9 @@ fn a_port_down_mid_transfer_moves_its_traffic_and_loses_nothing() {
     let dev = device(&first);
     let b = buffers(&s, &r);
     let mut posted_at_failure = Vec::new();
-    let mut last = s.stats().posted;
-    let done = stream(&s, &r, &b, |k| {
-        // The port goes down right after a large message was posted on one of its QPs, so that
-        // message is in flight on it: the probe and the replay are exercised, not only the move.
-        let posted = s.stats().posted;
-        let on_port_0 = (0..posted.len())
-            .any(|q| s.plan().qps[q].local == 0 && posted[q] >= last[q] + (8 * MIB) as u64);
-        if k >= MESSAGES / 3 && posted_at_failure.is_empty() && on_port_0 {
-            posted_at_failure = posted.clone();
-            assert!(dev.inject_port_down(1).unwrap(), "{first} port 1 went down");
-        }
-        last = posted;
-    })
-    .expect("no request fails");
+    // The probe and the replay are exercised, not only the move.
+    let done = stream_losing_port_0(&s, &r, &b, |posted| posted_at_failure = posted.to_vec())
+        .expect("no request fails");
     assert!(!posted_at_failure.is_empty(), "the port never went down");
     assert_eq!(done, MESSAGES);
     let stats = s.stats();
@@ -385,29 +400,16 @@ fn a_held_port_back_in_time_resumes_and_loses_nothing() {
     let Some((_net, s, r)) = fused_in_child(test, Some("rail-aligned"), &vars) else {
         return;
     };
-    let stats = s.stats();
-    prepared_over_both_ports(&stats);
-    let first = stats.local[0].device.clone();
-    drop(stats);
-    let dev = device(&first);
+    prepared_over_both_ports(&s.stats());
+    let dev = device(&s.stats().local[0].device);
     let b = buffers(&s, &r);
-    let mut last = s.stats().posted;
     let mut back = None;
-    let done = stream(&s, &r, &b, |k| {
-        // Down right after a large message went out on port 0, so slices are in flight on it;
-        // up again 300 ms later, from another thread, while the stream is held.
-        let posted = s.stats().posted;
-        let on_port_0 = (0..posted.len())
-            .any(|q| s.plan().qps[q].local == 0 && posted[q] >= last[q] + (8 * MIB) as u64);
-        if k >= MESSAGES / 3 && back.is_none() && on_port_0 {
-            assert!(dev.inject_port_down(1).unwrap(), "{first} port 1 went down");
-            let dev = std::sync::Arc::clone(&dev);
-            back = Some(std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(300));
-                assert!(dev.inject_port_up(1).unwrap());
-            }));
-        }
-        last = posted;
+    // Up again 300 ms after it went down, from another thread, while the stream is held.
+    let done = stream_losing_port_0(&s, &r, &b, |_| {
+        back = Some(ports_up_later(
+            vec![Arc::clone(&dev)],
+            Duration::from_millis(300),
+        ));
     })
     .unwrap_or_else(|e| panic!("no request fails: {e}\n{}", logged()));
     back.expect("the port never went down").join().unwrap();
@@ -493,13 +495,7 @@ fn a_move_then_a_hold_resumes_and_fails_back() {
         }
         if k == MESSAGES / 2 {
             assert!(devs[1].inject_port_down(1).unwrap());
-            let devs = devs.each_ref().map(Arc::clone);
-            back = Some(std::thread::spawn(move || {
-                for d in devs {
-                    std::thread::sleep(Duration::from_millis(200));
-                    assert!(d.inject_port_up(1).unwrap());
-                }
-            }));
+            back = Some(ports_up_later(devs.to_vec(), Duration::from_millis(200)));
         }
     })
     .unwrap_or_else(|e| panic!("no request fails: {e}\n{}", logged()));

@@ -162,6 +162,18 @@ fn send_end(s: &SendComm, src: &Source) {
     }
 }
 
+/// [`MESSAGES`] more from `*next` on, and port 0's QPs carry part of them (after `what`
+/// re-created them).
+fn port_0_carries_more(s: &SendComm, src: &Source, next: &mut usize, what: &str) {
+    let before = posted_on(s, 0);
+    let end = *next + MESSAGES;
+    send_stream(s, src, next, end, |_| ());
+    assert!(
+        posted_on(s, 0) > before,
+        "port 0 carries nothing after the {what}"
+    );
+}
+
 /// Bytes the sender posted on the QPs of local port `port` so far.
 fn posted_on(s: &SendComm, port: u32) -> u64 {
     let stats = s.stats();
@@ -202,13 +214,7 @@ fn sender() {
         let one = next + 1;
         send_stream(&s, &src, &mut next, one, |_| ());
     }
-    let before = posted_on(&s, 0);
-    let end = next + MESSAGES;
-    send_stream(&s, &src, &mut next, end, |_| ());
-    assert!(
-        posted_on(&s, 0) > before,
-        "port 0 carries nothing after the fail-back"
-    );
+    port_0_carries_more(&s, &src, &mut next, "fail-back");
     send_end(&s, &src);
     let c = s.stats().failover.expect("prepared");
     assert_eq!((c.moves, c.fail_backs), (1, 1), "{c:?}");
@@ -267,13 +273,7 @@ fn held_sender() {
     back.expect("the link never went down").join().unwrap();
     let c = s.stats().failover.expect("prepared");
     assert_eq!((c.moves, c.waits, c.resumes), (0, 1, 1), "{c:?}");
-    let before = posted_on(&s, 0);
-    let end = next + MESSAGES;
-    send_stream(&s, &src, &mut next, end, |_| ());
-    assert!(
-        posted_on(&s, 0) > before,
-        "port 0 carries nothing after the resume"
-    );
+    port_0_carries_more(&s, &src, &mut next, "resume");
     send_end(&s, &src);
     say(&format!("RESUMED {c:?}"));
     finish();

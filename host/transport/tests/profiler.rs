@@ -267,16 +267,10 @@ fn a_held_port_and_its_resume_are_reported_to_the_profiler() {
     capture_logs(tracing_subscriber::filter::LevelFilter::INFO);
     let (_net, rec, s, r, b) = profiled();
     let first = s.stats().local[0].device.clone();
-    let dev = Arc::new(ncclwasm_soft::fabric().unwrap().open(&first).unwrap());
+    let dev = ncclwasm_soft::fabric().unwrap().open(&first).unwrap();
     assert!(dev.inject_port_down(1).unwrap());
     // Back while the next message is held.
-    let up = std::thread::spawn({
-        let dev = Arc::clone(&dev);
-        move || {
-            std::thread::sleep(std::time::Duration::from_millis(300));
-            assert!(dev.inject_port_up(1).unwrap());
-        }
-    });
+    let up = ports_up_later(vec![dev], std::time::Duration::from_millis(300));
     let end = deadline();
     while s.stats().failover.expect("prepared").resumes == 0 {
         message(&s, &r, &b, 4096, (0, 0));

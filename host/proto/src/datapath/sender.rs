@@ -213,41 +213,32 @@ impl Sender {
     /// Carries out `move-to to` after local port `port` failed: new messages are striped over
     /// the QPs of `to` that still work; a probe is due when slices are unaccounted for.
     pub fn fail_over(&mut self, port: u32, to: &[u32]) -> Result<(), ProtoError> {
-        let f = self.failover_mut()?;
-        let full = f.plan(0).clone();
-        f.fail_over(&full, port, to)?;
-        let (_, plan, map) = f.current();
-        let (plan, map) = (plan.clone(), map.to_vec());
-        self.rotation.switch(&plan, &map);
-        Ok(())
+        self.failover_mut()?.fail_over(port, to)?;
+        self.follow_plan()
     }
 
     /// Local port `port`'s QPs were re-created and connected: stripe over them again.
     pub fn fail_back(&mut self, port: u32) -> Result<(), ProtoError> {
-        let f = self.failover_mut()?;
-        let full = f.plan(0).clone();
-        f.fail_back(&full, port)?;
-        let (_, plan, map) = f.current();
-        let (plan, map) = (plan.clone(), map.to_vec());
-        self.rotation.switch(&plan, &map);
-        Ok(())
+        self.failover_mut()?.fail_back(port)?;
+        self.follow_plan()
     }
 
     /// Holds local port `port` after a `wait` answer: its QPs are failed, and nothing new
     /// starts until it is resumed.
     pub fn hold(&mut self, port: u32) -> Result<(), ProtoError> {
-        let f = self.failover_mut()?;
-        let full = f.plan(0).clone();
-        f.hold(&full, port)
+        self.failover_mut()?.hold(port)
     }
 
     /// Held port `port`'s QPs were re-created and connected: probe and write again what the
     /// receiver lacks, then stripe over them again.
     pub fn resume(&mut self, port: u32) -> Result<(), ProtoError> {
-        let f = self.failover_mut()?;
-        let full = f.plan(0).clone();
-        f.resume(&full, port)?;
-        let (_, plan, map) = f.current();
+        self.failover_mut()?.resume(port)?;
+        self.follow_plan()
+    }
+
+    /// New messages are striped by the failover state's current plan.
+    fn follow_plan(&mut self) -> Result<(), ProtoError> {
+        let (_, plan, map) = self.failover_mut()?.current();
         let (plan, map) = (plan.clone(), map.to_vec());
         self.rotation.switch(&plan, &map);
         Ok(())

@@ -17,7 +17,7 @@ use ncclwasm_transport::{
     CommConfig, Decided, DecisionError, Decisions, Done, HANDLE_SIZE, Listener, MemHandle, Net,
     NetConfig, NetError, RecvBuf, RecvComm, ReqId, SendComm,
 };
-use ncclwasm_verbs::DmaBuf;
+use ncclwasm_verbs::{Context, DmaBuf};
 
 pub const MIB: usize = 1 << 20;
 
@@ -162,6 +162,21 @@ impl Decisions for Overlay {
             .push((device.to_owned(), port, gids.to_vec()));
         Decisions::gids_changed(&self.policy, device, port, gids)
     }
+}
+
+/// Brings port 1 of each of `devs` back, in turn, `gap` after the last, from another thread:
+/// the test's own thread is meanwhile held in a stream waiting for it.
+pub fn ports_up_later(devs: Vec<Arc<Context>>, gap: Duration) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for d in devs {
+            std::thread::sleep(gap);
+            assert!(
+                d.inject_port_up(1).unwrap(),
+                "{} port 1 came back",
+                d.name()
+            );
+        }
+    })
 }
 
 pub fn deadline() -> Instant {
