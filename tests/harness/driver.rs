@@ -7,6 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use ncclwasm_abi::{FAMILIES, NET};
+
 /// `target/<profile>`, where cargo put the cdylib next to this test's `deps/` directory.
 fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
@@ -32,7 +34,7 @@ fn every_abi_version_across_two_processes() {
     let out = std::env::temp_dir().join(format!("ncclwasm-harness-{}", std::process::id()));
     std::fs::create_dir_all(&out).unwrap();
     let (lib, exe) = build(&out);
-    for version in 8..=12 {
+    for version in NET.versions() {
         // The soft fabric registers dma-bufs (any mappable fd) and there is no peer-memory
         // module in its sysfs tree: ptrSupport = HOST | DMABUF, and receives are flushed —
         // except on one version, where NCCL_IB_GDR_FLUSH_DISABLE turns flushing off.
@@ -95,7 +97,7 @@ fn every_abi_version_across_two_processes() {
 fn v12_with_policy(mut harness: Command, lib: &Path, what: &str) -> String {
     let run = harness
         .arg(lib)
-        .arg("12")
+        .arg(NET.newest.to_string())
         .env("NCCL_WASM_FABRIC", "soft")
         .env("HARNESS_PTR", "5")
         .env("HARNESS_FLUSH", "1")
@@ -207,7 +209,7 @@ fn a_peer_memory_module_adds_cuda_pointers() {
     assert!(copied.success(), "copying {}", soft_tree.display());
     std::fs::create_dir_all(tree.join("module/nvidia_peermem")).unwrap();
     std::fs::write(tree.join("module/nvidia_peermem/version"), "1.0\n").unwrap();
-    for version in [8, 12] {
+    for version in [NET.oldest, NET.newest] {
         let run = Command::new(&exe)
             .arg(&lib)
             .arg(version.to_string())
@@ -243,7 +245,7 @@ fn auto_fabric_without_rdma_refuses_init() {
     let out = std::env::temp_dir().join(format!("ncclwasm-harness-auto-{}", std::process::id()));
     std::fs::create_dir_all(&out).unwrap();
     let (lib, exe) = build(&out);
-    for version in 8..=12 {
+    for version in NET.versions() {
         let mut cmd = Command::new(&exe);
         cmd.arg(&lib)
             .arg(version.to_string())
@@ -280,11 +282,14 @@ fn exports_five_tables_and_needs_no_libibverbs() {
         .output()
         .expect("nm (binutils)");
     let symbols = String::from_utf8_lossy(&nm.stdout);
-    for v in 8..=12 {
-        assert!(
-            symbols.contains(&format!(" D ncclNetPlugin_v{v}\n")),
-            "ncclNetPlugin_v{v} missing:\n{symbols}"
-        );
+    for family in FAMILIES {
+        for v in family.versions() {
+            let symbol = family.symbol(v);
+            assert!(
+                symbols.contains(&format!(" D {symbol}\n")),
+                "{symbol} missing:\n{symbols}"
+            );
+        }
     }
     let readelf = Command::new("readelf")
         .arg("-d")

@@ -16,6 +16,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::ptr::{self, NonNull};
 
+use crate::NET;
 use crate::layout::*;
 use crate::stats::{SEND_STATS_SYMBOL, SendStats, SendStatsFn, SendStatsV2};
 
@@ -126,10 +127,10 @@ pub struct Properties {
 }
 
 impl Plugin {
-    /// `dlopen(path, RTLD_NOW | RTLD_LOCAL)` and the newest table among v12 … v8, as NCCL 2.30+
-    /// probes.
+    /// `dlopen(path, RTLD_NOW | RTLD_LOCAL)` and the newest of the [`NET`] tables, as NCCL
+    /// 2.30+ probes.
     pub fn open(path: &Path) -> Result<Plugin> {
-        Plugin::open_as(path, 12)
+        Plugin::open_as(path, NET.newest)
     }
 
     /// As an older NCCL loads the library: the newest table at or below `newest` (NCCL 2.26
@@ -147,8 +148,8 @@ impl Plugin {
                 dl_error()
             )));
         };
-        for version in (8..=newest.min(12)).rev() {
-            let sym = CString::new(format!("ncclNetPlugin_v{version}")).expect("no NUL");
+        for version in (NET.oldest..=newest.min(NET.newest)).rev() {
+            let sym = CString::new(NET.symbol(version)).expect("no NUL");
             // SAFETY: `lib` is an open handle and `sym` a valid C string.
             let p = unsafe { libc::dlsym(lib.as_ptr(), sym.as_ptr()) };
             if p.is_null() {
@@ -183,13 +184,14 @@ impl Plugin {
         // SAFETY: `lib` is open and nothing of it is in use.
         unsafe { libc::dlclose(lib.as_ptr()) };
         Err(LoadError(format!(
-            "{} exports none of ncclNetPlugin_v8 … v{}",
+            "{} exports none of {} … v{}",
             path.display(),
-            newest.min(12)
+            NET.symbol(NET.oldest),
+            newest.min(NET.newest)
         )))
     }
 
-    /// The ABI version of the table in use (12 … 8).
+    /// The ABI version of the table in use (one of [`NET`]'s versions).
     pub fn version(&self) -> u32 {
         self.version
     }

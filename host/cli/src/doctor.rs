@@ -7,10 +7,10 @@
 
 use clap::Args as ClapArgs;
 use ncclwasm_default::IbConfig;
+use ncclwasm_fabrics::{ENV_FABRIC, FabricChoice};
 use ncclwasm_model::file::{self, Limit};
 use ncclwasm_model::{LinkLayer, PortState};
 use ncclwasm_policy::{Settings, WASM_VARIABLES};
-use ncclwasm_soft::{ENV_FABRIC, FabricChoice};
 use ncclwasm_transport::{GpuSupport, Net};
 use ncclwasm_verbs::{Fabric, IbOptions};
 use serde::Serialize;
@@ -100,9 +100,10 @@ impl Host {
         }
     }
 
-    /// Whether the plugin needs a real NIC here (a soft fabric pins and needs nothing).
+    /// Whether the plugin needs a real NIC here (an emulating provider, the soft fabric, pins
+    /// and needs nothing).
     fn wants_nic(&self) -> bool {
-        !matches!(self.choice, Ok(FabricChoice::Soft))
+        self.choice.as_ref().is_ok_and(|c| c.provider().needs_nic())
     }
 }
 
@@ -304,18 +305,23 @@ pub fn library_version(file: &str) -> String {
 /// `NCCL_WASM_FABRIC` and whether the plugin will start on it.
 fn fabric(host: &Host) -> Check {
     const NAME: &str = "fabric";
-    let choice = match &host.choice {
-        Ok(c) => *c,
-        Err(e) => return Check::bad(NAME, Status::Fail, e.clone(), "use auto, ib or soft"),
-    };
+    if let Err(e) = &host.choice {
+        return Check::bad(
+            NAME,
+            Status::Fail,
+            e.clone(),
+            "use one of the values it names",
+        );
+    }
     match &host.live {
-        Ok(live) if choice == FabricChoice::Auto && live.fabric.name == "soft" => Check::bad(
+        Ok(live) if live.fabric.stood_in => Check::bad(
             NAME,
             Status::Fail,
             format!("auto: {}", live.fabric.why),
             format!(
-                "install the NIC's driver and rdma-core; or {ENV_FABRIC}=soft to run the \
-                 plugin over TCP (tests, demos)"
+                "install the NIC's driver and rdma-core; or {ENV_FABRIC}={} to run the \
+                 plugin without a NIC (tests, demos)",
+                live.fabric.name
             ),
         ),
         Ok(live) => Check::ok(NAME, format!("{} ({})", live.fabric.name, live.fabric.why)),
@@ -617,7 +623,7 @@ mod tests {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
         let host = Host {
-            choice: Ok(FabricChoice::Soft),
+            choice: Ok(FabricChoice::Auto),
             live: Err("not run".into()),
             ib: IbConfig::from_pairs(&pairs).map_err(|e| e.to_string()),
             net: Err("not run".into()),

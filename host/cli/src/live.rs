@@ -1,18 +1,19 @@
 //! The live machine: the ports the plugin would discover on this host, through the plugin's own
-//! code path — `NCCL_WASM_FABRIC` read by `ncclwasm_soft::FabricChoice`, the provider it opens,
+//! code path — `NCCL_WASM_FABRIC` read by `ncclwasm_fabrics::FabricChoice`, the provider it opens,
 //! `Fabric::discover` — for `devices`, `topology capture` and `doctor`.
 //!
 //! The one departure from the plugin: under `auto` on a host without RDMA devices the plugin
-//! would not start, and the soft fabric is shown instead ([`FabricChoice::settle`]); the
+//! would not start, and a provider that needs no NIC (the soft fabric) is shown instead, when
+//! this build carries one ([`FabricChoice::settle`]); the
 //! fabric's `why` says so on every output.
 
 use std::path::Path;
 use std::sync::Arc;
 
+use ncclwasm_fabrics::{FabricChoice, Provider, Settled};
 use ncclwasm_model::file::{self, Limit};
 use ncclwasm_model::{Port, Topology};
 use ncclwasm_policy::PolicyHost;
-use ncclwasm_soft::{FabricChoice, Settled};
 use ncclwasm_transport::oob::OobEnv;
 use ncclwasm_transport::{Net, NetConfig};
 use ncclwasm_verbs::{ENV_SYSFS_ROOT, Fabric};
@@ -25,6 +26,12 @@ use crate::fail::Fail;
 pub struct FabricView {
     /// `auto`, `ib` or `soft`: the `NCCL_WASM_FABRIC` value the plugin would run with here.
     pub name: String,
+    /// The provider behind it, asked what it can do.
+    #[serde(skip)]
+    pub provider: &'static Provider,
+    /// `auto` found no RDMA device and a provider that needs none stands in.
+    #[serde(skip)]
+    pub stood_in: bool,
     pub why: String,
     /// The verbs library `dlopen`ed (the `ib` fabric), as the loader resolved it.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -39,6 +46,8 @@ impl FabricView {
     pub fn new(settled: Settled) -> FabricView {
         FabricView {
             name: settled.choice.name().to_owned(),
+            provider: settled.choice.provider(),
+            stood_in: settled.stood_in,
             why: settled.why,
             library: None,
             sysfs_root: std::env::var(ENV_SYSFS_ROOT).ok().filter(|s| !s.is_empty()),
@@ -66,7 +75,6 @@ pub fn discover() -> Result<Live, Fail> {
         ))
     })?;
     let ports = fabric.discover(ncclwasm_verbs::merge_vfs_from_env());
-    let soft = settled.choice == FabricChoice::Soft;
     let view = FabricView {
         library: fabric
             .library_path()
@@ -83,8 +91,8 @@ pub fn discover() -> Result<Live, Fail> {
         &ports,
     );
     topology.origin = format!("discovered on the {} fabric", view.name);
-    if soft {
-        soft_addresses(&mut topology)?;
+    if let Some(machine) = view.provider.emulated() {
+        emulated_addresses(&mut topology, machine.map_err(Fail::trouble)?);
     }
     Ok(Live {
         fabric: view,
@@ -119,12 +127,11 @@ pub fn init() -> Result<Net, String> {
     .map_err(|e| e.to_string())
 }
 
-/// The soft fabric binds each port to the address its topology file gives; discovery cannot
-/// see it, so it is taken from the topology the provider loaded.
-fn soft_addresses(topology: &mut Topology) -> Result<(), Fail> {
-    let soft = ncclwasm_soft::topology().map_err(Fail::trouble)?;
+/// An emulating provider (the soft fabric) binds each port to the address its topology file
+/// gives; discovery cannot see it, so it is taken from the machine the provider loaded.
+fn emulated_addresses(topology: &mut Topology, machine: &Topology) {
     for d in &mut topology.devices {
-        let Some(sd) = soft.devices.iter().find(|s| s.name == d.name) else {
+        let Some(sd) = machine.devices.iter().find(|s| s.name == d.name) else {
             continue;
         };
         for p in &mut d.ports {
@@ -133,7 +140,6 @@ fn soft_addresses(topology: &mut Topology) -> Result<(), Fail> {
             }
         }
     }
-    Ok(())
 }
 
 /// The file the dynamic loader mapped for `library` (`libibverbs.so.1` →

@@ -11,6 +11,7 @@
 //! which every layer with an item per hook is generated (`hook`, [`Hook`]).
 #![forbid(unsafe_code)]
 
+pub mod decide;
 mod decision;
 pub mod device_table;
 mod failover;

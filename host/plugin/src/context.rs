@@ -58,7 +58,9 @@ pub(crate) fn init_net(
     }
     if st.is_none() {
         let choice = fabric::choice()?;
-        let decisions = Arc::new(PolicyHost::from_env(max_devs_per_nic)?);
+        let decisions = Arc::new(
+            PolicyHost::from_env(max_devs_per_nic).map_err(|e| NetError::Decision(Box::new(e)))?,
+        );
         if decisions.settings().cache != PolicyCache::Off
             && let Err(why) = pin::pin_image()
         {

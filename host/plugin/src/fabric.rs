@@ -1,13 +1,15 @@
-//! `NCCL_WASM_FABRIC` for the transport: which provider is read by `ncclwasm_soft::FabricChoice`
-//! (shared with the `ncclwasm` tool, so both read the variable alike); what the plugin adds is
-//! the transport configuration and the hint on a host without a usable port. The transport is
-//! handed the opened fabric in its [`NetConfig`] and never learns which provider it runs on.
+//! `NCCL_WASM_FABRIC` for the transport: which provider is read by `ncclwasm_fabrics`'
+//! [`FabricChoice`] (shared with the `ncclwasm` tool, so both read the variable alike); what the
+//! plugin adds is the transport configuration and the hint on a host without a usable port. The
+//! transport is handed the opened fabric in its [`NetConfig`] and never learns which provider it
+//! runs on.
 
 use std::sync::Arc;
 
-use ncclwasm_soft::{ENV_FABRIC, FabricChoice};
+use ncclwasm_fabrics::{ENV_FABRIC, FabricChoice};
+use ncclwasm_model::decide::Decisions;
 use ncclwasm_transport::oob::OobEnv;
-use ncclwasm_transport::{Decisions, NetConfig, NetError};
+use ncclwasm_transport::{NetConfig, NetError};
 use ncclwasm_verbs::VerbsError;
 
 /// `NCCL_WASM_FABRIC` from the environment; an invalid value is a usage error naming it.
@@ -28,7 +30,7 @@ pub fn config(
     let fabric = choice.open().map_err(|e| {
         hint(
             choice,
-            NetError::NoDevice(format!("cannot open the verbs library: {e}")),
+            NetError::NoDevice(format!("cannot open the {} fabric: {e}", choice.name())),
         )
     })?;
     Ok(NetConfig {
@@ -41,13 +43,16 @@ pub fn config(
 }
 
 /// Under `auto`, "no usable device" means this host has no working RDMA port: point at the
-/// fabric that needs none.
+/// provider that needs none, when this build carries one.
 pub fn hint(choice: FabricChoice, e: NetError) -> NetError {
-    match e {
-        NetError::NoDevice(why) if choice == FabricChoice::Auto => NetError::NoDevice(format!(
-            "{why} (set {ENV_FABRIC}=soft to use the soft fabric)"
-        )),
-        e => e,
+    match (e, FabricChoice::stand_in()) {
+        (NetError::NoDevice(why), Some(p)) if choice == FabricChoice::Auto => {
+            NetError::NoDevice(format!(
+                "{why} (set {ENV_FABRIC}={name} to use the {name} fabric)",
+                name = p.name
+            ))
+        }
+        (e, _) => e,
     }
 }
 
@@ -55,6 +60,7 @@ pub fn hint(choice: FabricChoice, e: NetError) -> NetError {
 mod tests {
     use super::*;
 
+    #[cfg(feature = "soft")]
     #[test]
     fn only_auto_points_at_the_soft_fabric_and_only_for_missing_devices() {
         let none = || NetError::NoDevice("none of the 2 selected port(s) is active".into());
@@ -63,7 +69,10 @@ mod tests {
             hinted.ends_with("(set NCCL_WASM_FABRIC=soft to use the soft fabric)"),
             "{hinted}"
         );
-        for choice in [FabricChoice::Ib, FabricChoice::Soft] {
+        for choice in ncclwasm_fabrics::PROVIDERS
+            .iter()
+            .map(|p| FabricChoice::Named(p))
+        {
             assert_eq!(hint(choice, none()).to_string(), none().to_string());
         }
         let usage = hint(FabricChoice::Auto, NetError::Usage("x".into()));

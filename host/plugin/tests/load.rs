@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
+use ncclwasm_abi::NET;
 use ncclwasm_abi::load::Plugin;
 
 /// `target/<profile>/libnccl_net_wasm.so`, next to this test's `deps/` directory.
@@ -42,9 +43,9 @@ fn one_message_through_each_table_of_the_built_library() {
         return;
     }
     let plugin = Plugin::open(&library()).unwrap();
-    assert_eq!(plugin.version(), 12);
+    assert_eq!(plugin.version(), NET.newest);
     drop(plugin);
-    for version in (8..=12).rev() {
+    for version in NET.versions().rev() {
         one_message(version);
     }
 }
@@ -205,7 +206,7 @@ fn churn_with_requests_in_flight_never_hangs() {
     for t in 0..THREADS {
         let done = done.clone();
         std::thread::spawn(move || {
-            let mut plugin = Plugin::open_as(&library(), 12).unwrap();
+            let mut plugin = Plugin::open_as(&library(), NET.newest).unwrap();
             plugin.init().unwrap();
             let devices = plugin.devices().unwrap();
             for round in 0..ROUNDS {
@@ -280,7 +281,7 @@ fn rails_and_planes_reach_v12_properties() {
         in_child(TEST, &[("NCCL_IB_HCA", "soft_0:1:3:1,soft_1:1:4:2")]);
         return;
     }
-    let mut plugin = Plugin::open_as(&library(), 12).unwrap();
+    let mut plugin = Plugin::open_as(&library(), NET.newest).unwrap();
     plugin.init().unwrap();
     let ids = |d: i32| {
         let p = plugin.properties(d).unwrap();

@@ -31,6 +31,7 @@
 
 mod config;
 mod convert;
+mod decisions;
 mod engine;
 mod error;
 mod host;

@@ -14,8 +14,9 @@
 //! provider is also built as `libibverbs.so.1` (the `host/soft-ibverbs` cdylib), which exports
 //! the same description through the extension symbols of [`ncclwasm_verbs::table`], so the `ib`
 //! fabric over that library behaves as [`fabric`] does. Nothing above the verbs layer names
-//! this crate except where a fabric is picked — [`FabricChoice`] (`NCCL_WASM_FABRIC`), used by
-//! the plugin and the `ncclwasm` tool — and tests.
+//! this crate except the registry that composes providers into a build (`ncclwasm-fabrics`,
+//! which reads `NCCL_WASM_FABRIC` for the plugin and the `ncclwasm` tool) and tests; this crate
+//! names no other provider.
 //!
 //! # Devices, ports, addressing
 //! Devices and ports come from the topology file named by `NCCL_WASM_TOPOLOGY`, or from an
@@ -187,14 +188,13 @@
 //!   (CQs and async events), `wire` (frames and zero-copy socket I/O).
 //! - `fabric` (devices and address resolution from the topology), `sysfs`, `traffic` (port
 //!   counters), `link_watch` (port state and events from the interfaces' links), `ifaces` (the
-//!   host's interfaces and addresses), `activity` (the futex an idle poller sleeps on), `choice`
-//!   (`NCCL_WASM_FABRIC`), `fault` and `alloc_count` (test features).
+//!   host's interfaces and addresses), `activity` (the futex an idle poller sleeps on), `fault` and
+//!   `alloc_count` (test features).
 
 mod abi;
 mod activity;
 #[cfg(feature = "alloc-count")]
 pub mod alloc_count;
-mod choice;
 mod ctx;
 mod event;
 mod fabric;
@@ -218,7 +218,6 @@ use std::sync::Arc;
 
 use ncclwasm_verbs::{Fabric, Provider, ProviderCaps, VerbsError, VerbsTable};
 
-pub use choice::{ENV_FABRIC, FabricChoice, Settled};
 pub use sysfs::sysfs_root;
 pub use traffic::{PortTraffic, traffic};
 

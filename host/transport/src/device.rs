@@ -12,12 +12,12 @@ use ncclwasm_model::device_table::data_direct_name;
 use ncclwasm_model::{Endpoint, Port, PortState};
 use ncclwasm_verbs::{AsyncEvent, AsyncEventKind, Context, DeviceAttr, Fabric, Pd};
 
-use crate::decide::Decisions;
 use crate::gid_table::GidTables;
 use crate::gpu::{self, GpuEnv, GpuFacts, GpuSupport};
 use crate::mr_cache::MrCache;
 use crate::net_error::NetError;
 use crate::telemetry::Registry;
+use ncclwasm_model::decide::Decisions;
 
 /// How long the event thread waits per poll, i.e. how quickly it notices it should stop.
 const EVENT_POLL: Duration = Duration::from_millis(50);

@@ -184,7 +184,7 @@ fn a_connection_reusing_a_failed_qps_number_works() {
 #[derive(Debug)]
 struct FailWhenItHappens(PolicyHost, std::sync::atomic::AtomicUsize);
 
-/// Implements [`crate::Decisions`] for `FailWhenItHappens` from `ncclwasm_model::for_each_hook!`:
+/// Implements [`ncclwasm_model::decide::Decisions`] for `FailWhenItHappens` from `ncclwasm_model::for_each_hook!`:
 /// every hook but `on_port_event` asks the wrapped host.
 macro_rules! forward_but_port_events {
     ($(
@@ -193,9 +193,9 @@ macro_rules! forward_but_port_events {
             host ($($arg:ident: $ty:ty),*) -> $answer:ty $(, fitting $fitting:ident)?;
             guest ($($garg:ident: $gty:ty),*) -> $ganswer:ty;
     )*) => {
-        impl crate::Decisions for FailWhenItHappens {
+        impl ncclwasm_model::decide::Decisions for FailWhenItHappens {
             fn live_ports(&self, ports: &[ncclwasm_model::Port]) {
-                crate::Decisions::live_ports(&self.0, ports)
+                ncclwasm_model::decide::Decisions::live_ports(&self.0, ports)
             }
 
             $(forward_unless_port_event! { $method ($($arg: $ty),*) -> $answer; [$($fitting)?] })*
@@ -206,7 +206,7 @@ macro_rules! forward_but_port_events {
                 _: &ncclwasm_model::Connection,
                 _: &[ncclwasm_model::QpPlan],
                 _: &[ncclwasm_model::PortState],
-            ) -> Result<crate::Decided<ncclwasm_model::PortAnswer>, crate::DecisionError> {
+            ) -> Result<ncclwasm_model::decide::Decided<ncclwasm_model::PortAnswer>, ncclwasm_model::decide::DecisionError> {
                 use ncclwasm_model::PortAnswer;
                 // The first question is the one asked at connect time.
                 let value = match self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed) {
@@ -218,7 +218,7 @@ macro_rules! forward_but_port_events {
                         reason: "this job prefers a restart".into(),
                     },
                 };
-                Ok(crate::Decided {
+                Ok(ncclwasm_model::decide::Decided {
                     reason: value.reason().to_owned(),
                     value,
                     source: "the test's decisions".into(),
@@ -226,7 +226,7 @@ macro_rules! forward_but_port_events {
             }
 
             fn port_changed(&self, device: &str, port: u8, state: ncclwasm_model::PortState) {
-                crate::Decisions::port_changed(&self.0, device, port, state)
+                ncclwasm_model::decide::Decisions::port_changed(&self.0, device, port, state)
             }
         }
     };
@@ -238,8 +238,8 @@ macro_rules! forward_unless_port_event {
         fn $method(
             &self,
             $($arg: $ty),*
-        ) -> Result<crate::Decided<$answer>, crate::DecisionError> {
-            crate::Decisions::$method(&self.0, $($arg),*)
+        ) -> Result<ncclwasm_model::decide::Decided<$answer>, ncclwasm_model::decide::DecisionError> {
+            ncclwasm_model::decide::Decisions::$method(&self.0, $($arg),*)
         }
     };
     ($method:ident ($($arg:ident: $ty:ty),*) -> $answer:ty; [$fitting:ident]) => {
@@ -247,8 +247,8 @@ macro_rules! forward_unless_port_event {
             &self,
             $($arg: $ty,)*
             fits: &dyn Fn(&$answer) -> Result<(), String>,
-        ) -> Result<crate::Decided<$answer>, crate::DecisionError> {
-            crate::Decisions::$method(&self.0, $($arg,)* fits)
+        ) -> Result<ncclwasm_model::decide::Decided<$answer>, ncclwasm_model::decide::DecisionError> {
+            ncclwasm_model::decide::Decisions::$method(&self.0, $($arg,)* fits)
         }
     };
 }

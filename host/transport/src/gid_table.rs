@@ -9,8 +9,8 @@ use std::net::Ipv6Addr;
 use ncclwasm_model::{Gid, GidType};
 use ncclwasm_verbs::{Context, VerbsError};
 
-use crate::decide::Decisions;
 use crate::device::DevCtx;
+use ncclwasm_model::decide::Decisions;
 
 /// The GID table of each port of one device as the event thread last read it, so that an
 /// `IBV_EVENT_GID_CHANGE` (an address of the port's interface added or removed) can say what

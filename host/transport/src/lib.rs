@@ -34,7 +34,6 @@
 #![forbid(unsafe_code)]
 
 mod comm;
-mod decide;
 mod device;
 mod failover;
 #[cfg(test)]
@@ -48,8 +47,6 @@ mod net_error;
 pub mod oob;
 mod oob_host;
 mod oob_pattern;
-#[cfg(feature = "policy")]
-mod policy_host;
 pub mod profile;
 mod qp;
 mod recv;
@@ -58,7 +55,6 @@ mod socket;
 mod telemetry;
 
 pub use comm::{Done, MemHandle};
-pub use decide::{Decided, DecisionError, Decisions};
 pub use gpu::{GpuSupport, PTR_CUDA, PTR_DMABUF, PTR_HOST, Reasoned};
 pub use listener::Listener;
 pub use mr_cache::RegionSource;

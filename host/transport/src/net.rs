@@ -25,7 +25,6 @@ use ncclwasm_model::telemetry::{Telemetry, TelemetrySource};
 use ncclwasm_model::{LinkLayer, NetAttr, Port, PortState, VnicAnswer};
 use ncclwasm_verbs::Fabric;
 
-use crate::decide::Decisions;
 use crate::device::{DevCtx, EventThread, PortCtx};
 use crate::gpu::{GpuEnv, GpuSupport};
 use crate::listener::Listener;
@@ -37,6 +36,7 @@ use crate::qp::random_u64;
 use crate::send::{Connecting, SendComm};
 use crate::socket::Stream;
 use crate::telemetry::{FileWriter, MeterSpec, Registry};
+use ncclwasm_model::decide::Decisions;
 use ncclwasm_proto::MAX_QPS;
 use ncclwasm_proto::handle::ListenHandle;
 use ncclwasm_proto::handle::{HANDLE_SCRATCH, HANDLE_SIZE};

@@ -4,7 +4,7 @@ use ncclwasm_verbs::VerbsError;
 
 use ncclwasm_proto::ProtoError;
 
-use crate::decide::DecisionError;
+use ncclwasm_model::decide::DecisionError;
 
 /// Which `ncclResult_t` an error becomes at the plugin edge: system errors for the OS and the NIC,
 /// invalid argument for a value NCCL passed that cannot be right (a NULL out-pointer, a device

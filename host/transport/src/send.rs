@@ -7,7 +7,6 @@ use ncclwasm_model::Connection;
 use ncclwasm_verbs::{Access, Remote, SendOp, SendWr, Sge};
 
 use crate::comm::{Done, MemHandle, OwnedRegion, Side};
-use crate::decide::Decisions;
 use crate::device::PortCtx;
 use crate::failover::send::Failback;
 use crate::net_error::NetError;
@@ -17,6 +16,7 @@ use crate::profile::{
 use crate::qp::{self, ConnQp};
 use crate::socket::Stream;
 use crate::telemetry::MeterSpec;
+use ncclwasm_model::decide::Decisions;
 use ncclwasm_proto::datapath::{LocalData, Opcode, QpPost, Sender};
 use ncclwasm_proto::failover::FailoverCounters;
 use ncclwasm_proto::fifo::{

@@ -25,12 +25,13 @@ use common::{
     prepared_over_both_ports,
 };
 use ncclwasm_model::Gid;
+use ncclwasm_model::decide::Decisions;
 use ncclwasm_policy::PolicyHost;
 use ncclwasm_testkit::child::{self, say};
 use ncclwasm_testkit::netns::{self, Hosts, ip};
 use ncclwasm_testkit::scratch::Scratch;
 use ncclwasm_transport::oob::OobEnv;
-use ncclwasm_transport::{Decisions, Done, MemHandle, Net, RecvBuf, RecvComm, ReqId, SendComm};
+use ncclwasm_transport::{Done, MemHandle, Net, RecvBuf, RecvComm, ReqId, SendComm};
 use ncclwasm_verbs::DmaBuf;
 
 /// Set in a rank: its number, 0 (the sender, which takes rail 0 down and up) or 1 (the

@@ -7,8 +7,8 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args as ClapArgs;
+use ncclwasm_fabrics::FabricChoice;
 use ncclwasm_model::Topology;
-use ncclwasm_soft::FabricChoice;
 
 use super::pairs::DEPTHS;
 use super::ranks::{Expected, Ranks};
@@ -206,7 +206,7 @@ fn policy_arg(args: &Args) -> Result<PolicyArg, Fail> {
     }
 }
 
-/// `NCCL_WASM_FABRIC` as the plugin reads it (`ncclwasm_soft::FabricChoice`), with `auto` on a
+/// `NCCL_WASM_FABRIC` as the plugin reads it (`ncclwasm_fabrics::FabricChoice`), with `auto` on a
 /// host without RDMA devices settled to the soft fabric, as `ncclwasm devices` shows it.
 fn fabric() -> Result<FabricView, Fail> {
     let settled = FabricChoice::from_env().map_err(Fail::trouble)?.settle();
@@ -274,10 +274,16 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
     let mut env = environment(args, &fabric, topo_path, &policy);
     if args.single_process {
         drop(host);
-        // Unless the caller chose the delivery (`tcp` times the fabric's threads too).
-        let delivery =
-            std::env::var(ncclwasm_soft::ENV_DELIVERY).unwrap_or_else(|_| "in-process".to_owned());
-        env.push((ncclwasm_soft::ENV_DELIVERY.into(), Some(delivery.clone())));
+        // A provider that can deliver in process does, unless the caller chose the delivery
+        // (the soft fabric's `tcp` times the fabric's threads too).
+        let delivery = match fabric.provider.in_process {
+            Some((var, in_process)) => {
+                let value = std::env::var(var).unwrap_or_else(|_| in_process.to_owned());
+                env.push((var.into(), Some(value.clone())));
+                value
+            }
+            None => "own".to_owned(),
+        };
         let measured = Ranks::start_single(
             &[
                 "--plugin".into(),
@@ -325,7 +331,7 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
     // The device of `policy explain`'s sample connection: a vNIC when the policy accepts the
     // sample fusion (the ranks then ask `makeVDevice` for it, as NCCL core does), else NCCL
     // device 0 — always device 0 on the `ib` fabric, whose ports are discovered, not read.
-    let sample = if fabric.name == "soft" {
+    let sample = if fabric.provider.emulated().is_some() {
         Some(report::evaluate(
             &host,
             view.clone(),

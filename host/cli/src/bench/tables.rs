@@ -51,7 +51,9 @@ pub struct BenchReport {
 pub struct PairsReport {
     pub plugin: PluginView,
     pub fabric: FabricView,
-    /// `NCCL_WASM_SOFT_DELIVERY` as the process had it (`in-process` unless the caller chose).
+    /// How work requests travel: the value of the provider's variable for it as the process had
+    /// it (the soft fabric's `NCCL_WASM_SOFT_DELIVERY`: `in-process` unless the caller chose), or
+    /// `own` for a provider without one.
     pub delivery: String,
     /// This plugin's policy: what a library that reports its plan ran (another plugin has
     /// its own decisions).
@@ -474,13 +476,11 @@ pub fn render_pairs(r: &PairsReport) -> String {
             "not this plugin (no ncclwasm_send_comm_stats): fabric, policy and topology are its own; it reaches the soft fabric only through a libibverbs.so.1 on LD_LIBRARY_PATH",
         ),
     };
-    out += &field(
-        "delivery",
-        &format!(
-            "NCCL_WASM_SOFT_DELIVERY={} (the soft provider's)",
-            r.delivery
-        ),
-    );
+    let delivery = match r.fabric.provider.in_process {
+        Some((var, _)) => format!("{var}={} (the {} provider's)", r.delivery, r.fabric.name),
+        None => format!("the {} provider's own", r.fabric.name),
+    };
+    out += &field("delivery", &delivery);
     out.push('\n');
     out += &devices_section(&r.devices);
     out.push('\n');

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use ncclwasm_model::decide::{Decided, DecisionError, Decisions};
 use ncclwasm_model::{
     ConnPlan, Connection, DeviceGroup, DeviceSelection, GidChoice, Port, PortAnswer, PortEvent,
     PortState, QpPlan, Topology, VnicAnswer,
@@ -17,7 +18,7 @@ use ncclwasm_model::{
 use ncclwasm_policy::{PolicyHost, Settings};
 use ncclwasm_testkit::child;
 use ncclwasm_transport::oob::OobEnv;
-use ncclwasm_transport::{Decided, DecisionError, Decisions, Net, NetConfig};
+use ncclwasm_transport::{Net, NetConfig};
 
 use super::{Connections, NcclDevice, PolicyView, choose, device_table, evaluate, nccl_devices};
 

@@ -21,11 +21,11 @@ use ncclwasm_proto::failover::MAX_FAILOVER_SLICES;
 use ncclwasm_proto::handshake::{Control, LocalQp};
 use ncclwasm_proto::message::{Message, QpInfo, Rejoin};
 
-use crate::decide::Decisions;
 use crate::device::PortCtx;
 use crate::net_error::NetError;
 use crate::qp::ConnQp;
 use crate::socket::Stream;
+use ncclwasm_model::decide::Decisions;
 
 /// Whether the connection `conn` with plan `plan` runs prepared for failover: when its QPs span
 /// two local ports or more, its stripe fits a failover record, and the policy, asked about a

@@ -7,6 +7,7 @@ pub mod nodes;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ncclwasm_model::decide::{Decided, DecisionError, Decisions};
 use ncclwasm_model::{
     ConnPlan, Connection, DeviceGroup, DeviceSelection, Gid, GidChoice, Port, PortAnswer,
     PortEvent, PortState, QpPlan, VnicAnswer,
@@ -14,8 +15,8 @@ use ncclwasm_model::{
 use ncclwasm_policy::PolicyHost;
 use ncclwasm_transport::oob::OobEnv;
 use ncclwasm_transport::{
-    CommConfig, Decided, DecisionError, Decisions, Done, HANDLE_SIZE, Listener, MemHandle, Net,
-    NetConfig, NetError, RecvBuf, RecvComm, ReqId, SendComm,
+    CommConfig, Done, HANDLE_SIZE, Listener, MemHandle, Net, NetConfig, NetError, RecvBuf,
+    RecvComm, ReqId, SendComm,
 };
 use ncclwasm_verbs::{Context, DmaBuf};
 

@@ -1,21 +1,20 @@
-//! Where the transport's decisions come from: the [`Decisions`] trait.
+//! Where the data path's decisions come from: the [`Decisions`] trait.
 //!
-//! The transport says what it needs decided and when; it does not know who decides. The policy
-//! engine implements the trait (`ncclwasm-policy`'s `PolicyHost`, wired in by the plugin; the
-//! implementation is in `policy_host.rs` behind the `policy` feature), so the data path builds and
-//! runs without wasmtime, and the failure model (fail open to the built-in default, or fail
-//! closed) lives behind the trait in one place instead of being re-implemented by its callers.
+//! The transport says what it needs decided and when; it does not know who decides. The trait
+//! lives here, in the vocabulary both sides share, so neither owns the seam: the policy engine
+//! implements it (`ncclwasm-policy`'s `PolicyHost`, in its `decisions` module) and the plugin
+//! hands that implementation to the transport, which builds and runs without wasmtime. The
+//! failure model (fail open to the built-in default, or fail closed) lives behind the trait in
+//! one place instead of being re-implemented by its callers.
 //! `docs/architecture.md`, "Where decisions enter", lists when each method is called. The trait
 //! has one method per hook of `ncclwasm_model::for_each_hook!`, generated from that list.
 
 use std::fmt;
 use std::sync::Arc;
 
-use ncclwasm_model::device_table::RailPlane;
-use ncclwasm_model::telemetry::TelemetrySource;
-use ncclwasm_model::{
-    Connection, DeviceSelection, Gid, Port, PortAnswer, PortEvent, PortState, QpPlan,
-};
+use crate::device_table::RailPlane;
+use crate::telemetry::TelemetrySource;
+use crate::{Connection, DeviceSelection, Gid, Port, PortAnswer, PortEvent, PortState, QpPlan};
 
 /// A decision that could not be made: a policy fault under `NCCL_WASM_POLICY_FAILURE=closed`,
 /// an invalid setting. The implementation's own error, which says what to do.
@@ -112,4 +111,4 @@ macro_rules! decision_method {
     };
 }
 
-ncclwasm_model::for_each_hook!(decisions_trait);
+crate::for_each_hook!(decisions_trait);

@@ -1,18 +1,18 @@
-//! The policy engine as the transport's [`Decisions`] (the `policy` feature): each method asks
-//! the [`PolicyHost`], which applies the failure model, and keeps its reason and source. The hook
-//! methods are generated from `ncclwasm_model::for_each_hook!`.
+//! The policy engine as the data path's [`Decisions`] (the trait is `model`'s, so the transport
+//! that asks never names this crate): each method asks the [`PolicyHost`], which applies the
+//! failure model, and keeps its reason and source. The hook methods are generated from
+//! `ncclwasm_model::for_each_hook!`.
 
 use std::sync::Arc;
 
+use ncclwasm_model::decide::{Decided, DecisionError, Decisions};
 use ncclwasm_model::device_table::RailPlane;
 use ncclwasm_model::telemetry::TelemetrySource;
 use ncclwasm_model::{
     Connection, DeviceSelection, Gid, Port, PortAnswer, PortEvent, PortState, QpPlan,
 };
-use ncclwasm_policy::{Decision, PolicyError, PolicyHost};
 
-use crate::decide::{Decided, DecisionError, Decisions};
-use crate::net_error::NetError;
+use crate::{Decision, PolicyError, PolicyHost};
 
 fn decided<T>(d: Decision<T>) -> Decided<T> {
     Decided {
@@ -94,9 +94,3 @@ macro_rules! forward_to_host {
 }
 
 ncclwasm_model::for_each_hook!(decisions_for_policy_host);
-
-impl From<PolicyError> for NetError {
-    fn from(e: PolicyError) -> NetError {
-        NetError::Decision(Box::new(e))
-    }
-}
