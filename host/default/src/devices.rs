@@ -45,9 +45,9 @@ pub fn select_devices(cfg: &IbConfig, ports: &[Port]) -> DeviceSelection {
         }
     }
     let order = if cfg.device_pci_order {
-        // Stable, so ports with the same key (ports of one device, a Data Direct twin) keep
-        // discovery order, as glibc's merge-sort `qsort` keeps them.
-        chosen.sort_by_key(|p| pci_order_key(&p.pci_path));
+        // Stable, so ports with the same key (ports of one device) keep discovery order, as
+        // glibc's merge-sort `qsort` keeps them.
+        chosen.sort_by_key(|p| pci_order_key(&p.full_pci_path));
         "in PCI order (NCCL_IB_DEVICE_PCI_ORDER=1)"
     } else {
         "in discovery order (NCCL_IB_DEVICE_PCI_ORDER=0)"
@@ -98,12 +98,9 @@ pub fn select_devices(cfg: &IbConfig, ports: &[Port]) -> DeviceSelection {
 
 /// Where NCCL 2.30 sorts a port (`ncclIbCompareDevs`): ports without a PCI path last, the
 /// others by the last component of the path read as a number (`pciPathToInt64`: its hex digits,
-/// `:` and `.` skipped, so `0000:5e:00.2` is 0x5e002).
-///
-/// NCCL reads the unmerged path; a [`Port`] carries the merged one (function digit, and with
-/// `NCCL_IB_MERGE_VFS` the device number, zeroed), so functions and VFs of one card tie here and
-/// keep discovery order where NCCL orders them by function (see "Compatibility with NCCL's IB
-/// transport" in the README).
+/// `:` and `.` skipped, so `0000:5e:00.2` is 0x5e002). `path` is the unmerged one
+/// ([`Port::full_pci_path`], NCCL's `fullPciPath`): on the merged path the functions and VFs of
+/// one card would tie and keep discovery order, where NCCL orders them by function.
 fn pci_order_key(path: &str) -> (bool, i64) {
     if path.is_empty() {
         return (true, 0);
@@ -261,13 +258,13 @@ mod tests {
             let keys = |sel: &DeviceSelection, ports: &[Port]| -> Vec<(bool, i64)> {
                 sel.ports
                     .iter()
-                    .map(|&i| pci_order_key(&ports[i as usize].pci_path))
+                    .map(|&i| pci_order_key(&ports[i as usize].full_pci_path))
                     .collect()
             };
             let k = keys(&again, &reversed);
             assert!(k.windows(2).all(|w| w[0] <= w[1]), "{file}: {k:?}");
-            // Ports that tie (one device's ports, one card's functions) keep discovery order,
-            // so only distinct PCI addresses are compared across the two discovery orders.
+            // Ports that tie (one device's ports) keep discovery order, so only distinct PCI
+            // addresses are compared across the two discovery orders.
             assert_eq!(keys(&sorted, &ports), k, "{file}");
             assert!(again.reason.contains("in PCI order"), "{}", again.reason);
             let kept = select_devices(&cfg(&[("NCCL_IB_DEVICE_PCI_ORDER", "0")]), &reversed);
@@ -278,7 +275,9 @@ mod tests {
                 .collect();
             assert_eq!(kept.ports, active, "{file}: discovery order");
         }
-        // dgx-h100 discovered backwards: NCCL still calls mlx5_0 device 0.
+        // dgx-h100 discovered backwards: NCCL still calls mlx5_0 device 0, and orders the two
+        // functions of the storage NIC (one merged path) by function, as its sort reads the
+        // unmerged path.
         let dgx = corpus("dgx-h100.toml");
         let backwards = rediscovered(&dgx, (0..dgx.len()).rev());
         let sel = select_devices(&cfg(&[]), &backwards);
@@ -286,9 +285,8 @@ mod tests {
             names(&sel, &backwards),
             [
                 "mlx5_0:1", "mlx5_1:1", "mlx5_2:1", "mlx5_3:1", "mlx5_4:1", "mlx5_5:1", "mlx5_6:1",
-                "mlx5_7:1", "mlx5_9:1", "mlx5_8:1"
-            ],
-            "mlx5_8/9 share a merged path, so they keep discovery order"
+                "mlx5_7:1", "mlx5_8:1", "mlx5_9:1"
+            ]
         );
     }
 
@@ -304,9 +302,25 @@ mod tests {
             "a VMD domain of five digits"
         );
         let mut ports = eth_ports(&["a", "b", "c"]);
-        ports[1].pci_path = "/sys/devices/pci0000:00/0000:00:01.0/0000:20:00.0".into();
-        ports[2].pci_path = "/sys/devices/pci0000:00/0000:00:01.0/0000:10:00.0".into();
+        for (p, bus) in ports[1..].iter_mut().zip(["20", "10"]) {
+            p.full_pci_path = format!("/sys/devices/pci0000:00/0000:00:01.0/0000:{bus}:00.0");
+            p.pci_path = p.full_pci_path.clone();
+        }
         assert_eq!(select_devices(&cfg(&[]), &ports).ports, [2, 1, 0]);
+    }
+
+    /// Issue 33, point 6: NCCL sorts on the unmerged path, so the functions of one card (one
+    /// merged path) are ordered by function, not kept in discovery order: a card whose
+    /// function 1, or whose VF, is discovered first still has its function 0 first.
+    #[test]
+    fn functions_of_one_card_sort_by_function_whatever_the_discovery_order() {
+        for (file, first) in [("dual-port.toml", "mlx5_0:1"), ("pf-vf.toml", "mlx5_0:1")] {
+            let ports = corpus(file);
+            assert_eq!(ports[0].pci_path, ports[1].pci_path, "{file}: one card");
+            let reversed = rediscovered(&ports, [1, 0].into_iter());
+            let sel = select_devices(&cfg(&[]), &reversed);
+            assert_eq!(names(&sel, &reversed)[0], first, "{file}");
+        }
     }
 
     /// Issue 21, point 5: an `NCCL_IB_HCA` that selects nothing, or ports that are all down,

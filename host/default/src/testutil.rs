@@ -67,6 +67,7 @@ pub fn port(
         mtu: 4096,
         lid: 1,
         pci_path: String::new(),
+        full_pci_path: String::new(),
         guid: 1,
         numa_node: 0,
         max_qps: 1 << 18,

@@ -91,7 +91,8 @@ pub struct Member {
 /// One device of the table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TableDevice {
-    /// Unique across the table (`props.name`).
+    /// `props.name`, as net_ib names the device: not unique (both verbs ports of a NIC share
+    /// its name, and a fusion asked twice gets the same name twice; see the module doc).
     pub name: String,
     /// `props.port`: the first member's verbs port plus the number of earlier physical devices
     /// on the same card (see the module doc).

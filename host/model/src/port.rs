@@ -65,7 +65,14 @@ pub struct Port {
     pub width: u8,
     pub mtu: u32,
     pub lid: u16,
+    /// The PCI function's path with NCCL's merge rule applied
+    /// ([`crate::topology::merged_pci_path`]): equal for the ports of one card, which is what
+    /// NCCL compares and reports as `props.pciPath`.
     pub pci_path: String,
+    /// The same path as sysfs resolves it, unmerged (net_ib's `fullPciPath`): what NCCL orders
+    /// devices by, so two functions of one card sort by function. Empty exactly when
+    /// `pci_path` is.
+    pub full_pci_path: String,
     pub guid: u64,
     pub numa_node: i32,
     pub max_qps: u32,

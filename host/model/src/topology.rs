@@ -161,7 +161,8 @@ impl Topology {
     /// Every port of every device, in file order, with `index` 0..n: the host's port table.
     ///
     /// `pci_path` has the port/VF merge rule applied with NCCL's default `NCCL_IB_MERGE_VFS=1`
-    /// (see [`merged_pci_path`]), as the WIT `port.pci-path` promises.
+    /// (see [`merged_pci_path`]), as the WIT `port.pci-path` promises; `full_pci_path` is the
+    /// file's path as written.
     pub fn ports(&self) -> Vec<Port> {
         self.entries()
             .enumerate()
@@ -176,6 +177,7 @@ impl Topology {
                 mtu: p.mtu,
                 lid: p.lid,
                 pci_path: merged_pci_path(&dev.pci_path, true),
+                full_pci_path: dev.pci_path.clone(),
                 guid: dev.guid,
                 numa_node: dev.numa_node,
                 max_qps: dev.max_qps,

@@ -388,6 +388,7 @@ mod tests {
             mtu: 4096,
             lid: 0,
             pci_path: String::new(),
+            full_pci_path: String::new(),
             guid: u64::from(index),
             numa_node: 0,
             max_qps: 64,

@@ -69,6 +69,7 @@ pub(crate) fn port(p: &m::Port) -> t::Port {
         mtu: p.mtu,
         lid: p.lid,
         pci_path: p.pci_path.clone(),
+        full_pci_path: p.full_pci_path.clone(),
         guid: p.guid,
         numa_node: p.numa_node,
         max_qps: p.max_qps,

@@ -29,7 +29,7 @@ use ncclwasm_model::{
 
 use crate::convert;
 use crate::engine::{Compilation, Fault, Instance, LOG_TARGET, PolicyEngine, Pool};
-use crate::watch::Watcher;
+use crate::watch::{Publish, Watcher};
 use crate::{FailureCause, FailureMode, Hook, PolicyError, Settings};
 
 /// Which policy version made a decision: what `policy explain` and the INFO logs show.
@@ -222,7 +222,7 @@ fn fitting<T>(asked: Asked<T>, fits: Option<Fits<'_, T>>) -> Result<Asked<T>, Fa
 }
 
 /// State shared by the host, its watcher thread and in-flight calls.
-pub(crate) struct Shared {
+struct Shared {
     settings: Settings,
     ib: IbConfig,
     engine: Arc<PolicyEngine>,
@@ -355,9 +355,7 @@ impl PolicyHost {
             }
         }
         let watcher = match (&shared.settings.policy, shared.settings.reload) {
-            (Some(path), Some(every)) => {
-                Some(Watcher::start(Arc::clone(&shared), path.clone(), every)?)
-            }
+            (Some(path), Some(every)) => Some(Watcher::start(shared.clone(), path.clone(), every)?),
             _ => None,
         };
         Ok(PolicyHost {
@@ -621,22 +619,18 @@ impl Shared {
             .unwrap_or(validate::MAX_QPS_PER_CONNECTION)
     }
 
-    pub(crate) fn swap_path(&self, path: &Path) -> Result<Arc<PolicyId>, PolicyError> {
+    fn swap_path(&self, path: &Path) -> Result<Arc<PolicyId>, PolicyError> {
         let origin = path.display().to_string();
         let bytes = file::read(path, Limit::POLICY).map_err(|source| PolicyError::Read { source });
         self.publish(bytes.and_then(|b| self.load(&b, &origin)), &origin)
     }
 
-    pub(crate) fn swap_bytes(
-        &self,
-        bytes: &[u8],
-        origin: &str,
-    ) -> Result<Arc<PolicyId>, PolicyError> {
+    fn swap_bytes(&self, bytes: &[u8], origin: &str) -> Result<Arc<PolicyId>, PolicyError> {
         self.publish(self.load(bytes, origin), origin)
     }
 
     /// Publish a loaded version with one store, or count and WARN why it was refused.
-    pub(crate) fn publish(
+    fn publish(
         &self,
         loaded: Result<Loaded, PolicyError>,
         origin: &str,
@@ -720,5 +714,17 @@ impl Shared {
             hooks::trial(self, &loaded, &ports)?;
         }
         Ok(loaded)
+    }
+}
+
+/// The watcher's owner: a new file is loaded and tried like any other, a refused one counted.
+impl Publish for Shared {
+    fn changed(&self, bytes: &[u8], origin: &str) {
+        // Refusals are WARNed and counted by `publish`; the old policy stays.
+        let _ = self.swap_bytes(bytes, origin);
+    }
+
+    fn refused(&self, error: PolicyError, origin: &str) {
+        let _ = self.publish(Err(error), origin);
     }
 }

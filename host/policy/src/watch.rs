@@ -30,7 +30,16 @@ use sha2::{Digest, Sha256};
 
 use crate::PolicyError;
 use crate::engine::LOG_TARGET;
-use crate::host::Shared;
+
+/// What the watcher asks of its owner (the policy host), which does the loading: the watcher
+/// only reads the file, so it knows nothing of engines, versions or counters.
+pub(crate) trait Publish: Send + Sync + 'static {
+    /// The file changed: load, try and publish `bytes`, or WARN and count why not (the current
+    /// policy stays).
+    fn changed(&self, bytes: &[u8], origin: &str);
+    /// The file cannot be a policy: WARN and count why (the current policy stays).
+    fn refused(&self, error: PolicyError, origin: &str);
+}
 
 /// Which file the path led to: a change in any of these means "look at the bytes again".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,10 +103,10 @@ impl Poll {
         poll
     }
 
-    fn step(&mut self, shared: &Shared) {
+    fn step(&mut self, owner: &dyn Publish) {
         let opened = match file::open(&self.path, Limit::POLICY) {
             Ok(o) => o,
-            Err(e) => return self.refuse(shared, e),
+            Err(e) => return self.refuse(owner, e),
         };
         let identity = Identity::of(&opened);
         if self.seen.is_some_and(|s| s.identity == identity) {
@@ -106,25 +115,24 @@ impl Poll {
         }
         let bytes = match opened.read() {
             Ok(b) => b,
-            Err(e) => return self.refuse(shared, e),
+            Err(e) => return self.refuse(owner, e),
         };
         self.refused = None;
         let sha: [u8; 32] = Sha256::digest(&bytes).into();
         let changed = self.seen.is_none_or(|s| s.sha != sha);
         self.seen = Some(Seen { identity, sha });
         if changed {
-            // Refusals are WARNed and counted by `swap_bytes`; the old policy stays.
-            let _ = shared.swap_bytes(&bytes, &self.origin);
+            owner.changed(&bytes, &self.origin);
         }
     }
 
     /// WARNs and counts a file that cannot be a policy; the current policy stays. `seen` is
     /// kept, so the file it came from coming back is not loaded again.
-    fn refuse(&mut self, shared: &Shared, e: FileError) {
+    fn refuse(&mut self, owner: &dyn Publish, e: FileError) {
         let text = e.to_string();
         if self.refused.as_ref() != Some(&text) {
             self.refused = Some(text);
-            let _ = shared.publish(Err(PolicyError::Read { source: e }), &self.origin);
+            owner.refused(PolicyError::Read { source: e }, &self.origin);
         }
     }
 }
@@ -136,9 +144,10 @@ pub(crate) struct Watcher {
 }
 
 impl Watcher {
-    /// Start watching `path`. What is there now counts as seen (the host just loaded it).
+    /// Start watching `path` for `owner`. What is there now counts as seen (the owner just
+    /// loaded it).
     pub(crate) fn start(
-        shared: Arc<Shared>,
+        owner: Arc<dyn Publish>,
         path: PathBuf,
         every: Duration,
     ) -> Result<Watcher, PolicyError> {
@@ -147,7 +156,7 @@ impl Watcher {
         let mut poll = Poll::new(path);
         let thread = std::thread::Builder::new()
             .name("ncclwasm-watch".into())
-            .spawn(move || run(&flag, every, || poll.step(&shared)))
+            .spawn(move || run(&flag, every, || poll.step(&*owner)))
             .map_err(|e| {
                 PolicyError::Engine(format!("cannot start the policy watcher thread: {e}"))
             })?;
@@ -159,9 +168,9 @@ impl Watcher {
 }
 
 /// Calls `step` every `every` until `stop`. A panic in a step is WARNed and the loop goes on:
-/// a step only reads the file and publishes through `Shared` (one atomic store), so what a
-/// panic can leave half-updated is the poll's own memory of the file, which at worst makes the
-/// next step look at the file again.
+/// a step only reads the file and hands it to its owner (which publishes with one atomic
+/// store), so what a panic can leave half-updated is the poll's own memory of the file, which
+/// at worst makes the next step look at the file again.
 fn run(stop: &AtomicBool, every: Duration, mut step: impl FnMut()) {
     loop {
         std::thread::park_timeout(every);

@@ -77,6 +77,7 @@ fn ports() -> Vec<Port> {
                 mtu: 4096,
                 lid: if eth { 0 } else { i as u16 + 1 },
                 pci_path: format!("/sys/devices/pci0000:00/0000:00:0{i}.0"),
+                full_pci_path: format!("/sys/devices/pci0000:00/0000:00:0{i}.0"),
                 guid: 0x1000 + u64::from(i),
                 numa_node: (i / 4) as i32,
                 max_qps: 1 << 16,

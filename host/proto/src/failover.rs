@@ -250,6 +250,12 @@ impl Arrivals {
     }
 }
 
+/// The use count a prepared connection carries for the message at `cursor`: the slot's uses
+/// modulo [`USE_MODULUS`], as many as an [`ImmTag`] has bits for.
+pub fn use_count(cursor: FifoCursor) -> u16 {
+    (cursor.uses() % u64::from(USE_MODULUS)) as u16
+}
+
 /// A slot's arrival record as the receiver publishes it: bit 63 set once the slot was used, the
 /// use count in bits 32..48, the arrived slices in bits 0..32. Zero for a slot never used.
 pub fn record_word(use_count: u16, seen: u32) -> u64 {
@@ -433,7 +439,7 @@ impl SendFailover {
                     detail: format!("send completion wr_id {wr_id:#x} is not a failover tag"),
                 })?;
         let s = &mut self.slots[usize::from(tag.slot)];
-        if !s.live || s.cursor.use_count() != tag.use_count || usize::from(tag.slice) >= s.slices {
+        if !s.live || use_count(s.cursor) != tag.use_count || usize::from(tag.slice) >= s.slices {
             // The acknowledgement of a slice written twice, for a message already settled.
             return Ok(());
         }
@@ -646,7 +652,7 @@ impl SendFailover {
             }
             // The receiver expects a slot's message before its CTS is written, so a record of
             // another use means it moved past this message: every slice arrived.
-            let same_use = w >> 63 == 1 && (w >> 32) as u16 == s.cursor.use_count();
+            let same_use = w >> 63 == 1 && (w >> 32) as u16 == use_count(s.cursor);
             let seen = if same_use { w as u32 } else { u32::MAX };
             let mut confirmed = 0;
             for i in 0..s.slices {

@@ -110,9 +110,9 @@ pub const SIZES_SLOT_BYTES: usize = MAX_RECVS * size_of::<u32>();
 /// Bytes of the whole sizes FIFO the receiver registers (and of the sender's staging copy).
 pub const SIZES_FIFO_BYTES: usize = ARRIVALS_OFFSET + MAX_REQUESTS * size_of::<u64>();
 /// Where the receiver's arrival record starts in its sizes FIFO region: one little-endian
-/// `u64` per slot (`crate::failover::record_word`), which a sender prepared for failover reads
-/// with one RDMA READ after a QP failed. The sender's staging copy of the region receives that
-/// read at the same offset.
+/// `u64` per slot (the failover module's `record_word`), which a sender prepared for failover
+/// reads with one RDMA READ after a QP failed. The sender's staging copy of the region receives
+/// that read at the same offset.
 pub const ARRIVALS_OFFSET: usize = MAX_REQUESTS * SIZES_SLOT_BYTES;
 
 /// A position in the sequence of `irecv`s of one connection: the receiver's tail (next slot to
@@ -146,10 +146,11 @@ impl FifoCursor {
         (self.slot() * SIZES_SLOT_BYTES) as u64
     }
 
-    /// How many times the slot was used before, modulo [`crate::failover::USE_MODULUS`]: what
-    /// tells a message in a slot from the slot's previous and next messages.
-    pub fn use_count(self) -> u16 {
-        ((self.0 / MAX_REQUESTS as u64) % u64::from(crate::failover::USE_MODULUS)) as u16
+    /// How many times the slot was used before this position: what tells a message in a slot
+    /// from the slot's previous and next messages. A prepared connection carries it in fewer
+    /// bits (the failover module's `use_count`).
+    pub fn uses(self) -> u64 {
+        self.0 / MAX_REQUESTS as u64
     }
 
     pub(crate) fn advance(&mut self) {

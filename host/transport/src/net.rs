@@ -96,7 +96,8 @@ pub struct DeviceProps {
     /// The device table's port number: the first port's verbs port plus its earlier devices
     /// on the same card.
     pub port: u8,
-    /// Connections the device can carry (its QP limit).
+    /// Connections the device can carry: its first port's device QP limit (`max_qp`), for a
+    /// vNIC too, as net_ib reports it.
     pub max_comms: u32,
     pub link_layer: LinkLayer,
     /// The physical NCCL devices it is made of (`vProps`): itself for a physical device.
@@ -585,9 +586,10 @@ fn max_qps(ports: &[PortCtx]) -> u32 {
 }
 
 /// The properties of device `device` of the table, made of the ports `members` (indices into
-/// `ports`): its name, port, PCI path and children are the table's; for fused devices the
-/// speeds add up and the rest is the first port's (`ncclIbGetProperties`,
-/// `ncclIbMakeVDeviceInternal`).
+/// `ports`): its name, port, PCI path, children, rail and plane are the table's; for fused
+/// devices the speeds add up and the rest is the first port's, its QP limit (`maxComms`)
+/// included, as `ncclIbGetProperties` reads a vNIC's properties from its first child
+/// (`ncclIbMakeVDeviceInternal` sums only the speed).
 fn props_of(ports: &[PortCtx], members: &[usize], device: &TableDevice) -> DeviceProps {
     let first = &ports[members[0]].port;
     let gpu = &ports[members[0]].dev.gpu;
@@ -598,11 +600,7 @@ fn props_of(ports: &[PortCtx], members: &[usize], device: &TableDevice) -> Devic
         guid: first.guid.to_be(),
         speed_mbps: members.iter().map(|&m| ports[m].port.speed_mbps).sum(),
         port: device.port,
-        max_comms: members
-            .iter()
-            .map(|&m| ports[m].dev.attr.max_qp)
-            .min()
-            .unwrap_or(0),
+        max_comms: ports[members[0]].dev.attr.max_qp,
         link_layer: first.link_layer,
         children: device.children.clone(),
         ids: device.ids,

@@ -76,14 +76,16 @@ fn a_gid_index_some_ports_lack_fails_only_their_connections() {
 /// Points 2 and 3: names and `props.port` as net_ib 2.30 reports them, in its PCI order (the
 /// down port of `mixed-ib-roce`'s `mlx5_3` is not a device). The
 /// two functions of a dual-port card, and a physical and a virtual function of one card, are
-/// ports 1 and 2; the second verbs port of `mlx4_0` keeps the NIC's name and is port 3 (its
+/// ports 1 and 2, in function order whatever the discovery order; the second verbs port of `mlx4_0` keeps the NIC's name and is port 3 (its
 /// port 2 plus the earlier device on the card). (A vNIC's name: `device_table`'s tests.)
 #[test]
 fn devices_are_named_and_numbered_as_net_ib_reports_them() {
     const TEST: &str = "devices_are_named_and_numbered_as_net_ib_reports_them";
-    let cases: [(&str, &[(&str, u8)]); 3] = [
+    let cases: [(&str, &[(&str, u8)]); 4] = [
         ("dual-port.toml", &[("mlx5_0", 1), ("mlx5_1", 2)]),
         ("pf-vf.toml", &[("mlx5_0", 1), ("mlx5_2", 2)]),
+        // Function 1 discovered first: NCCL's sort reads the unmerged path (issue 33).
+        ("swapped-functions.toml", &[("mlx5_1", 1), ("mlx5_0", 2)]),
         (
             "mixed-ib-roce.toml",
             &[
@@ -119,4 +121,25 @@ fn devices_are_named_and_numbered_as_net_ib_reports_them() {
         assert_eq!(got, expected, "{file}");
         return;
     }
+}
+
+/// Issue 33, point 6: a vNIC's properties other than name, speed, rail and plane are its first
+/// child's, as `ncclIbGetProperties` reads them: on `pf-vf` (PF 131072 QPs, VF 65536) the
+/// fusion PF+VF reports the PF's `maxComms`, VF+PF the VF's.
+#[test]
+fn a_vnic_reports_its_first_childs_max_comms() {
+    const TEST: &str = "a_vnic_reports_its_first_childs_max_comms";
+    let path = ncclwasm_testkit::topology("pf-vf.toml");
+    let path = path.to_str().expect("a UTF-8 path");
+    if rerun_with_env(TEST, &[("NCCL_WASM_TOPOLOGY", path)]) {
+        return;
+    }
+    let net = net();
+    let max_comms = |dev: u32| net.properties(i64::from(dev)).expect("a device").max_comms;
+    assert_eq!((max_comms(0), max_comms(1)), (131_072, 65_536));
+    let pf_vf = net.make_vdevice(&[0, 1]).expect("a fusion");
+    let vf_pf = net.make_vdevice(&[1, 0]).expect("a fusion");
+    assert_eq!((max_comms(pf_vf), max_comms(vf_pf)), (131_072, 65_536));
+    let speed = net.properties(i64::from(pf_vf)).unwrap().speed_mbps;
+    assert_eq!(speed, 200_000, "the speeds add up");
 }

@@ -257,7 +257,9 @@ pub struct DeviceAttr {
     pub max_mr_size: u64,
     pub max_qp_rd_atom: u32,
     pub phys_port_cnt: u8,
-    /// `sys_image_guid` in host order (as `ibv_devinfo` prints it; NCCL's `props->guid`).
+    /// `sys_image_guid` in host order (as `ibv_devinfo` prints it). NCCL's `props->guid` is the
+    /// value verbs returns, in network byte order: the transport turns it back when it reports
+    /// a device.
     pub sys_image_guid: u64,
     pub node_guid: u64,
     pub vendor_id: u32,

@@ -52,10 +52,12 @@ fn discover_device(
 ) -> crate::error::Result<()> {
     let name = ctx.name();
     let dev = ctx.query_device()?;
-    let pci_path = sysfs
-        .pci_path(name)
-        .map(|p| merged_pci_path(&p, merge_vfs))
-        .unwrap_or_default();
+    let full_pci_path = sysfs.pci_path(name).unwrap_or_default();
+    let pci_path = if full_pci_path.is_empty() {
+        String::new()
+    } else {
+        merged_pci_path(&full_pci_path, merge_vfs)
+    };
     let numa_node = sysfs.numa_node(name);
     let provider = sysfs
         .driver(name)
@@ -97,6 +99,7 @@ fn discover_device(
             mtu: attr.mtu,
             lid: attr.lid,
             pci_path: pci_path.clone(),
+            full_pci_path: full_pci_path.clone(),
             guid: dev.sys_image_guid,
             numa_node,
             max_qps: dev.max_qp,

@@ -71,6 +71,7 @@ impl From<wit::Port> for model::Port {
             mtu: p.mtu,
             lid: p.lid,
             pci_path: p.pci_path,
+            full_pci_path: p.full_pci_path,
             guid: p.guid,
             numa_node: p.numa_node,
             max_qps: p.max_qps,
@@ -408,6 +409,7 @@ mod tests {
             mtu: 4096,
             lid: 11,
             pci_path: "/sys/devices/x".into(),
+            full_pci_path: "/sys/devices/x.1".into(),
             guid: 0xabc,
             numa_node: -1,
             max_qps: 1 << 17,
@@ -425,9 +427,10 @@ mod tests {
             (400_000, 4, 4096, 11)
         );
         assert_eq!(
-            (p.pci_path.as_str(), p.guid, p.numa_node),
-            ("/sys/devices/x", 0xabc, -1)
+            (p.pci_path.as_str(), p.full_pci_path.as_str()),
+            ("/sys/devices/x", "/sys/devices/x.1")
         );
+        assert_eq!((p.guid, p.numa_node), (0xabc, -1));
         assert_eq!((p.max_qps, p.provider.as_str()), (1 << 17, "mlx5"));
         assert_eq!(p.gids[1].raw[15], 1);
         assert!(p.gids[1].is_link_local());

@@ -228,6 +228,7 @@ mod tests {
             mtu: 1024,
             lid: 0,
             pci_path: String::new(),
+            full_pci_path: String::new(),
             guid: 0,
             numa_node: -1,
             max_qps: 1,

@@ -34,7 +34,7 @@ impl Topology {
                 _ => devices.push(Device {
                     name: p.device.clone(),
                     provider: p.provider.clone(),
-                    pci_path: p.pci_path.clone(),
+                    pci_path: p.full_pci_path.clone(),
                     guid: p.guid,
                     numa_node: p.numa_node,
                     max_qps: p.max_qps,

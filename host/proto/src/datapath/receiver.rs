@@ -4,7 +4,7 @@
 
 use super::{Rotation, unprepared};
 use crate::error::ProtoError;
-use crate::failover::{Arrival, CTS_WR_ID, ImmTag, RecvFailover};
+use crate::failover::{self, Arrival, CTS_WR_ID, ImmTag, RecvFailover};
 use crate::fifo::{ARRIVALS_OFFSET, CtsEntry, FifoCursor};
 use crate::handshake::{QpRoute, RecvSetup};
 use crate::message::RemoteWindow;
@@ -315,7 +315,7 @@ impl Receiver {
         let mut record = None;
         let (qp, signaled) = match self.failover.as_deref_mut() {
             Some(f) => {
-                f.arrivals.expect(slot.slot(), slot.use_count())?;
+                f.arrivals.expect(slot.slot(), failover::use_count(slot))?;
                 f.slot_req[slot.slot()] = Some(req);
                 f.entries[slot.slot()] = (entries, n, slot);
                 record = Some((record_offset(slot.slot()), f.arrivals.word(slot.slot())));

@@ -4,7 +4,7 @@
 use ncclwasm_model::{ConnPlan, Stripes};
 
 use crate::MAX_RECVS;
-use crate::failover::ImmTag;
+use crate::failover::{self, ImmTag};
 use crate::fifo::{CtsEntry, FifoCursor};
 use crate::handshake::QpRoute;
 use crate::message::RemoteWindow;
@@ -168,7 +168,7 @@ impl SlotWork<'_> {
                         slot: self.slot.slot() as u8,
                         slice: slice as u8,
                         slices: self.plan.stripe_count() as u8,
-                        use_count: self.slot.use_count(),
+                        use_count: failover::use_count(self.slot),
                     }
                     .pack();
                     // A tagged slice is acknowledged by its tag, whichever QP carried it.

@@ -933,6 +933,7 @@ pub fn discovery_matches_topology(b: Backend) {
             // device directory for numa_node and driver).
             if w.pci_path.is_empty() {
                 p.pci_path.clear();
+                p.full_pci_path.clear();
             }
             p
         };
