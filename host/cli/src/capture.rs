@@ -8,7 +8,7 @@ use clap::Args as ClapArgs;
 use ncclwasm_model::Topology;
 
 use crate::fail::{Fail, Outcome};
-use crate::live;
+use ncclwasm_inspect::live;
 
 #[derive(Debug, ClapArgs)]
 pub struct Args {

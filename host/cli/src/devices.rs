@@ -10,10 +10,10 @@ use ncclwasm_model::{Gid, GidType, LinkLayer, Port, PortState, topology};
 use serde::Serialize;
 
 use crate::fail::{Fail, Outcome};
-use crate::live::{self, FabricView};
-use crate::render::{self, Table, field};
-use crate::report::{self, Report};
-use crate::setup::{self, ConfigArgs, DEFAULT_SIZES, PolicyArg};
+use ncclwasm_inspect::live::{self, FabricView};
+use ncclwasm_inspect::render::{self, Table, field, json};
+use ncclwasm_inspect::report::{self, Report};
+use ncclwasm_inspect::setup::{self, ConfigArgs, DEFAULT_SIZES, PolicyArg};
 
 #[derive(Debug, ClapArgs)]
 pub struct Args {
@@ -105,21 +105,11 @@ impl From<&Port> for PortView {
     }
 }
 
-/// `--policy`, else `NCCL_WASM_POLICY` as the plugin reads it, else the built-in default.
-pub fn policy(arg: Option<&PolicyArg>) -> PolicyArg {
-    match arg {
-        Some(p) => p.clone(),
-        None => std::env::var_os(ncclwasm_policy::ENV_POLICY)
-            .filter(|p| !p.is_empty())
-            .map_or(PolicyArg::Builtin, |p| PolicyArg::File(PathBuf::from(p))),
-    }
-}
-
 pub fn run(args: &Args) -> Result<Outcome, Fail> {
     let live = live::discover()?;
     let (host, view) = setup::host(
         setup::settings(&args.config)?,
-        &policy(args.policy.as_ref()),
+        &PolicyArg::or_from_env(args.policy.as_ref()),
     )?;
     let telemetry = setup::telemetry(args.telemetry.as_deref(), &live.ports)?;
     if let Some(t) = &telemetry {
@@ -146,7 +136,7 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
         report,
     };
     let text = if args.json {
-        crate::json(&devices)?
+        json(&devices)?
     } else {
         render(&devices)
     };

@@ -12,9 +12,9 @@ use serde::Serialize;
 
 use crate::explain::{Item, items};
 use crate::fail::{Exit, Fail, Outcome};
-use crate::render::field;
-use crate::report::{self, PolicyView, Report, TopologyView};
-use crate::setup::{self, ConfigArgs, MachineArgs, PolicyArg};
+use ncclwasm_inspect::render::{field, json};
+use ncclwasm_inspect::report::{self, PolicyView, Report, TopologyView};
+use ncclwasm_inspect::setup::{self, ConfigArgs, MachineArgs, PolicyArg};
 
 #[derive(Debug, ClapArgs)]
 pub struct Args {
@@ -78,7 +78,7 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
         Exit::No
     };
     let text = if args.json {
-        crate::json(&diff)?
+        json(&diff)?
     } else {
         render(&diff)
     };
@@ -193,7 +193,7 @@ pub fn render(d: &Diff) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::corpus_report;
+    use crate::corpus::corpus_report;
 
     #[test]
     fn equal_reports_have_no_differences() {

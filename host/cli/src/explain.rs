@@ -1,14 +1,19 @@
 //! `ncclwasm policy explain`: every decision a policy makes on a machine, with its reason and
 //! source, the plan of a sample connection and how messages are striped over it.
 
+mod connection;
+mod items;
+
 use clap::Args as ClapArgs;
-use ncclwasm_model::{NetAttr, PortAnswer, PortChange};
-use serde::Serialize;
+use ncclwasm_model::NetAttr;
 
 use crate::fail::{Exit, Fail, Outcome};
-use crate::render::{self, Table, field};
-use crate::report::{self, Connections, PortGid, Report, SourceView, VnicValue};
-use crate::setup::{self, ConfigArgs, DEFAULT_SIZES, MachineArgs, PolicyArg};
+use connection::{connection_section, connections_section, port_events_section, striping_section};
+pub(crate) use connection::{port_answer, qp_pairs};
+pub(crate) use items::{Item, fault, items};
+use ncclwasm_inspect::render::{self, Table, field, json};
+use ncclwasm_inspect::report::{self, Connections, PortGid, Report, SourceView, VnicValue};
+use ncclwasm_inspect::setup::{self, ConfigArgs, DEFAULT_SIZES, MachineArgs, PolicyArg};
 
 #[derive(Debug, ClapArgs)]
 pub struct Args {
@@ -121,7 +126,7 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
         )));
     }
     let text = if args.json {
-        crate::json(&report)?
+        json(&report)?
     } else {
         render(&report)
     };
@@ -433,335 +438,11 @@ fn fused_section(r: &Report) -> String {
     out
 }
 
-fn connection_section(c: &report::ConnectionView) -> String {
-    let plan = &c.plan.decided;
-    let mut out = field(
-        "connection",
-        &format!(
-            "device {} ({}) to peer device {} ({}, {} port(s)): {} QP(s)",
-            c.device,
-            c.device_name,
-            c.peer_device,
-            c.peer_device_name,
-            c.peer.len(),
-            plan.value.qps.len()
-        ),
-    );
-    out += &field("  source", &plan.source.text);
-    if let Some(hint) = &c.net_attr {
-        out += &field("  hint", &format!("setNetAttr: {}", hint_text(hint)));
-    }
-    let mut t = Table::new(2, &["qp", "local", "gid", "remote", "gid", "weight"]);
-    for (i, qp) in plan.value.qps.iter().enumerate() {
-        let end = |list: &[report::EndpointView], k: u32| {
-            list.get(k as usize)
-                .map_or((format!("#{k}?"), String::new()), |e| {
-                    (e.name.clone(), format!("{} {}", e.gid_index, e.address))
-                })
-        };
-        let (local, lgid) = end(&c.local, qp.local);
-        let (remote, rgid) = end(&c.peer, qp.remote);
-        t.row(vec![
-            i.to_string(),
-            local,
-            lgid,
-            remote,
-            rgid,
-            qp.weight.to_string(),
-        ]);
-    }
-    out += &t.render();
-    let mut t = Table::new(2, &["plan", "value", "source", "why"]);
-    for row in report::plan_rows(&c.plan) {
-        t.row(vec![
-            row.label.to_owned(),
-            row.value,
-            row.source,
-            if row.reason.is_empty() {
-                "-".to_owned()
-            } else {
-                row.reason
-            },
-        ]);
-    }
-    out + &t.render()
-}
-
-/// Every device's connection in one table (`--all-connections`): what a rail policy is judged
-/// by. Reasons shared by several connections are printed once.
-fn connections_section(all: &[report::ConnectionView]) -> String {
-    let out = field(
-        "connections",
-        &format!("{} device(s) to the peer", all.len()),
-    );
-    // The policy's own words when it planned; the built-in's whole reason otherwise.
-    let whys: Vec<&str> = all
-        .iter()
-        .map(|c| {
-            c.plan
-                .policy_reason
-                .as_deref()
-                .unwrap_or(&c.plan.decided.reason)
-        })
-        .collect();
-    let reasons = Reasons::new(whys.iter().copied());
-    let mut header = vec!["dev", "name", "peer", "qps", "tc/sl", "source"];
-    if reasons.column() {
-        header.push("why");
-    }
-    let mut t = Table::new(2, &header);
-    for (c, w) in all.iter().zip(&whys) {
-        let plan = &c.plan.decided.value;
-        let mut row = vec![
-            c.device.to_string(),
-            c.device_name.clone(),
-            format!("{} {}", c.peer_device, c.peer_device_name),
-            qp_pairs(c),
-            format!("{}/{}", plan.tc, plan.sl),
-            c.plan.decided.source.label(),
-        ];
-        if reasons.column() {
-            row.push(reasons.mark(w));
-        }
-        t.row(row);
-    }
-    out + &t.render() + &reasons.render()
-}
-
-/// A plan's QPs as `local>remote` port names, with ` xW` weights when they are not all 1.
-pub(crate) fn qp_pairs(c: &report::ConnectionView) -> String {
-    let plan = &c.plan.decided.value;
-    let weighted = plan.qps.iter().any(|q| q.weight != 1);
-    let name = |list: &[report::EndpointView], k: u32| {
-        list.get(k as usize)
-            .map_or(format!("#{k}"), |e| e.name.clone())
-    };
-    plan.qps
-        .iter()
-        .map(|q| {
-            let w = if weighted {
-                format!(" x{}", q.weight)
-            } else {
-                String::new()
-            };
-            format!("{}>{}{w}", name(&c.local, q.local), name(&c.peer, q.remote))
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// What the sample connection does if its first port fails, and when it comes back.
-fn port_events_section(c: &report::ConnectionView) -> String {
-    let mut out = String::new();
-    for e in &c.port_events {
-        let (label, change) = match e.change {
-            PortChange::Down => ("port-down", "down"),
-            PortChange::Up => ("port-up", "up"),
-        };
-        let answer = match &e.answer.value {
-            PortAnswer::MoveTo { ports, .. } => {
-                let to: Vec<&str> = ports
-                    .iter()
-                    .map(|&p| c.local.get(p as usize).map_or("?", |v| v.name.as_str()))
-                    .collect();
-                format!("move its traffic to {}", to.join(", "))
-            }
-            PortAnswer::Wait { ms, .. } => format!("wait up to {ms} ms for it, then fail"),
-            PortAnswer::Fail { .. } => "fail the connection".to_owned(),
-            PortAnswer::FailBack { .. } => "fail back to it".to_owned(),
-            PortAnswer::Stay { .. } => "stay on the other ports".to_owned(),
-        };
-        out += &field(label, &format!("{} {change}: {answer}", e.port));
-        out += &source_lines(
-            &e.answer.source,
-            &why(e.answer.value.reason(), &e.answer.source),
-        );
-    }
-    out
-}
-
-fn striping_section(r: &Report) -> String {
-    let qps = r
-        .connection
-        .as_ref()
-        .map_or(0, |c| c.plan.decided.value.qps.len());
-    let out = field(
-        "striping",
-        &format!("first message from QP 0 of {qps}; bytes@offset per QP, '-' = nothing"),
-    );
-    let mut header = vec!["qp".to_owned()];
-    header.extend(r.striping.iter().map(|s| render::size(s.size)));
-    let header: Vec<&str> = header.iter().map(String::as_str).collect();
-    let mut t = Table::new(2, &header);
-    let rows = r
-        .striping
-        .iter()
-        .map(|s| s.stripes.len())
-        .max()
-        .unwrap_or(0);
-    for k in 0..rows {
-        let qp = r.striping[0].stripes.get(k).map_or(0, |s| s.qp);
-        let mut row = vec![qp.to_string()];
-        for s in &r.striping {
-            row.push(s.stripes.get(k).map_or(String::new(), |st| {
-                if st.len == 0 {
-                    "-".to_owned()
-                } else {
-                    format!("{}@{}", st.len, st.offset)
-                }
-            }));
-        }
-        t.row(row);
-    }
-    out + &t.render()
-}
-
-/// One named decision of a report, as compared.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Item {
-    /// What was decided, e.g. `devices`, `gid mlx5_0:1`, `plan qps`.
-    #[serde(skip)]
-    pub decision: String,
-    pub value: String,
-    pub reason: String,
-    /// Short label: `policy`, `built-in`, `built-in (no opinion)`, `fallback (trap)`, …
-    pub source: String,
-    /// When the policy faulted and the built-in default decided instead: `cause: detail`.
-    pub fault: Option<String>,
-}
-
-fn item(decision: impl Into<String>, value: String, reason: &str, source: &SourceView) -> Item {
-    Item {
-        decision: decision.into(),
-        value,
-        reason: reason.to_owned(),
-        source: source.label(),
-        fault: fault(source),
-    }
-}
-
-/// `cause: detail` of a decision the built-in default made after a fault.
-pub(crate) fn fault(s: &SourceView) -> Option<String> {
-    let cause = s.cause.as_deref()?;
-    Some(format!("{cause}: {}", s.detail.as_deref().unwrap_or("")))
-}
-
-/// Every decision of a report under a stable name, its value worded as explain words it:
-/// what `policy diff` compares. A new hook's decision is one more item here.
-pub fn items(r: &Report) -> Vec<Item> {
-    let mut out = Vec::new();
-    let mut machine =
-        |prefix: &str, d: &report::Decided<Vec<report::DeviceView>>, gids: &[report::PortGid]| {
-            let names: Vec<&str> = d.value.iter().map(|v| v.name.as_str()).collect();
-            out.push(item(
-                format!("{prefix}devices"),
-                names.join(" "),
-                &d.reason,
-                &d.source,
-            ));
-            for g in gids {
-                out.push(item(
-                    format!("{prefix}gid {}", g.name),
-                    format!("index {} ({})", g.index, g.address),
-                    &g.reason,
-                    &g.source,
-                ));
-            }
-        };
-    machine("", &r.devices, &r.gids);
-    if let Some(p) = &r.peer {
-        machine("peer ", &p.devices, &p.gids);
-    }
-    let groups: Vec<String> = r
-        .groups
-        .value
-        .iter()
-        .map(|g| format!("{}=[{}]", g.name, g.members.join(" ")))
-        .collect();
-    out.push(item(
-        "fused",
-        if groups.is_empty() {
-            "none".to_owned()
-        } else {
-            groups.join(" ")
-        },
-        &r.groups.reason,
-        &r.groups.source,
-    ));
-    if let Some(v) = &r.vnic {
-        out.push(item(
-            "vnic",
-            format!("fuse {}? {}", v.members.join("+"), vnic_answer(v)),
-            &v.answer.reason,
-            &v.answer.source,
-        ));
-    }
-    if let Some(c) = &r.connection {
-        for row in report::plan_rows(&c.plan) {
-            let value = if row.label == "qps" {
-                format!("{}: {}", row.value, qp_pairs(c))
-            } else {
-                row.value
-            };
-            out.push(Item {
-                decision: format!("plan {}", row.label),
-                value,
-                reason: row.reason,
-                source: row.source,
-                fault: None,
-            });
-        }
-        // A fault replaces the whole plan: one item for it rather than one per row.
-        let source = &c.plan.decided.source;
-        let value = if source.kind == "fallback" {
-            "built-in plan, after a fault"
-        } else {
-            "planned"
-        };
-        out.push(item(
-            "plan-connection",
-            value.to_owned(),
-            &c.plan.decided.reason,
-            source,
-        ));
-        for e in &c.port_events {
-            let name = match e.change {
-                PortChange::Down => "port-down",
-                PortChange::Up => "port-up",
-            };
-            out.push(item(
-                name,
-                port_answer(&e.answer.value, c),
-                e.answer.value.reason(),
-                &e.answer.source,
-            ));
-        }
-    }
-    out
-}
-
-/// An `on-port-event` answer in a few words, its ports named: `move-to mlx5_1:1`, `wait 5000`,
-/// `fail`, `fail-back`, `stay` (as `policy test` cases write it).
-pub(crate) fn port_answer(a: &PortAnswer, c: &report::ConnectionView) -> String {
-    match a {
-        PortAnswer::MoveTo { ports, .. } => {
-            let to: Vec<&str> = ports
-                .iter()
-                .map(|&p| c.local.get(p as usize).map_or("?", |v| v.name.as_str()))
-                .collect();
-            format!("move-to {}", to.join(" "))
-        }
-        PortAnswer::Wait { ms, .. } => format!("wait {ms}"),
-        PortAnswer::Fail { .. } => "fail".to_owned(),
-        PortAnswer::FailBack { .. } => "fail-back".to_owned(),
-        PortAnswer::Stay { .. } => "stay".to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{GroupView, NcclDevice, corpus_report};
+    use crate::corpus::corpus_report;
+    use ncclwasm_inspect::report::{GroupView, NcclDevice};
 
     #[test]
     fn renders_every_section_of_a_builtin_report() {

@@ -6,8 +6,8 @@
 use std::fmt;
 use std::process::ExitCode;
 
+use ncclwasm_inspect::render::one_line;
 use ncclwasm_model::TopologyError;
-use ncclwasm_policy::PolicyError;
 
 /// The exit statuses, documented in `--help` and README.md.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,18 +72,24 @@ impl Fail {
     /// The message as one line: wasmtime and I/O errors may carry newlines, and stderr gets
     /// exactly one line per failure.
     pub fn line(&self) -> String {
-        format!("error: {}", self.text())
-    }
-
-    /// The message as one line, without the prefix (for reports that quote it, as `doctor`).
-    pub fn text(&self) -> String {
-        let one: Vec<&str> = self.message.split_whitespace().collect();
-        one.join(" ")
+        format!("error: {}", one_line(&self.message))
     }
 }
 
-impl From<PolicyError> for Fail {
-    fn from(e: PolicyError) -> Fail {
+/// A file `policy check` finds the plugin would refuse is the file's fault (exit 1); anything
+/// else the tool could not work out is trouble (exit 2).
+impl From<ncclwasm_inspect::Error> for Fail {
+    fn from(e: ncclwasm_inspect::Error) -> Fail {
+        match e {
+            ncclwasm_inspect::Error::Rejected(why) => Fail::no(why),
+            e => Fail::trouble(e),
+        }
+    }
+}
+
+/// Every way a bench stops early — its setup, a rank, the plugin — is trouble (exit 2).
+impl From<ncclwasm_bench::Error> for Fail {
+    fn from(e: ncclwasm_bench::Error) -> Fail {
         Fail::trouble(e)
     }
 }

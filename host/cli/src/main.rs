@@ -6,29 +6,28 @@
 //! plugin between two processes next to raw TCP. On the live machine, `devices` shows what the
 //! plugin's discovery sees and what the policy decides on it, `topology capture` saves it as a
 //! topology file, and `doctor` lists what would hold the plugin back. Each subcommand is a
-//! module: argument struct, `run` (the policy calls, through [`report`]) and a pure `render`.
+//! module: argument struct, `run` (what would be decided comes from `ncclwasm_inspect`) and a
+//! pure `render`; `bench` is `ncclwasm_bench`'s, which also runs the hidden `bench-rank` and
+//! `bench-pairs` its processes are started as (this binary re-executed).
 #![forbid(unsafe_code)]
 
 mod author;
-mod bench;
 mod capture;
 mod check;
+#[cfg(test)]
+mod corpus;
 mod devices;
 mod diff;
 mod doctor;
 mod explain;
 mod fail;
-mod live;
 mod policy_test;
-mod render;
-mod report;
-mod setup;
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use serde::Serialize;
+use ncclwasm_bench as bench;
 
 use crate::fail::{Fail, Outcome};
 
@@ -145,9 +144,13 @@ fn main() -> ExitCode {
         Command::Devices(args) => devices::run(args),
         Command::Topology(TopologyCommand::Capture(args)) => capture::run(args),
         Command::Doctor(args) => doctor::run(args),
-        Command::Bench(args) => bench::run(args),
-        Command::BenchRank(args) => bench::run_rank(args),
-        Command::BenchPairs(args) => bench::run_pairs(args),
+        Command::Bench(args) => bench::run(args).map(Outcome::success).map_err(Fail::from),
+        Command::BenchRank(args) => bench::run_rank(args)
+            .map(|()| Outcome::success(String::new()))
+            .map_err(Fail::from),
+        Command::BenchPairs(args) => bench::run_pairs(args)
+            .map(|()| Outcome::success(String::new()))
+            .map_err(Fail::from),
     };
     match result.and_then(print) {
         Ok(exit) => exit.into(),
@@ -214,11 +217,4 @@ fn print(outcome: Outcome) -> Result<fail::Exit, Fail> {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(outcome.exit),
         Err(e) => Err(Fail::trouble(format!("cannot write the output: {e}"))),
     }
-}
-
-/// `--json` output: pretty, one document, newline-terminated.
-fn json<T: Serialize>(value: &T) -> Result<String, Fail> {
-    serde_json::to_string_pretty(value)
-        .map(|s| s + "\n")
-        .map_err(|e| Fail::trouble(format!("cannot encode JSON: {e}")))
 }

@@ -20,8 +20,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::explain::{self, port_answer, qp_pairs};
 use crate::fail::{Exit, Fail, Outcome};
-use crate::report::{self, Connections, PortGid, Report};
-use crate::setup::{self, ConfigArgs, PolicyArg};
+use ncclwasm_inspect::render::json;
+use ncclwasm_inspect::report::{self, Connections, PortGid, Report};
+use ncclwasm_inspect::setup::{self, PolicyArg};
 
 #[derive(Debug, ClapArgs)]
 pub struct Args {
@@ -165,7 +166,7 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
         cases: results,
     };
     let text = if args.json {
-        crate::json(&results)?
+        json(&results)?
     } else {
         render(&results)
     };
@@ -175,20 +176,12 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
 
 fn read(path: &Path) -> Result<Vec<Case>, Fail> {
     let text = file::read_to_string(path, CASE_FILE).map_err(Fail::trouble)?;
-    let cases: CaseFile = toml::from_str(&text)
-        .map_err(|e| Fail::trouble(format!("{}: {}", path.display(), one_line(&e))))?;
+    let cases: CaseFile =
+        toml::from_str(&text).map_err(|e| Fail::trouble(format!("{}: {e}", path.display())))?;
     if cases.case.is_empty() {
         return Err(Fail::trouble(format!("{}: no [[case]]", path.display())));
     }
     Ok(cases.case)
-}
-
-/// toml's messages quote the offending line over several; one line for the `error:` output.
-fn one_line(e: &toml::de::Error) -> String {
-    e.to_string()
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 fn run_case(
@@ -208,19 +201,9 @@ fn run_case(
         .map(|(k, v)| setup::parse_env_pair(&format!("{k}={v}")))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| Fail::trouble(at(&e)))?;
-    let mut settings = setup::settings(&ConfigArgs {
-        config: None,
-        env: Vec::new(),
-    })?;
-    // Only the case's variables and config: a run must not depend on the shell it is started
-    // from. Strict: a misspelt name or a value NCCL would read otherwise is the case file's
-    // mistake.
-    settings.ib = env;
-    settings
-        .ib
-        .push((ncclwasm_default::STRICT_CONFIG.to_owned(), "1".to_owned()));
-    settings.config = case.config.clone();
-    let (host, view) = setup::host(settings, policy).map_err(|f| Fail::trouble(at(&f.text())))?;
+    let settings = setup::isolated_settings(env, case.config.clone())?;
+    let (host, view) =
+        setup::host(settings, policy).map_err(|e| Fail::trouble(at(&e.to_string())))?;
     let ports = local.ports();
     let telemetry = match &case.telemetry {
         None => None,

@@ -2,7 +2,7 @@
 //! one — a pattern per size and part, so a transfer that never arrived, or stale data from an
 //! earlier one, fails the check.
 
-use crate::fail::Fail;
+use crate::Error;
 
 /// Timed iterations for `size`: `--iters`, or about 128 MiB per size (at least 4, at most 200)
 /// so a default run stays short on slow loopback.
@@ -11,9 +11,9 @@ pub fn iterations(size: u64, iters: Option<u32>) -> u32 {
 }
 
 /// The largest of `sizes`, as a buffer length (at least 1: a registration is never empty).
-pub fn largest(sizes: &[u64]) -> Result<usize, Fail> {
+pub fn largest(sizes: &[u64]) -> Result<usize, Error> {
     usize::try_from(sizes.iter().copied().max().unwrap_or(0).max(1))
-        .map_err(|_| Fail::trouble("a size does not fit in memory"))
+        .map_err(|_| Error::run("a size does not fit in memory"))
 }
 
 /// The byte at `i` of the checked transfer of pattern number `k` (one per size and part): differs
@@ -34,10 +34,10 @@ pub fn spoil(buf: &mut [u8], k: usize) {
     buf.fill(!pattern(0, k));
 }
 
-pub fn verify(buf: &[u8], k: usize, what: &str) -> Result<(), Fail> {
+pub fn verify(buf: &[u8], k: usize, what: &str) -> Result<(), Error> {
     match buf.iter().enumerate().find(|&(i, &b)| b != pattern(i, k)) {
         None => Ok(()),
-        Some((i, &b)) => Err(Fail::trouble(format!(
+        Some((i, &b)) => Err(Error::run(format!(
             "{what}: byte {i} of {} is {b:#04x}, expected {:#04x}",
             buf.len(),
             pattern(i, k)

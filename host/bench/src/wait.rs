@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use ncclwasm_abi::load::LoadError;
 
-use crate::fail::Fail;
+use crate::Error;
 
 /// The longest any single wait may take (a transfer making no progress, a peer not
 /// connecting) before the rank gives up.
@@ -14,15 +14,15 @@ pub const STALL: Duration = Duration::from_secs(30);
 /// Calls `attempt` until it yields, for at most [`STALL`].
 pub fn retry<T>(
     what: &str,
-    mut attempt: impl FnMut() -> Result<Option<T>, Fail>,
-) -> Result<T, Fail> {
+    mut attempt: impl FnMut() -> Result<Option<T>, Error>,
+) -> Result<T, Error> {
     let start = Instant::now();
     loop {
         if let Some(v) = attempt()? {
             return Ok(v);
         }
         if start.elapsed() > STALL {
-            return Err(Fail::trouble(format!(
+            return Err(Error::run(format!(
                 "{what} did not complete within {} s (is the other rank alive?)",
                 STALL.as_secs()
             )));
@@ -36,8 +36,8 @@ pub fn retry<T>(
 pub fn until_all<T>(
     what: &str,
     slots: &mut [Option<T>],
-    mut attempt: impl FnMut(usize) -> Result<Option<T>, Fail>,
-) -> Result<(), Fail> {
+    mut attempt: impl FnMut(usize) -> Result<Option<T>, Error>,
+) -> Result<(), Error> {
     let mut pending = slots.len();
     let mut progress = Instant::now();
     while pending > 0 {
@@ -51,7 +51,7 @@ pub fn until_all<T>(
             }
         }
         if progress.elapsed() > STALL {
-            return Err(Fail::trouble(format!(
+            return Err(Error::run(format!(
                 "{what}: {pending} of {} connections made no progress for {} s (is the other rank alive?)",
                 slots.len(),
                 STALL.as_secs()
@@ -62,6 +62,6 @@ pub fn until_all<T>(
     Ok(())
 }
 
-pub fn plugin_fail(e: LoadError) -> Fail {
-    Fail::trouble(format!("plugin: {e}"))
+pub fn plugin_fail(e: LoadError) -> Error {
+    Error::run(format!("plugin: {e}"))
 }

@@ -16,8 +16,8 @@ use ncclwasm_abi::load::HANDLE_BYTES;
 use ncclwasm_model::ConnPlan;
 use serde::{Deserialize, Serialize};
 
-use crate::fail::Fail;
-use crate::setup;
+use crate::Error;
+use ncclwasm_inspect::setup;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -313,19 +313,19 @@ pub const PLUGIN_DONE: &str = "plugin-done";
 pub const SCALE_DONE: &str = "scale-done";
 
 /// One line to the parent.
-pub fn send(msg: &Msg) -> Result<(), Fail> {
-    let line = serde_json::to_string(msg).map_err(|e| Fail::trouble(format!("encode: {e}")))?;
+pub fn send(msg: &Msg) -> Result<(), Error> {
+    let line = serde_json::to_string(msg).map_err(|e| Error::run(format!("encode: {e}")))?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{line}")
         .and_then(|()| out.flush())
-        .map_err(|e| Fail::trouble(format!("the parent is gone: {e}")))
+        .map_err(|e| Error::run(format!("the parent is gone: {e}")))
 }
 
 /// One line from the parent; EOF means it is gone.
-pub fn read_line(stdin: &mut impl BufRead, what: &str) -> Result<String, Fail> {
+pub fn read_line(stdin: &mut impl BufRead, what: &str) -> Result<String, Error> {
     let mut line = String::new();
     match stdin.read_line(&mut line) {
-        Ok(0) | Err(_) => Err(Fail::trouble(format!(
+        Ok(0) | Err(_) => Err(Error::run(format!(
             "the parent closed stdin before sending the {what}"
         ))),
         Ok(_) => Ok(line.trim().to_owned()),
@@ -333,10 +333,10 @@ pub fn read_line(stdin: &mut impl BufRead, what: &str) -> Result<String, Fail> {
 }
 
 /// The parent's next line must be `expected`.
-pub fn expect_line(stdin: &mut impl BufRead, expected: &str) -> Result<(), Fail> {
+pub fn expect_line(stdin: &mut impl BufRead, expected: &str) -> Result<(), Error> {
     let line = read_line(stdin, expected)?;
     if line != expected {
-        return Err(Fail::trouble(format!(
+        return Err(Error::run(format!(
             "expected {expected:?} from the parent, got {line:?}"
         )));
     }

@@ -7,7 +7,6 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args as ClapArgs;
-use ncclwasm_fabrics::FabricChoice;
 use ncclwasm_model::Topology;
 
 use super::pairs::DEPTHS;
@@ -17,10 +16,11 @@ use super::tables::{
     render_pairs, rows,
 };
 use super::wire::list;
-use crate::fail::{Fail, Outcome};
-use crate::live::FabricView;
-use crate::report::{self, TopologyView, VnicValue};
-use crate::setup::{self, ConfigArgs, PolicyArg};
+use crate::Error;
+use ncclwasm_inspect::live::FabricView;
+use ncclwasm_inspect::render::json;
+use ncclwasm_inspect::report::{self, TopologyView, VnicValue};
+use ncclwasm_inspect::setup::{self, ConfigArgs, PolicyArg};
 
 /// nccl-tests' default range: 8 B to 64 MiB, doubling.
 const BENCH_SIZES: &str =
@@ -122,15 +122,15 @@ pub struct Args {
 }
 
 /// Where the plugin library, the default policy and the guests are: next to this binary.
-fn exe_dir() -> Result<PathBuf, Fail> {
+fn exe_dir() -> Result<PathBuf, Error> {
     std::env::current_exe()
         .ok()
         .and_then(|e| e.parent().map(Path::to_path_buf))
-        .ok_or_else(|| Fail::trouble("cannot find this binary's directory"))
+        .ok_or_else(|| Error::run("cannot find this binary's directory"))
 }
 
-fn absolute(path: &Path) -> Result<PathBuf, Fail> {
-    std::path::absolute(path).map_err(|e| Fail::trouble(format!("{}: {e}", path.display())))
+fn absolute(path: &Path) -> Result<PathBuf, Error> {
+    std::path::absolute(path).map_err(|e| Error::run(format!("{}: {e}", path.display())))
 }
 
 /// How to build the plugin where this binary looks for it: cargo's directory of its profile.
@@ -148,7 +148,7 @@ const BUILD_PLUGIN: &str = if cfg!(debug_assertions) {
 /// `LD_LIBRARY_PATH` and its cache exactly as it does when NCCL loads the plugin: that is how an
 /// installed copy is tried in the job's environment. NCCL also tries a bare `X` verbatim first,
 /// which only a library file named like a plugin alias would answer; the bench does not.
-fn plugin_path(args: &Args) -> Result<PathBuf, Fail> {
+fn plugin_path(args: &Args) -> Result<PathBuf, Error> {
     let given = args.plugin.clone().map(|p| ("--plugin", p)).or_else(|| {
         std::env::var_os("NCCL_NET_PLUGIN")
             .filter(|v| !v.is_empty())
@@ -165,7 +165,7 @@ fn plugin_path(args: &Args) -> Result<PathBuf, Fail> {
         }
         Some((_, p)) if p.is_file() => p,
         Some((from, p)) => {
-            return Err(Fail::trouble(format!(
+            return Err(Error::run(format!(
                 "{from} {} not found (to build the plugin: `{BUILD_PLUGIN}`)",
                 p.display()
             )));
@@ -173,7 +173,7 @@ fn plugin_path(args: &Args) -> Result<PathBuf, Fail> {
         None => {
             let dir = exe_dir()?;
             ncclwasm_abi::load::built_library(&dir).ok_or_else(|| {
-                Fail::trouble(format!(
+                Error::run(format!(
                     "no plugin library next to this binary (libnccl_net_wasm.so or libnccl-net-wasm.so in {}): build it with `{BUILD_PLUGIN}`, or pass --plugin PATH",
                     dir.display()
                 ))
@@ -183,7 +183,7 @@ fn plugin_path(args: &Args) -> Result<PathBuf, Fail> {
     absolute(&path)
 }
 
-fn policy_arg(args: &Args) -> Result<PolicyArg, Fail> {
+fn policy_arg(args: &Args) -> Result<PolicyArg, Error> {
     match &args.policy {
         Some(PolicyArg::File(p)) => Ok(PolicyArg::File(absolute(p)?)),
         Some(PolicyArg::Builtin) => Ok(PolicyArg::Builtin),
@@ -196,7 +196,7 @@ fn policy_arg(args: &Args) -> Result<PolicyArg, Fail> {
             let shipped = up.join("policies/nccl-default.wasm");
             let path = [&built, &shipped].into_iter().find(|p| p.is_file());
             let path = path.ok_or_else(|| {
-                Fail::trouble(format!(
+                Error::run(format!(
                     "{} not found: build the shipped policies with `cargo xtask guests`, or pass --policy FILE|builtin",
                     built.display()
                 ))
@@ -206,16 +206,9 @@ fn policy_arg(args: &Args) -> Result<PolicyArg, Fail> {
     }
 }
 
-/// `NCCL_WASM_FABRIC` as the plugin reads it (`ncclwasm_fabrics::FabricChoice`), with `auto` on a
-/// host without RDMA devices settled to the soft fabric, as `ncclwasm devices` shows it.
-fn fabric() -> Result<FabricView, Fail> {
-    let settled = FabricChoice::from_env().map_err(Fail::trouble)?.settle();
-    Ok(FabricView::new(settled))
-}
-
 /// `--topology`, else `NCCL_WASM_TOPOLOGY`, else the embedded loopback machine (`None`: the
 /// ranks use the plugin's own embedded copy).
-fn topology(args: &Args) -> Result<(Topology, Option<PathBuf>), Fail> {
+fn topology(args: &Args) -> Result<(Topology, Option<PathBuf>), Error> {
     let path = args
         .topology
         .clone()
@@ -260,14 +253,16 @@ fn environment(
     env
 }
 
-pub fn run(args: &Args) -> Result<Outcome, Fail> {
+/// Runs the bench `args` ask for; the report as text or, with `--json`, JSON.
+pub fn run(args: &Args) -> Result<String, Error> {
     if args.sizes.is_empty() || args.latency_sizes.is_empty() || args.pair_sizes.is_empty() {
-        return Err(Fail::trouble(
+        return Err(Error::run(
             "--sizes, --latency-sizes and --pair-sizes may not be empty",
         ));
     }
     let lib = plugin_path(args)?;
-    let fabric = fabric()?;
+    // `NCCL_WASM_FABRIC` as the plugin reads it, settled as `ncclwasm devices` shows it.
+    let fabric = FabricView::from_env()?;
     let (topo, topo_path) = topology(args)?;
     let policy = policy_arg(args)?;
     let (host, view) = setup::host(setup::settings(&args.config)?, &policy)?;
@@ -301,7 +296,7 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
         )?
         .drive_single(args.pair_sizes.len() * DEPTHS.len())?;
         if measured.pairs.is_empty() {
-            return Err(Fail::trouble("the single-process bench timed nothing"));
+            return Err(Error::run("the single-process bench timed nothing"));
         }
         let report = PairsReport {
             plugin: PluginView {
@@ -322,11 +317,11 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
             rows: measured.pairs,
         };
         let text = if args.json {
-            crate::json(&report)?
+            json(&report)?
         } else {
             render_pairs(&report)
         };
-        return Ok(Outcome::success(text));
+        return Ok(text);
     }
     // The device of `policy explain`'s sample connection: a vNIC when the policy accepts the
     // sample fusion (the ranks then ask `makeVDevice` for it, as NCCL core does), else NCCL
@@ -403,7 +398,7 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
     )?;
     let observed = measured
         .observed
-        .ok_or_else(|| Fail::trouble("the sender did not report what its connection ran"))?;
+        .ok_or_else(|| Error::run("the sender did not report what its connection ran"))?;
     let report = BenchReport {
         plugin: PluginView {
             path: lib.display().to_string(),
@@ -428,9 +423,9 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
         connections,
     };
     let text = if args.json {
-        crate::json(&report)?
+        json(&report)?
     } else {
         render(&report)
     };
-    Ok(Outcome::success(text))
+    Ok(text)
 }

@@ -8,10 +8,10 @@ use super::wire::{
     CpuUse, DeviceLine, Footprint, Observed, PairTiming, Part, ROLES, RoundTrips, Scale, Timing,
     list,
 };
-use crate::fail::Fail;
-use crate::live::FabricView;
-use crate::render::{self, Table, field};
-use crate::report::{self, PolicyView, TopologyView};
+use crate::Error;
+use ncclwasm_inspect::live::FabricView;
+use ncclwasm_inspect::render::{self, Table, field};
+use ncclwasm_inspect::report::{self, PolicyView, TopologyView};
 
 /// Sizes from here on count for the large-message ratio.
 const LARGE: u64 = 1 << 20;
@@ -147,7 +147,7 @@ pub struct LatencyRow {
 
 /// Both ranks' CPU per message (or round trip) for the `i`-th size of `part`, µs: each rank's
 /// reports of a part come in size order.
-fn cpu_us(cpu: &[Vec<CpuUse>; 2], part: Part, i: usize, size: u64) -> Result<f64, Fail> {
+fn cpu_us(cpu: &[Vec<CpuUse>; 2], part: Part, i: usize, size: u64) -> Result<f64, Error> {
     cpu.iter()
         .map(|rank| {
             rank.iter()
@@ -155,15 +155,15 @@ fn cpu_us(cpu: &[Vec<CpuUse>; 2], part: Part, i: usize, size: u64) -> Result<f64
                 .nth(i)
                 .filter(|c| c.size == size)
                 .map(CpuUse::per_message_us)
-                .ok_or_else(|| Fail::trouble("a rank did not report the CPU of every part"))
+                .ok_or_else(|| Error::run("a rank did not report the CPU of every part"))
         })
         .sum()
 }
 
 /// The table's rows: both runs of each size, in order.
-pub fn rows(plugin: &[Timing], tcp: &[Timing], cpu: &[Vec<CpuUse>; 2]) -> Result<Vec<Row>, Fail> {
+pub fn rows(plugin: &[Timing], tcp: &[Timing], cpu: &[Vec<CpuUse>; 2]) -> Result<Vec<Row>, Error> {
     if plugin.len() != tcp.len() {
-        return Err(Fail::trouble("the ranks reported an incomplete run"));
+        return Err(Error::run("the ranks reported an incomplete run"));
     }
     plugin
         .iter()
@@ -195,9 +195,9 @@ pub fn latency_rows(
     plugin: &[RoundTrips],
     tcp: &[RoundTrips],
     cpu: &[Vec<CpuUse>; 2],
-) -> Result<Vec<LatencyRow>, Fail> {
+) -> Result<Vec<LatencyRow>, Error> {
     if plugin.len() != tcp.len() {
-        return Err(Fail::trouble("the ranks reported an incomplete ping-pong"));
+        return Err(Error::run("the ranks reported an incomplete ping-pong"));
     }
     plugin
         .iter()
@@ -225,7 +225,7 @@ pub fn latency_rows(
 pub fn connection_scale(
     n: u32,
     scale: &[Option<(Scale, Option<f64>)>; 2],
-) -> Result<Option<ConnectionScale>, Fail> {
+) -> Result<Option<ConnectionScale>, Error> {
     if n == 0 {
         return Ok(None);
     }
@@ -242,7 +242,7 @@ pub fn connection_scale(
                 fds_per_connection: per(s.after.fds, s.before.fds),
             })
         }
-        _ => Err(Fail::trouble(format!(
+        _ => Err(Error::run(format!(
             "the {} did not report its {n} connections",
             ROLES[i].1
         ))),

@@ -19,7 +19,7 @@ use ncclwasm_transport::{Net, NetConfig};
 use ncclwasm_verbs::{ENV_SYSFS_ROOT, Fabric};
 use serde::Serialize;
 
-use crate::fail::Fail;
+use crate::Error;
 
 /// Which fabric discovery ran on, and why.
 #[derive(Clone, Debug, Serialize)]
@@ -42,8 +42,14 @@ pub struct FabricView {
 }
 
 impl FabricView {
+    /// The fabric the plugin would run on here, before anything is opened (`bench` hands it to
+    /// its ranks).
+    pub fn from_env() -> Result<FabricView, Error> {
+        settle().map(FabricView::new)
+    }
+
     /// The view of a settled choice, before anything is opened.
-    pub fn new(settled: Settled) -> FabricView {
+    fn new(settled: Settled) -> FabricView {
         FabricView {
             name: settled.choice.name().to_owned(),
             provider: settled.choice.provider(),
@@ -53,6 +59,14 @@ impl FabricView {
             sysfs_root: std::env::var(ENV_SYSFS_ROOT).ok().filter(|s| !s.is_empty()),
         }
     }
+}
+
+/// `NCCL_WASM_FABRIC` as the plugin reads it, with `auto` on a host without RDMA devices
+/// settled to a provider that needs none ([`FabricChoice::settle`]).
+fn settle() -> Result<Settled, Error> {
+    Ok(FabricChoice::from_env()
+        .map_err(|e| Error::Fabric(e.to_string()))?
+        .settle())
 }
 
 /// What discovery found on this host.
@@ -66,10 +80,10 @@ pub struct Live {
 }
 
 /// Discovers this host's ports as the plugin does at `init`.
-pub fn discover() -> Result<Live, Fail> {
-    let settled = FabricChoice::from_env().map_err(Fail::trouble)?.settle();
+pub fn discover() -> Result<Live, Error> {
+    let settled = settle()?;
     let fabric: Arc<Fabric> = settled.choice.open().map_err(|e| {
-        Fail::trouble(format!(
+        Error::Fabric(format!(
             "cannot open the {} fabric: {e}",
             settled.choice.name()
         ))
@@ -92,7 +106,10 @@ pub fn discover() -> Result<Live, Fail> {
     );
     topology.origin = format!("discovered on the {} fabric", view.name);
     if let Some(machine) = view.provider.emulated() {
-        emulated_addresses(&mut topology, machine.map_err(Fail::trouble)?);
+        emulated_addresses(
+            &mut topology,
+            machine.map_err(|e| Error::Fabric(e.to_string()))?,
+        );
     }
     Ok(Live {
         fabric: view,

@@ -27,7 +27,7 @@ use super::wire::{
     self, DeviceLine, Msg, Observed, PLUGIN_DONE, Part, RankArgs, Role, RoundTrips, Timing,
 };
 use super::workload::{fill, iterations, largest, patterned, spoil, verify};
-use crate::fail::{Fail, Outcome};
+use crate::Error;
 
 /// Requests in flight per side while streaming: NCCL's `NCCL_STEPS`.
 const WINDOW: usize = 8;
@@ -35,11 +35,11 @@ const WINDOW: usize = 8;
 /// The tag the sender uses (NCCL: its rank).
 const TAG: i32 = 1;
 
-pub fn run(args: &RankArgs) -> Result<Outcome, Fail> {
+pub fn run(args: &RankArgs) -> Result<(), Error> {
     let mut stdin = std::io::stdin().lock();
     measure(args, &mut stdin)?;
     wire::send(&Msg::Done)?;
-    Ok(Outcome::success(String::new()))
+    Ok(())
 }
 
 /// What a rank's ping-pong runs on: its send comm and recv comm, and the memory registered on
@@ -52,11 +52,11 @@ struct Ends<'a, 'c, 'p> {
 }
 
 /// A transfer that completed with another size than posted.
-pub(super) fn expect_size(what: &str, size: usize, got: usize) -> Result<(), Fail> {
+pub(super) fn expect_size(what: &str, size: usize, got: usize) -> Result<(), Error> {
     if got == size {
         Ok(())
     } else {
-        Err(Fail::trouble(format!("{what}: {size} bytes went as {got}")))
+        Err(Error::run(format!("{what}: {size} bytes went as {got}")))
     }
 }
 
@@ -64,8 +64,8 @@ pub(super) fn expect_size(what: &str, size: usize, got: usize) -> Result<(), Fai
 /// returns the sizes they reported, summed.
 fn stream<'m>(
     n: u32,
-    mut post: impl FnMut() -> Result<Option<Request<'m>>, Fail>,
-) -> Result<usize, Fail> {
+    mut post: impl FnMut() -> Result<Option<Request<'m>>, Error>,
+) -> Result<usize, Error> {
     let mut inflight: VecDeque<Request<'m>> = VecDeque::new();
     let (mut posted, mut total) = (0, 0);
     let mut progress = Instant::now();
@@ -88,7 +88,7 @@ fn stream<'m>(
             continue;
         }
         if progress.elapsed() > STALL {
-            return Err(Fail::trouble(format!(
+            return Err(Error::run(format!(
                 "no transfer completed for {} s (is the other rank alive?)",
                 STALL.as_secs()
             )));
@@ -100,21 +100,21 @@ fn stream<'m>(
 
 /// `init`, the devices (fusing `fuse` first, as NCCL core would, into `device`) and the
 /// `Hello` line.
-pub(super) fn open(path: &Path, device: i32, fuse: &[i32]) -> Result<Plugin, Fail> {
+pub(super) fn open(path: &Path, device: i32, fuse: &[i32]) -> Result<Plugin, Error> {
     let mut plugin = Plugin::open(path).map_err(plugin_fail)?;
     plugin.init().map_err(plugin_fail)?;
     let n = plugin.devices().map_err(plugin_fail)?;
     if !fuse.is_empty() {
         let d = plugin.make_vdevice(fuse).map_err(plugin_fail)?;
         if d != device {
-            return Err(Fail::trouble(format!(
+            return Err(Error::run(format!(
                 "the plugin made vNIC {d}, the plan expected device {device}"
             )));
         }
     }
     let total = plugin.devices().map_err(plugin_fail)?;
     if device < 0 || device >= total {
-        return Err(Fail::trouble(format!(
+        return Err(Error::run(format!(
             "the plugin has {total} device(s) ({n} physical); device {device} is not one"
         )));
     }
@@ -142,7 +142,7 @@ pub(super) fn connect_both<'p>(
     device: i32,
     listen: &ListenComm<'p>,
     peer: &mut [u8; HANDLE_BYTES],
-) -> Result<(SendComm<'p>, RecvComm<'p>), Fail> {
+) -> Result<(SendComm<'p>, RecvComm<'p>), Error> {
     let (mut tx, mut rx) = (None, None);
     retry("connect and accept", || {
         if tx.is_none() {
@@ -163,14 +163,14 @@ pub(super) fn connect_both<'p>(
 /// through the plugin and at once over TCP — the two figures of a row are measured seconds
 /// apart, not minutes, so a host whose load changes meanwhile (a shared CI machine) moves both
 /// alike.
-fn measure(args: &RankArgs, stdin: &mut impl BufRead) -> Result<(), Fail> {
+fn measure(args: &RankArgs, stdin: &mut impl BufRead) -> Result<(), Error> {
     let (bw, lat) = (largest(&args.sizes)?, largest(&args.latency_sizes)?);
     let plugin = open(&args.plugin, args.device, &args.fuse)?;
     let (listen, handle) = plugin.listen(args.device).map_err(plugin_fail)?;
     wire::send(&Msg::Handle(wire::hex(&handle)))?;
     let line = wire::read_line(stdin, "peer's listen handle")?;
     let mut peer =
-        wire::unhex(&line).ok_or_else(|| Fail::trouble(format!("not a handle: {line:?}")))?;
+        wire::unhex(&line).ok_or_else(|| Error::run(format!("not a handle: {line:?}")))?;
     let (tx, rx) = connect_both(&plugin, args.device, &listen, &mut peer)?;
     drop(listen); // as NCCL: closeListen right after accept
     // The streaming side's registration holds the largest message of either part.
@@ -218,7 +218,7 @@ fn measure(args: &RankArgs, stdin: &mut impl BufRead) -> Result<(), Fail> {
 /// NCCL tears a connection down only after both sides' operations completed: the peer's last
 /// clear-to-send writes may not be acknowledged yet, and closing under them fails them (RC
 /// semantics).
-fn plugin_done(stdin: &mut impl BufRead) -> Result<(), Fail> {
+fn plugin_done(stdin: &mut impl BufRead) -> Result<(), Error> {
     wire::send(&Msg::PluginDone)?;
     wire::expect_line(stdin, PLUGIN_DONE)
 }
@@ -232,7 +232,7 @@ fn plugin_stream(
     size: usize,
     k: usize,
     ends: &mut Ends<'_, '_, '_>,
-) -> Result<usize, Fail> {
+) -> Result<usize, Error> {
     let iters = iterations(size as u64, args.iters);
     match args.role {
         Role::Recv => {
@@ -275,7 +275,7 @@ fn ping(
     size: usize,
     k: usize,
     ends: &mut Ends<'_, '_, '_>,
-) -> Result<usize, Fail> {
+) -> Result<usize, Error> {
     fill(&mut ends.smr.bytes()[..size], k);
     spoil(&mut ends.rmr.bytes()[..size], k);
     trip(ends, size)?;
@@ -294,7 +294,7 @@ fn ping(
 
 /// One round trip through the plugin, timed: the ping is posted, then the receive of the pong
 /// (its clear-to-send travels while the peer answers), both tested in one loop until done.
-fn trip(ends: &Ends<'_, '_, '_>, size: usize) -> Result<Duration, Fail> {
+fn trip(ends: &Ends<'_, '_, '_>, size: usize) -> Result<Duration, Error> {
     let Ends { tx, rx, .. } = ends;
     let (smr, rmr) = (&*ends.smr, &*ends.rmr);
     let start = Instant::now();
@@ -320,7 +320,7 @@ fn trip(ends: &Ends<'_, '_, '_>, size: usize) -> Result<Duration, Fail> {
 /// ping and echoes exactly what arrived, then answers each ping with a pong of the same size.
 /// The next receive is posted right after each pong, so the next ping finds its clear-to-send
 /// waiting, as it would in a pipeline NCCL keeps busy.
-fn pong(args: &RankArgs, size: usize, k: usize, ends: &mut Ends<'_, '_, '_>) -> Result<(), Fail> {
+fn pong(args: &RankArgs, size: usize, k: usize, ends: &mut Ends<'_, '_, '_>) -> Result<(), Error> {
     let (tx, rx) = (ends.tx, ends.rx);
     spoil(&mut ends.rmr.bytes()[..size], k);
     let got = stream(1, || rx.irecv(ends.rmr, 0..size, TAG).map_err(plugin_fail))?;

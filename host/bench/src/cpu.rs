@@ -7,12 +7,12 @@
 use std::time::Duration;
 
 use super::wire::{self, CpuUse, Msg, Part};
-use crate::fail::Fail;
+use crate::Error;
 
 /// The CPU time this process has used so far, its live threads summed.
-fn used() -> Result<Duration, Fail> {
+fn used() -> Result<Duration, Error> {
     let tasks = std::fs::read_dir("/proc/self/task")
-        .map_err(|e| Fail::trouble(format!("/proc/self/task: {e}")))?;
+        .map_err(|e| Error::run(format!("/proc/self/task: {e}")))?;
     let mut ns = 0u64;
     for task in tasks.flatten() {
         // A thread may end between the listing and the read: it is not counted.
@@ -33,13 +33,13 @@ fn used() -> Result<Duration, Fail> {
 pub struct CpuClock(Duration);
 
 impl CpuClock {
-    pub fn start() -> Result<CpuClock, Fail> {
+    pub fn start() -> Result<CpuClock, Error> {
         used().map(CpuClock)
     }
 
     /// Tells the parent what `part` of `size` used over `messages` messages (round trips for a
     /// ping-pong) since [`CpuClock::start`].
-    pub fn report(self, part: Part, size: usize, messages: u32) -> Result<(), Fail> {
+    pub fn report(self, part: Part, size: usize, messages: u32) -> Result<(), Error> {
         let secs = used()?.saturating_sub(self.0).as_secs_f64();
         wire::send(&Msg::Cpu(CpuUse {
             part,

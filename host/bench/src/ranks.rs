@@ -12,8 +12,8 @@ use super::wire::{
     CpuUse, DeviceLine, Msg, Observed, PLUGIN_DONE, PairTiming, ROLES, Role, RoundTrips,
     SCALE_DONE, Scale, Timing,
 };
-use crate::fail::Fail;
-use crate::render;
+use crate::Error;
+use ncclwasm_inspect::render;
 
 /// What the ranks reported: the streams' timings from the receiver, the ping-pongs' from the
 /// sender.
@@ -60,7 +60,7 @@ pub struct Ranks {
 const REAP: Duration = Duration::from_secs(10);
 
 impl Ranks {
-    pub fn start(rank_args: &[String], env: &[(String, Option<String>)]) -> Result<Ranks, Fail> {
+    pub fn start(rank_args: &[String], env: &[(String, Option<String>)]) -> Result<Ranks, Error> {
         let children = ROLES.map(|(role, name)| {
             let role = if role == Role::Recv { "recv" } else { "send" };
             let mut args = vec![
@@ -75,7 +75,7 @@ impl Ranks {
     }
 
     /// `--single-process`: one child, `ncclwasm bench-pairs` with `args`.
-    pub fn start_single(args: &[String], env: &[(String, Option<String>)]) -> Result<Ranks, Fail> {
+    pub fn start_single(args: &[String], env: &[(String, Option<String>)]) -> Result<Ranks, Error> {
         let mut command = vec!["bench-pairs".to_owned()];
         command.extend_from_slice(args);
         Ranks::spawn(&[("single process", command)], env)
@@ -85,9 +85,9 @@ impl Ranks {
     fn spawn(
         children: &[(&'static str, Vec<String>)],
         env: &[(String, Option<String>)],
-    ) -> Result<Ranks, Fail> {
+    ) -> Result<Ranks, Error> {
         let exe = std::env::current_exe()
-            .map_err(|e| Fail::trouble(format!("cannot re-run this binary: {e}")))?;
+            .map_err(|e| Error::run(format!("cannot re-run this binary: {e}")))?;
         let (tx, events) = mpsc::channel();
         let mut ranks = Ranks {
             names: children.iter().map(|(name, _)| *name).collect(),
@@ -110,7 +110,7 @@ impl Ranks {
             }
             let mut child = cmd
                 .spawn()
-                .map_err(|e| Fail::trouble(format!("cannot start a rank: {e}")))?;
+                .map_err(|e| Error::run(format!("cannot start a rank: {e}")))?;
             let stdout = child.stdout.take().expect("piped");
             let mut stderr = child.stderr.take().expect("piped");
             ranks.stdins.push(child.stdin.take().expect("piped"));
@@ -155,7 +155,7 @@ impl Ranks {
     }
 
     /// Why rank `i` stopped: its `error:` line, or its exit status.
-    fn failure(&mut self, i: usize) -> Fail {
+    fn failure(&mut self, i: usize) -> Error {
         let name = self.names[i];
         let status = self.reap(i);
         let text = self.errors[i]
@@ -180,16 +180,16 @@ impl Ranks {
             .find_map(|l| l.strip_prefix("WARN "))
             .map_or(String::new(), |w| format!(" [{w}]"));
         match (line, status) {
-            (Some(l), _) => Fail::trouble(format!("bench rank {i} ({name}) failed: {l}{warn}")),
-            (None, Some(s)) => Fail::trouble(format!("bench rank {i} ({name}) stopped ({s})")),
-            (None, None) => Fail::trouble(format!(
+            (Some(l), _) => Error::run(format!("bench rank {i} ({name}) failed: {l}{warn}")),
+            (None, Some(s)) => Error::run(format!("bench rank {i} ({name}) stopped ({s})")),
+            (None, None) => Error::run(format!(
                 "bench rank {i} ({name}) stopped answering and was killed"
             )),
         }
     }
 
     /// One line to rank `i`.
-    fn relay(&mut self, i: usize, line: &str) -> Result<(), Fail> {
+    fn relay(&mut self, i: usize, line: &str) -> Result<(), Error> {
         let to = &mut self.stdins[i];
         if writeln!(to, "{line}").and_then(|()| to.flush()).is_err() {
             return Err(self.failure(i));
@@ -198,7 +198,7 @@ impl Ranks {
     }
 
     /// Relays and collects until both ranks are done; every wait bounded.
-    pub fn drive(mut self, expected: &Expected) -> Result<Measured, Fail> {
+    pub fn drive(mut self, expected: &Expected) -> Result<Measured, Error> {
         let mut m = Measured {
             abi: 0,
             devices: Vec::new(),
@@ -285,9 +285,9 @@ impl Ranks {
 
     /// The next line of any child (`None`: that child's stdout closed). A child gives up after
     /// its own stall limit; [`HANG`] covers one that hangs anyway.
-    fn next(&self) -> Result<(usize, Option<Msg>), Fail> {
+    fn next(&self) -> Result<(usize, Option<Msg>), Error> {
         self.events.recv_timeout(HANG).map_err(|_| {
-            Fail::trouble(format!(
+            Error::run(format!(
                 "the bench made no progress for {} s",
                 HANG.as_secs()
             ))
@@ -296,7 +296,7 @@ impl Ranks {
 
     /// Every child reaped once all said they were done: one that did not exit cleanly fails
     /// the run with its reason.
-    fn finish(&mut self) -> Result<(), Fail> {
+    fn finish(&mut self) -> Result<(), Error> {
         for i in 0..self.children.len() {
             if !self.reap(i).is_some_and(|s| s.success()) {
                 return Err(self.failure(i));
@@ -323,7 +323,7 @@ pub struct SingleMeasured {
 impl Ranks {
     /// Collects what the `--single-process` child says until it is done (`expected`: its
     /// timings, for the progress line); every wait bounded.
-    pub fn drive_single(mut self, expected: usize) -> Result<SingleMeasured, Fail> {
+    pub fn drive_single(mut self, expected: usize) -> Result<SingleMeasured, Error> {
         let mut m = SingleMeasured {
             abi: 0,
             devices: Vec::new(),
@@ -347,7 +347,7 @@ impl Ranks {
                 }
                 Some(Msg::Observed(o)) => m.observed = Some(o),
                 Some(other) => {
-                    return Err(Fail::trouble(format!(
+                    return Err(Error::run(format!(
                         "the single-process bench said {other:?}, which only a rank says"
                     )));
                 }

@@ -1,6 +1,10 @@
-//! Small text helpers shared by the human renderers: aligned tables and readable quantities.
+//! Small text helpers shared by the human renderers — the CLI's, `bench`'s and the details of
+//! `doctor`'s checks: aligned tables, readable quantities, one-line messages, `--json`.
 
 use ncclwasm_model::LinkLayer;
+use serde::Serialize;
+
+use crate::Error;
 
 /// Rows printed with aligned columns; the last column is not padded, and a long last cell (a
 /// reason) is wrapped to [`WIDTH`] under its own column rather than widening every line.
@@ -176,6 +180,17 @@ pub fn wrap(text: &str, column: usize) -> String {
         len += n;
     }
     out
+}
+
+/// `message` on one line: wasmtime and I/O errors may carry newlines, and a failure is one line
+/// of stderr or one line of a report.
+pub fn one_line(message: &str) -> String {
+    message.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// `--json` output: pretty, one document, newline-terminated.
+pub fn json<T: Serialize>(value: &T) -> Result<String, Error> {
+    Ok(serde_json::to_string_pretty(value)? + "\n")
 }
 
 #[cfg(test)]

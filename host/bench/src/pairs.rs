@@ -23,8 +23,8 @@ use super::rank::{connect_both, expect_size, open};
 use super::wait::{STALL, plugin_fail};
 use super::wire::{self, Msg, Observed, PairTiming};
 use super::workload::{fill, largest, spoil, verify};
-use crate::fail::{Fail, Outcome};
-use crate::setup;
+use crate::Error;
+use ncclwasm_inspect::setup;
 
 /// NCCL's `NCCL_STEPS`: the most requests a pipelined transfer keeps in flight per comm.
 const MAX_DEPTH: usize = 8;
@@ -60,10 +60,10 @@ pub struct PairArgs {
     pub warmup: u32,
 }
 
-pub fn run(args: &PairArgs) -> Result<Outcome, Fail> {
+pub fn run(args: &PairArgs) -> Result<(), Error> {
     measure(args)?;
     wire::send(&Msg::Done)?;
-    Ok(Outcome::success(String::new()))
+    Ok(())
 }
 
 /// Both ends of one connection and their registrations: the receive side holds [`MAX_DEPTH`]
@@ -75,7 +75,7 @@ struct Ends<'p, 'c> {
     rmr: Mr<'c>,
 }
 
-fn measure(args: &PairArgs) -> Result<(), Fail> {
+fn measure(args: &PairArgs) -> Result<(), Error> {
     let largest = largest(&args.sizes)?;
     let plugin = open(&args.plugin, args.device, &[])?;
     let (listen, mut handle) = plugin.listen(args.device).map_err(plugin_fail)?;
@@ -118,7 +118,7 @@ fn measure(args: &PairArgs) -> Result<(), Fail> {
 }
 
 /// The first pair of a size: every byte compared with the sender's pattern.
-fn checked(ends: &mut Ends<'_, '_>, size: usize, k: usize) -> Result<(), Fail> {
+fn checked(ends: &mut Ends<'_, '_>, size: usize, k: usize) -> Result<(), Error> {
     fill(&mut ends.smr.bytes()[..size], k);
     spoil(&mut ends.rmr.bytes()[..size], k);
     batch(ends, size, 1)?;
@@ -127,7 +127,7 @@ fn checked(ends: &mut Ends<'_, '_>, size: usize, k: usize) -> Result<(), Fail> {
 
 /// `depth` matched pairs: the receives, then the sends, then every request tested until done;
 /// the time from the first post to the last completion.
-fn batch(ends: &Ends<'_, '_>, size: usize, depth: usize) -> Result<Duration, Fail> {
+fn batch(ends: &Ends<'_, '_>, size: usize, depth: usize) -> Result<Duration, Error> {
     let (smr, rmr) = (&ends.smr, &ends.rmr);
     let start = Instant::now();
     let mut reqs: [Option<Request<'_>>; 2 * MAX_DEPTH] = Default::default();
@@ -161,7 +161,7 @@ fn batch(ends: &Ends<'_, '_>, size: usize, depth: usize) -> Result<Duration, Fai
 
 /// Calls `attempt` until it yields, without yielding the CPU in between, for at most
 /// [`STALL`] after the first [`CHECK_EVERY`] attempts (the clock read every [`CHECK_EVERY`]).
-fn spin<T>(what: &str, mut attempt: impl FnMut() -> Result<Option<T>, Fail>) -> Result<T, Fail> {
+fn spin<T>(what: &str, mut attempt: impl FnMut() -> Result<Option<T>, Error>) -> Result<T, Error> {
     // Started at the first look: most waits end long before, and a clock read is a tenth of
     // the cheapest plugin's pair.
     let mut start = None;
@@ -173,7 +173,7 @@ fn spin<T>(what: &str, mut attempt: impl FnMut() -> Result<Option<T>, Fail>) -> 
         n = n.wrapping_add(1);
         if n.is_multiple_of(CHECK_EVERY) && start.get_or_insert_with(Instant::now).elapsed() > STALL
         {
-            return Err(Fail::trouble(format!(
+            return Err(Error::run(format!(
                 "{what} did not complete within {} s",
                 STALL.as_secs()
             )));

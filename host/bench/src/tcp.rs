@@ -9,10 +9,10 @@ use super::cpu::CpuClock;
 use super::wait::{STALL, retry};
 use super::wire::{self, Msg, Part, RankArgs, Role, RoundTrips, Timing};
 use super::workload::{fill, iterations, spoil, verify};
-use crate::fail::Fail;
+use crate::Error;
 
-fn io_fail(what: &str) -> impl Fn(std::io::Error) -> Fail {
-    move |e| Fail::trouble(format!("tcp baseline: {what}: {e}"))
+fn io_fail(what: &str) -> impl Fn(std::io::Error) -> Error {
+    move |e| Error::run(format!("tcp baseline: {what}: {e}"))
 }
 
 /// The baseline's socket buffers, each way: those of the soft fabric's QP sockets, so the
@@ -30,7 +30,7 @@ const TCP_BUFFER: usize = 4 << 20;
 /// of [`TCP_BUFFER`], every message written whole from, and read straight into, a buffer
 /// allocated and touched before the timing (no staging copy, no page fault, no allocation per
 /// message; the kernel segments it), and the pattern check outside the timed loop.
-pub fn tcp_connect(args: &RankArgs, stdin: &mut impl BufRead) -> Result<TcpStream, Fail> {
+pub fn tcp_connect(args: &RankArgs, stdin: &mut impl BufRead) -> Result<TcpStream, Error> {
     let stream = match args.role {
         Role::Recv => {
             let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(io_fail("bind"))?;
@@ -52,7 +52,7 @@ pub fn tcp_connect(args: &RankArgs, stdin: &mut impl BufRead) -> Result<TcpStrea
             let line = wire::read_line(stdin, "TCP port")?;
             let port: u16 = line
                 .parse()
-                .map_err(|_| Fail::trouble(format!("not a port: {line:?}")))?;
+                .map_err(|_| Error::run(format!("not a port: {line:?}")))?;
             TcpStream::connect((Ipv4Addr::LOCALHOST, port)).map_err(io_fail("connect"))?
         }
     };
@@ -77,7 +77,7 @@ pub fn tcp_stream(
     k: usize,
     stream: &mut TcpStream,
     msg: &mut [u8],
-) -> Result<(), Fail> {
+) -> Result<(), Error> {
     let iters = iterations(msg.len() as u64, args.iters);
     match args.role {
         Role::Recv => {
@@ -121,7 +121,7 @@ pub fn tcp_ping(
     stream: &mut TcpStream,
     out: &mut [u8],
     back: &mut [u8],
-) -> Result<(), Fail> {
+) -> Result<(), Error> {
     fill(out, k);
     spoil(back, k);
     tcp_trip(stream, out, back)?;
@@ -137,7 +137,7 @@ pub fn tcp_ping(
     wire::send(&Msg::TcpPingPong(RoundTrips::new(out.len(), trips)))
 }
 
-fn tcp_trip(stream: &mut TcpStream, out: &[u8], back: &mut [u8]) -> Result<Duration, Fail> {
+fn tcp_trip(stream: &mut TcpStream, out: &[u8], back: &mut [u8]) -> Result<Duration, Error> {
     let start = Instant::now();
     stream.write_all(out).map_err(io_fail("ping"))?;
     stream.read_exact(back).map_err(io_fail("pong"))?;
@@ -151,7 +151,7 @@ pub fn tcp_pong(
     k: usize,
     stream: &mut TcpStream,
     msg: &mut [u8],
-) -> Result<(), Fail> {
+) -> Result<(), Error> {
     spoil(msg, k);
     let rest = args.latency_warmup + args.latency_iters;
     let cpu = CpuClock::start()?;

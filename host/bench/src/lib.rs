@@ -15,6 +15,18 @@
 //! this plugin or any other — on the soft fabric's in-process delivery: the plugin's own cost
 //! per message, with no second process, socket or fabric thread in the figure.
 //!
+//! # Why a crate of its own
+//! The bench is a multi-process driver over the plugin's C ABI (`ncclwasm_abi::load`), TCP
+//! baselines and their tables; it shares with the policy tooling only how a run is set up
+//! (`ncclwasm_inspect`: the fabric, the policy, the sample connection's device) and the text
+//! forms of a report. On its own it keeps the CLI small, and the CLI only delegates.
+//!
+//! The processes are this binary again: the parent starts each rank as `<exe> bench-rank …`
+//! and the single-process child as `<exe> bench-pairs …` (`std::env::current_exe`), so the
+//! program that calls [`run`] must answer those two hidden subcommands with [`run_rank`] and
+//! [`run_pairs`] ([`RankArgs`], [`PairArgs`] are their arguments) — `ncclwasm` does. A rank
+//! reports its failure as the program's one `error: ` line on stderr, which the parent quotes.
+//!
 //! The modules, each using only those after it in this list (no circle):
 //! * [`driver`]: the parent — options, what to run, the report;
 //! * [`ranks`]: the rank processes as the parent sees them: started, read, relayed, reaped;
@@ -28,9 +40,11 @@
 //! * [`workload`]: how many transfers and which bytes, and their check;
 //! * [`wait`]: every wait bounded, and how a rank gives up;
 //! * [`wire`]: what the parent and the ranks say to each other (command line and JSON lines).
+#![forbid(unsafe_code)]
 
 mod cpu;
 mod driver;
+mod error;
 mod pairs;
 mod rank;
 mod ranks;
@@ -42,6 +56,7 @@ mod wire;
 mod workload;
 
 pub use driver::{Args, run};
+pub use error::Error;
 pub use pairs::{PairArgs, run as run_pairs};
 pub use rank::run as run_rank;
 pub use wire::RankArgs;

@@ -18,21 +18,21 @@ use ncclwasm_model::file::{self, Limit};
 
 use super::wait::{plugin_fail, until_all};
 use super::wire::{self, Footprint, Msg, Role, SCALE_DONE, Scale};
-use crate::fail::Fail;
+use crate::Error;
 
 /// What the process holds now, from `/proc/self`.
-fn footprint() -> Result<Footprint, Fail> {
+fn footprint() -> Result<Footprint, Error> {
     let status = file::read_to_string(Path::new("/proc/self/status"), Limit::PROC)
-        .map_err(|e| Fail::trouble(format!("connection scale: {e}")))?;
+        .map_err(|e| Error::run(format!("connection scale: {e}")))?;
     let field = |name: &str| {
         status
             .lines()
             .find_map(|l| l.strip_prefix(name))
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .ok_or_else(|| Fail::trouble(format!("/proc/self/status has no {name}")))
+            .ok_or_else(|| Error::run(format!("/proc/self/status has no {name}")))
     };
     let fds = std::fs::read_dir("/proc/self/fd")
-        .map_err(|e| Fail::trouble(format!("connection scale: /proc/self/fd: {e}")))?
+        .map_err(|e| Error::run(format!("connection scale: /proc/self/fd: {e}")))?
         .count() as u64;
     Ok(Footprint {
         rss_kib: field("VmRSS:")?,
@@ -48,7 +48,7 @@ pub fn run(
     device: i32,
     connections: u32,
     stdin: &mut impl BufRead,
-) -> Result<(), Fail> {
+) -> Result<(), Error> {
     let n = connections as usize;
     if n == 0 {
         return Ok(());
@@ -78,12 +78,10 @@ pub fn run(
             let line = wire::read_line(stdin, "peer's listen handles")?;
             let mut handles = line
                 .split(',')
-                .map(|h| {
-                    wire::unhex(h).ok_or_else(|| Fail::trouble(format!("not a handle: {h:?}")))
-                })
+                .map(|h| wire::unhex(h).ok_or_else(|| Error::run(format!("not a handle: {h:?}"))))
                 .collect::<Result<Vec<[u8; HANDLE_BYTES]>, _>>()?;
             if handles.len() != n {
-                return Err(Fail::trouble(format!(
+                return Err(Error::run(format!(
                     "the receiver listened {} times, not {n}",
                     handles.len()
                 )));

@@ -23,6 +23,8 @@ use ncclwasm_model::{
 use ncclwasm_policy::{Decision, PolicyError, PolicyHost, PolicyId, Source};
 use serde::Serialize;
 
+use crate::Error;
+
 mod plan;
 use plan::plan_view;
 pub use plan::{plan_rows, plan_values};
@@ -677,7 +679,7 @@ pub fn evaluate(
     sizes: &[u64],
     which: Connections,
     hint: Option<NetAttr>,
-) -> Result<Report, PolicyError> {
+) -> Result<Report, Error> {
     // The peer makes its own decisions first, with the same policy; plans are then held to the
     // QP limit of the local (live) ports, as in the plugin.
     let peer_side = peer.map(|t| side(host, &t.ports())).transpose()?;
@@ -843,27 +845,6 @@ pub fn fallbacks(report: &Report) -> Vec<(String, &SourceView)> {
     }
     all.retain(|(_, s)| s.kind == "fallback");
     all
-}
-
-/// Reports of the built-in default on corpus machines, for the renderers' tests.
-#[cfg(test)]
-pub(crate) fn corpus_report(name: &str) -> Report {
-    let topology = Topology::load(format!(
-        "{}/../../topologies/{name}.toml",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .unwrap();
-    let host = PolicyHost::new(ncclwasm_policy::Settings::default()).unwrap();
-    evaluate(
-        &host,
-        PolicyView::builtin(),
-        &topology,
-        None,
-        &[8, 1 << 20],
-        Connections::Sample,
-        None,
-    )
-    .unwrap()
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use ncclwasm_model::telemetry::Telemetry;
 use ncclwasm_model::{Port, Topology};
 use ncclwasm_policy::{FailureMode, PolicyHost, Settings};
 
-use crate::fail::Fail;
+use crate::Error;
 use crate::report::PolicyView;
 
 /// Options that configure the policy and the built-in default (every subcommand has them).
@@ -58,6 +58,19 @@ pub enum PolicyArg {
     File(PathBuf),
 }
 
+impl PolicyArg {
+    /// `given`, else `NCCL_WASM_POLICY` as the plugin reads it, else the built-in default: the
+    /// policy the plugin would run here (`devices`).
+    pub fn or_from_env(given: Option<&PolicyArg>) -> PolicyArg {
+        match given {
+            Some(p) => p.clone(),
+            None => std::env::var_os(ncclwasm_policy::ENV_POLICY)
+                .filter(|p| !p.is_empty())
+                .map_or(PolicyArg::Builtin, |p| PolicyArg::File(PathBuf::from(p))),
+        }
+    }
+}
+
 impl FromStr for PolicyArg {
     type Err = String;
 
@@ -75,7 +88,7 @@ impl FromStr for PolicyArg {
 /// with `--env` pairs overriding, `--config` over `NCCL_WASM_POLICY_CONFIG`. No policy path (the
 /// caller loads it, to tell load failures apart), no watcher, and `open` failure so a faulting
 /// hook shows up as a fallback in the output instead of stopping it.
-pub fn settings(args: &ConfigArgs) -> Result<Settings, Fail> {
+pub fn settings(args: &ConfigArgs) -> Result<Settings, Error> {
     let mut s = Settings::from_env()?;
     s.policy = None;
     s.reload = None;
@@ -89,6 +102,27 @@ pub fn settings(args: &ConfigArgs) -> Result<Settings, Fail> {
     Ok(s)
 }
 
+/// The settings of a `policy test` case: only its `NCCL_IB_*` pairs and its config, so a run
+/// does not depend on the shell it is started from, and strict
+/// ([`STRICT_CONFIG`](ncclwasm_default::STRICT_CONFIG)): a misspelt name or a value NCCL would
+/// read otherwise is the case file's mistake. The engine limits still come from the
+/// environment.
+pub fn isolated_settings(
+    ib: Vec<(String, String)>,
+    config: Option<String>,
+) -> Result<Settings, Error> {
+    let mut settings = settings(&ConfigArgs {
+        config: None,
+        env: Vec::new(),
+    })?;
+    settings.ib = ib;
+    settings
+        .ib
+        .push((ncclwasm_default::STRICT_CONFIG.to_owned(), "1".to_owned()));
+    settings.config = config;
+    Ok(settings)
+}
+
 /// The bytes of a policy file, through the bounded reader; the message names the file and
 /// what is wrong with it.
 pub fn read_policy(path: &std::path::Path) -> Result<Vec<u8>, String> {
@@ -97,12 +131,12 @@ pub fn read_policy(path: &std::path::Path) -> Result<Vec<u8>, String> {
 
 /// A host deciding with `policy`. A file that cannot be loaded is trouble here (`check` makes
 /// its own distinction); invalid `NCCL_IB_*` settings always are.
-pub fn host(settings: Settings, policy: &PolicyArg) -> Result<(PolicyHost, PolicyView), Fail> {
+pub fn host(settings: Settings, policy: &PolicyArg) -> Result<(PolicyHost, PolicyView), Error> {
     let host = PolicyHost::new(settings)?;
     let view = match policy {
         PolicyArg::Builtin => PolicyView::builtin(),
         PolicyArg::File(path) => {
-            let bytes = read_policy(path).map_err(Fail::trouble)?;
+            let bytes = read_policy(path).map_err(Error::Input)?;
             let id = host.swap_from_bytes(&bytes, &path.display().to_string())?;
             PolicyView::wasm(&id)
         }
@@ -112,14 +146,14 @@ pub fn host(settings: Settings, policy: &PolicyArg) -> Result<(PolicyHost, Polic
 
 /// The snapshot file a `--telemetry` names, laid over the machine's `ports` (a topology's, or
 /// the live ones `devices` discovers).
-pub fn telemetry(path: Option<&Path>, ports: &[Port]) -> Result<Option<Telemetry>, Fail> {
+pub fn telemetry(path: Option<&Path>, ports: &[Port]) -> Result<Option<Telemetry>, Error> {
     path.map(|path| Telemetry::load(path, ports))
         .transpose()
-        .map_err(Fail::trouble)
+        .map_err(Error::Input)
 }
 
 /// The local machine and the peer's (`None`: the same machine).
-pub fn topologies(args: &MachineArgs) -> Result<(Topology, Option<Topology>), Fail> {
+pub fn topologies(args: &MachineArgs) -> Result<(Topology, Option<Topology>), Error> {
     let local = Topology::load(&args.topology)?;
     let peer = args.peer.as_ref().map(Topology::load).transpose()?;
     Ok((local, peer))
