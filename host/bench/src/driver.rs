@@ -7,6 +7,10 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args as ClapArgs;
+use ncclwasm_inspect::live::FabricView;
+use ncclwasm_inspect::render::json;
+use ncclwasm_inspect::report::{self, TopologyView, VnicValue};
+use ncclwasm_inspect::setup::{self, ConfigArgs, PolicyArg};
 use ncclwasm_model::Topology;
 
 use super::pairs::DEPTHS;
@@ -17,10 +21,6 @@ use super::tables::{
 };
 use super::wire::list;
 use crate::Error;
-use ncclwasm_inspect::live::FabricView;
-use ncclwasm_inspect::render::json;
-use ncclwasm_inspect::report::{self, TopologyView, VnicValue};
-use ncclwasm_inspect::setup::{self, ConfigArgs, PolicyArg};
 
 /// nccl-tests' default range: 8 B to 64 MiB, doubling.
 const BENCH_SIZES: &str =

@@ -18,13 +18,13 @@ use std::time::{Duration, Instant};
 
 use clap::Args as ClapArgs;
 use ncclwasm_abi::load::{Mr, RecvComm, Request, SendComm};
+use ncclwasm_inspect::setup;
 
 use super::rank::{connect_both, expect_size, open};
 use super::wait::{STALL, plugin_fail};
 use super::wire::{self, Msg, Observed, PairTiming};
 use super::workload::{fill, largest, spoil, verify};
 use crate::Error;
-use ncclwasm_inspect::setup;
 
 /// NCCL's `NCCL_STEPS`: the most requests a pipelined transfer keeps in flight per comm.
 const MAX_DEPTH: usize = 8;

@@ -7,13 +7,14 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use ncclwasm_inspect::render;
+
 use super::wait::STALL;
 use super::wire::{
     CpuUse, DeviceLine, Msg, Observed, PLUGIN_DONE, PairTiming, ROLES, Role, RoundTrips,
     SCALE_DONE, Scale, Timing,
 };
 use crate::Error;
-use ncclwasm_inspect::render;
 
 /// What the ranks reported: the streams' timings from the receiver, the ping-pongs' from the
 /// sender.

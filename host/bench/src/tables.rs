@@ -2,6 +2,9 @@
 //! computed from what the ranks timed, and the text tables — the plan the connection ran, the
 //! bandwidth and latency tables against TCP, the connection-scale part.
 
+use ncclwasm_inspect::live::FabricView;
+use ncclwasm_inspect::render::{self, Table, field};
+use ncclwasm_inspect::report::{self, PolicyView, TopologyView};
 use serde::Serialize;
 
 use super::wire::{
@@ -9,9 +12,6 @@ use super::wire::{
     list,
 };
 use crate::Error;
-use ncclwasm_inspect::live::FabricView;
-use ncclwasm_inspect::render::{self, Table, field};
-use ncclwasm_inspect::report::{self, PolicyView, TopologyView};
 
 /// Sizes from here on count for the large-message ratio.
 const LARGE: u64 = 1 << 20;

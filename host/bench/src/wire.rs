@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 use clap::{Args as ClapArgs, ValueEnum};
 use ncclwasm_abi::SendStats;
 use ncclwasm_abi::load::HANDLE_BYTES;
+use ncclwasm_inspect::setup;
 use ncclwasm_model::ConnPlan;
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
-use ncclwasm_inspect::setup;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -76,7 +76,7 @@ mod tests {
         assert!(
             verify(&buf, 3, "t")
                 .unwrap_err()
-                .line()
+                .to_string()
                 .contains("byte 4321")
         );
     }

@@ -5,10 +5,10 @@
 use std::path::PathBuf;
 
 use clap::Args as ClapArgs;
+use ncclwasm_inspect::live;
 use ncclwasm_model::Topology;
 
 use crate::fail::{Fail, Outcome};
-use ncclwasm_inspect::live;
 
 #[derive(Debug, ClapArgs)]
 pub struct Args {

@@ -5,15 +5,15 @@
 use std::path::PathBuf;
 
 use clap::Args as ClapArgs;
+use ncclwasm_inspect::live::{self, FabricView};
+use ncclwasm_inspect::render::{self, Table, field, json};
+use ncclwasm_inspect::report::{self, Report};
+use ncclwasm_inspect::setup::{self, ConfigArgs, DEFAULT_SIZES, PolicyArg};
 use ncclwasm_model::telemetry::Telemetry;
 use ncclwasm_model::{Gid, GidType, LinkLayer, Port, PortState, topology};
 use serde::Serialize;
 
 use crate::fail::{Fail, Outcome};
-use ncclwasm_inspect::live::{self, FabricView};
-use ncclwasm_inspect::render::{self, Table, field, json};
-use ncclwasm_inspect::report::{self, Report};
-use ncclwasm_inspect::setup::{self, ConfigArgs, DEFAULT_SIZES, PolicyArg};
 
 #[derive(Debug, ClapArgs)]
 pub struct Args {

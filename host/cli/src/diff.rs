@@ -8,13 +8,13 @@
 //! one side made only by falling back is that policy's failure, and is shown.
 
 use clap::Args as ClapArgs;
+use ncclwasm_inspect::render::{field, json};
+use ncclwasm_inspect::report::{self, PolicyView, Report, TopologyView};
+use ncclwasm_inspect::setup::{self, ConfigArgs, MachineArgs, PolicyArg};
 use serde::Serialize;
 
 use crate::explain::{Item, items};
 use crate::fail::{Exit, Fail, Outcome};
-use ncclwasm_inspect::render::{field, json};
-use ncclwasm_inspect::report::{self, PolicyView, Report, TopologyView};
-use ncclwasm_inspect::setup::{self, ConfigArgs, MachineArgs, PolicyArg};
 
 #[derive(Debug, ClapArgs)]
 pub struct Args {

@@ -5,15 +5,15 @@ mod connection;
 mod items;
 
 use clap::Args as ClapArgs;
+use ncclwasm_inspect::render::{self, Table, field, json};
+use ncclwasm_inspect::report::{self, Connections, PortGid, Report, SourceView, VnicValue};
+use ncclwasm_inspect::setup::{self, ConfigArgs, DEFAULT_SIZES, MachineArgs, PolicyArg};
 use ncclwasm_model::NetAttr;
 
 use crate::fail::{Exit, Fail, Outcome};
 use connection::{connection_section, connections_section, port_events_section, striping_section};
 pub(crate) use connection::{port_answer, qp_pairs};
 pub(crate) use items::{Item, fault, items};
-use ncclwasm_inspect::render::{self, Table, field, json};
-use ncclwasm_inspect::report::{self, Connections, PortGid, Report, SourceView, VnicValue};
-use ncclwasm_inspect::setup::{self, ConfigArgs, DEFAULT_SIZES, MachineArgs, PolicyArg};
 
 #[derive(Debug, ClapArgs)]
 pub struct Args {

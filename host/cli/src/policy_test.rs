@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Args as ClapArgs;
+use ncclwasm_inspect::render::json;
+use ncclwasm_inspect::report::{self, Connections, PortGid, Report};
+use ncclwasm_inspect::setup::{self, PolicyArg};
 use ncclwasm_model::file::{self, Limit};
 use ncclwasm_model::telemetry::Telemetry;
 use ncclwasm_model::{NetAttr, PortChange, Topology};
@@ -20,9 +23,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::explain::{self, port_answer, qp_pairs};
 use crate::fail::{Exit, Fail, Outcome};
-use ncclwasm_inspect::render::json;
-use ncclwasm_inspect::report::{self, Connections, PortGid, Report};
-use ncclwasm_inspect::setup::{self, PolicyArg};
 
 #[derive(Debug, ClapArgs)]
 pub struct Args {
