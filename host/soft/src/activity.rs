@@ -23,6 +23,8 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use crate::abi::sys;
+
 /// Empty polls in a row (with the counter unchanged) after which a polling thread waits.
 const SPIN_POLLS: u32 = 64;
 
@@ -82,31 +84,9 @@ pub(crate) fn polled(seen: u32, found: bool) {
 /// Sleeps while [`EVENTS`] still reads `seen`, at most [`MAX_WAIT`] (spurious returns are fine:
 /// the caller polls again).
 fn wait_while(seen: u32) {
-    let timeout = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: MAX_WAIT.as_nanos() as libc::c_long,
-    };
-    // SAFETY: FUTEX_WAIT reads the 4-byte atomic (a static, so always valid) and compares it
-    // with `seen`; the timeout is a local timespec; no other memory is touched.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            EVENTS.as_ptr(),
-            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-            seen,
-            &raw const timeout,
-        )
-    };
+    sys::futex_wait(&EVENTS, seen, MAX_WAIT);
 }
 
 fn wake_all() {
-    // SAFETY: FUTEX_WAKE only uses the address of the static atomic as a key.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            EVENTS.as_ptr(),
-            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-            i32::MAX,
-        )
-    };
+    sys::futex_wake_all(&EVENTS);
 }

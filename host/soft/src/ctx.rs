@@ -312,8 +312,8 @@ impl Pool {
     fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         for l in &self.listeners {
-            // SAFETY: shutdown on a listening socket we own; it only wakes the blocked accept.
-            unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
+            // Wakes the blocked accept.
+            let _ = socket2::SockRef::from(l).shutdown(std::net::Shutdown::Both);
         }
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
         for t in threads {

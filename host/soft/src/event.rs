@@ -1,12 +1,15 @@
 //! Completion queues and the asynchronous event queue of a context.
 
 use std::collections::VecDeque;
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use ibverbs_sys::{ibv_event_type, ibv_wc_opcode, ibv_wc_status};
+
+use crate::abi::sys;
 
 /// One work completion, converted to `ibv_wc` by `poll_cq`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,21 +98,16 @@ pub(crate) enum Element {
 #[derive(Debug)]
 pub(crate) struct EventQueue {
     queue: Mutex<VecDeque<(ibv_event_type, Element)>>,
-    fd: OwnedFd,
+    /// The eventfd, as a `File` for its safe `read` and `write` of the 8-byte count.
+    fd: File,
     closed: AtomicBool,
 }
 
 impl EventQueue {
     pub(crate) fn new() -> io::Result<EventQueue> {
-        // SAFETY: eventfd has no memory arguments; the result is checked below.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
         Ok(EventQueue {
             queue: Mutex::new(VecDeque::new()),
-            // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            fd: File::from(sys::semaphore_eventfd()?),
             closed: AtomicBool::new(false),
         })
     }
@@ -127,9 +125,7 @@ impl EventQueue {
     }
 
     fn bump(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a local u64 to our own eventfd.
-        unsafe { libc::write(self.fd.as_raw_fd(), (&raw const one).cast(), 8) };
+        let _ = (&self.fd).write(&1u64.to_ne_bytes());
     }
 
     /// Drops pending events about an object being destroyed, so nobody reads a dangling pointer
@@ -139,9 +135,8 @@ impl EventQueue {
         let before = q.len();
         q.retain(|(_, e)| *e != element);
         for _ in q.len()..before {
-            let mut count = 0u64;
-            // SAFETY: reads 8 bytes into a local u64; non-blocking because the count is > 0.
-            unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut count).cast(), 8) };
+            // Non-blocking because the count is > 0.
+            let _ = (&self.fd).read(&mut [0u8; 8]);
         }
     }
 
@@ -157,11 +152,7 @@ impl EventQueue {
             if self.closed.load(Ordering::Acquire) {
                 return Err(io::Error::from_raw_os_error(libc::EIO));
             }
-            let mut count = 0u64;
-            // SAFETY: reads 8 bytes into a local u64 from our eventfd.
-            let n = unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut count).cast(), 8) };
-            if n < 0 {
-                let err = io::Error::last_os_error();
+            if let Err(err) = (&self.fd).read(&mut [0u8; 8]) {
                 if err.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
@@ -221,13 +212,12 @@ mod tests {
     fn event_fd_is_readable_while_events_pend() {
         let q = EventQueue::new().expect("eventfd");
         let readable = |q: &EventQueue| {
-            let mut p = libc::pollfd {
+            let mut p = [libc::pollfd {
                 fd: q.raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
-            };
-            // SAFETY: one valid pollfd, zero timeout.
-            unsafe { libc::poll(&mut p, 1, 0) == 1 }
+            }];
+            sys::poll(&mut p, 0).ok() == Some(1)
         };
         assert!(!readable(&q));
         q.push(ibv_event_type::IBV_EVENT_PORT_ERR, Element::Port(1));

@@ -12,6 +12,7 @@ use ncclwasm_model::{AddrFamily, PortState, Topology};
 
 use super::ctx::Ctx;
 use super::link_watch::PortLink;
+use crate::abi::plain;
 
 /// An `ibv_device` with the soft device behind it. `ibv` comes first so the pointer handed to
 /// the caller is also a pointer to this struct.
@@ -41,9 +42,7 @@ impl std::fmt::Debug for SoftDevice {
 
 impl SoftDevice {
     fn new(desc: Device, index: usize) -> SoftDevice {
-        // SAFETY: ibv_device is plain C data (arrays, integers, NULL-able fn pointers); all-zero
-        // is a valid value.
-        let mut ibv: ibv_device = unsafe { std::mem::zeroed() };
+        let mut ibv: ibv_device = plain::zeroed();
         ibv.node_type = ibv_node_type::IBV_NODE_CA;
         ibv.transport_type = ibv_transport_type::IBV_TRANSPORT_IB;
         copy_c(&mut ibv.name, &desc.name);

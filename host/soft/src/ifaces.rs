@@ -3,9 +3,10 @@
 //! netdev is (the `sysfs` module) and what a port's link is (the `link_watch` module) come
 //! from here.
 
-use std::ffi::CStr;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
+
+use crate::abi::sys;
 
 /// One reading of the interfaces and their addresses.
 #[derive(Debug, Default)]
@@ -20,31 +21,15 @@ impl Interfaces {
     /// Reads them now. `getifaddrs` asks the kernel over netlink, so the answer is the calling
     /// thread's network namespace (unlike `/sys/class/net`, which is the mounter's).
     pub(crate) fn read() -> io::Result<Interfaces> {
-        let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-        // SAFETY: getifaddrs fills `head` with a list we free below.
-        if unsafe { libc::getifaddrs(&mut head) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
         let mut out = Interfaces::default();
-        let mut cur = head;
-        while !cur.is_null() {
-            // SAFETY: `cur` is a node of the list getifaddrs returned.
-            let ifa = unsafe { &*cur };
-            cur = ifa.ifa_next;
-            // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-            let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
-                .to_string_lossy()
-                .into_owned();
+        sys::each_interface_address(|name, flags, addr| {
             if !out.links.iter().any(|(n, _)| *n == name) {
-                out.links.push((name.clone(), link_up(ifa.ifa_flags)));
+                out.links.push((name.clone(), link_up(flags)));
             }
-            // SAFETY: a non-NULL ifa_addr is a sockaddr of the family it names.
-            if let Some(addr) = unsafe { ip_of(ifa.ifa_addr) } {
+            if let Some(addr) = addr {
                 out.addresses.push((addr, name));
             }
-        }
-        // SAFETY: `head` came from getifaddrs.
-        unsafe { libc::freeifaddrs(head) };
+        })?;
         Ok(out)
     }
 
@@ -71,34 +56,10 @@ fn link_up(flags: libc::c_uint) -> bool {
     flags & libc::IFF_RUNNING as libc::c_uint != 0
 }
 
-/// The IP address in `sa`, for IPv4 and IPv6 sockaddrs.
-///
-/// # Safety
-/// `sa` is NULL or points at a sockaddr as large as its family says.
-unsafe fn ip_of(sa: *const libc::sockaddr) -> Option<IpAddr> {
-    if sa.is_null() {
-        return None;
-    }
-    // SAFETY: per the function contract; the family says which sockaddr it is.
-    unsafe {
-        match i32::from((*sa).sa_family) {
-            libc::AF_INET => {
-                let sin = &*sa.cast::<libc::sockaddr_in>();
-                Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(
-                    sin.sin_addr.s_addr,
-                ))))
-            }
-            libc::AF_INET6 => {
-                let sin6 = &*sa.cast::<libc::sockaddr_in6>();
-                Some(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)))
-            }
-            _ => None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
 
     #[test]

@@ -176,9 +176,15 @@
 //! last context is closed.
 //!
 //! # Where things live
-//! - `abi/`: the C entry points of the table, one file per verb family (`device`, `mr` for PDs
-//!   and MRs, `cq`, `qp` with ECE, `post`, `event` for async events), each with the `#[repr(C)]`
-//!   struct behind its objects; `mod.rs` has the errno conventions and the panic shield.
+//! - `abi/`: every `unsafe` of the crate (the engine's modules forbid it). The C entry points of
+//!   the table, one file per verb family (`device`, `mr` for PDs and MRs, `cq`, `qp` with ECE,
+//!   `post`, `event` for async events), and `fault`'s hooks, over leaves that import none of
+//!   them: `objects` (the `#[repr(C)]` structs behind the caller's pointers, and the casts
+//!   back), `conv` (limits, errno conventions, the panic shield), `plain` (zeroed C structs).
+//!   And the safe APIs of the engine's pointer work: `memory` (registered memory as a `Region`
+//!   that only the key table's checks narrow to one access, held by its `MrGuard`; every copy,
+//!   socket read, `sendmsg` and `process_vm_readv` into or out of it), `mapping` (the dma-buf
+//!   `mmap`), `sys` (randomness, futex, eventfd, interfaces, netlink, `poll`), `alloc_count`.
 //! - `qp/`: the RC engine of one QP, one file per role over its shared state: `state` (the
 //!   state machine), `wqe`, `requester` (posting, the sender thread), `admission` (the hello
 //!   that decides who may connect, both ends), `conn`, `ack_reader`, `responder` (checks and
@@ -188,31 +194,50 @@
 //!   (CQs and async events), `wire` (frames and zero-copy socket I/O).
 //! - `fabric` (devices and address resolution from the topology), `sysfs`, `traffic` (port
 //!   counters), `link_watch` (port state and events from the interfaces' links), `ifaces` (the
-//!   host's interfaces and addresses), `activity` (the futex an idle poller sleeps on), `fault` and
-//!   `alloc_count` (test features).
+//!   host's interfaces and addresses), `activity` (the futex an idle poller sleeps on); `fault`
+//!   and `alloc_count` (test features) are `abi/`'s, re-exported.
 
+// `unsafe` lives under `abi/` (and in the tests that drive the C entry points); every engine
+// module forbids it, so no `allow` inside one can bring it back.
+#![deny(unsafe_code)]
+
+#[allow(unsafe_code)]
 mod abi;
+#[forbid(unsafe_code)]
 mod activity;
-#[cfg(feature = "alloc-count")]
-pub mod alloc_count;
+#[forbid(unsafe_code)]
 mod ctx;
+#[forbid(unsafe_code)]
 mod event;
+#[forbid(unsafe_code)]
 mod fabric;
-#[cfg(feature = "fault-injection")]
-pub mod fault;
+#[forbid(unsafe_code)]
 mod hello;
+#[forbid(unsafe_code)]
 mod ifaces;
+#[forbid(unsafe_code)]
 mod link_watch;
+#[forbid(unsafe_code)]
 mod mr;
+#[forbid(unsafe_code)]
 mod qp;
+#[forbid(unsafe_code)]
 mod sysfs;
+#[forbid(unsafe_code)]
 mod traffic;
 /// Public only so the fuzz targets (`fuzz/`) can reach the pure header codecs; not an API.
 #[doc(hidden)]
+#[forbid(unsafe_code)]
 pub mod wire;
 
 #[cfg(test)]
+#[allow(unsafe_code)]
 mod tests;
+
+#[cfg(feature = "alloc-count")]
+pub use abi::alloc_count;
+#[cfg(feature = "fault-injection")]
+pub use abi::fault;
 
 use std::sync::Arc;
 
@@ -387,16 +412,4 @@ pub fn set_same_host_pull(on: bool) {
 /// Whether QPs created now offer and grant same-host pull.
 pub(crate) fn same_host_pull() -> bool {
     !NO_PULL.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// A random 32-bit value from the kernel (keys and secrets must not be guessable).
-fn rand_u32() -> u32 {
-    let mut v = 0u32;
-    loop {
-        // SAFETY: getrandom writes at most 4 bytes into the local `v`.
-        let n = unsafe { libc::getrandom((&raw mut v).cast(), 4, 0) };
-        if n == 4 {
-            return v;
-        }
-    }
 }

@@ -29,7 +29,7 @@
 use std::io;
 use std::io::{PipeReader, PipeWriter};
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -40,6 +40,7 @@ use ncclwasm_model::topology::DevicePort;
 use super::event::Element;
 use super::fabric::SoftDevice;
 use super::ifaces::Interfaces;
+use crate::abi::sys;
 
 /// Netlink datagrams read per wake-up at most; more pending wake the next `poll` at once, so
 /// a flood of changes elsewhere on the host cannot keep the watcher in one loop.
@@ -160,35 +161,9 @@ impl Watcher {
 
 /// A netlink socket that hears of every link and address change in this network namespace.
 fn subscribe() -> io::Result<OwnedFd> {
-    // SAFETY: socket(2) has no memory arguments; the result is checked below.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-            libc::NETLINK_ROUTE,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: sockaddr_nl is plain C data; all-zero is a valid value.
-    let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-    sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-    sa.nl_groups = (libc::RTMGRP_LINK | libc::RTMGRP_IPV4_IFADDR | libc::RTMGRP_IPV6_IFADDR) as u32;
-    // SAFETY: binds our socket to a sockaddr_nl on the stack, with its exact size.
-    let rc = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&raw const sa).cast(),
-            size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(fd)
+    sys::netlink_route(
+        (libc::RTMGRP_LINK | libc::RTMGRP_IPV4_IFADDR | libc::RTMGRP_IPV6_IFADDR) as u32,
+    )
 }
 
 /// The watcher: sleeps until netlink says something changed (or `wake` ends), then compares.
@@ -200,10 +175,7 @@ fn run(netlink: &OwnedFd, wake: &PipeReader) {
             events: libc::POLLIN,
             revents: 0,
         });
-        // SAFETY: two initialised pollfd entries that live for the whole call.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
+        if let Err(e) = sys::poll(&mut fds, -1) {
             if e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
@@ -229,23 +201,14 @@ fn run(netlink: &OwnedFd, wake: &PipeReader) {
 fn heard(netlink: &OwnedFd, buf: &mut [u8]) -> bool {
     let mut any = false;
     for _ in 0..READS_PER_WAKE {
-        // SAFETY: reads at most `buf.len()` bytes into `buf`, without blocking.
-        let n = unsafe {
-            libc::recv(
-                netlink.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if n > 0 {
-            any = true;
-            continue;
-        }
-        match io::Error::last_os_error().raw_os_error() {
-            Some(libc::EINTR) if n < 0 => {}
-            Some(libc::ENOBUFS) if n < 0 => any = true,
-            _ => break,
+        match sys::recv_nowait(netlink, buf) {
+            Ok(0) => break,
+            Ok(_) => any = true,
+            Err(e) => match e.raw_os_error() {
+                Some(libc::EINTR) => {}
+                Some(libc::ENOBUFS) => any = true,
+                _ => break,
+            },
         }
     }
     any
@@ -327,14 +290,13 @@ fn gid_addresses(port: &DevicePort) -> Vec<IpAddr> {
 mod tests {
     use std::time::Duration;
 
-    use ibverbs_sys::{ibv_context, ibv_event_type, ibv_port_attr, ibv_port_state};
+    use ibverbs_sys::{ibv_context, ibv_event_type, ibv_port_state};
     use ncclwasm_model::Topology;
     use ncclwasm_testkit::netns::ip;
     use ncclwasm_testkit::{child, netns};
 
     use super::watch;
-    use crate::abi;
-    use crate::tests::{next_event, open_private_on};
+    use crate::tests::{close, next_event, open_private_on, query_port_state};
 
     /// How long an event may take: a bound for a hang, never a measurement.
     const WAIT: Duration = Duration::from_secs(10);
@@ -352,12 +314,7 @@ mod tests {
     }
 
     fn port_state(ctx: *mut ibv_context) -> ibv_port_state::Type {
-        // SAFETY: a live context; the attributes on the stack (a full ibv_port_attr).
-        unsafe {
-            let mut pa: ibv_port_attr = std::mem::zeroed();
-            assert_eq!(abi::query_port(ctx, 1, (&raw mut pa).cast()), 0);
-            pa.state
-        }
+        query_port_state(ctx, 1)
     }
 
     /// Threads of this process named as the watcher is.
@@ -451,8 +408,7 @@ mod tests {
         assert_eq!(port_state(late), IBV_PORT_ACTIVE);
         for c in [ctx, late] {
             assert_eq!(next_event(c, Duration::ZERO), None, "one event per change");
-            // SAFETY: opened above, closed once.
-            assert_eq!(unsafe { abi::close_device(c) }, 0);
+            close(c);
         }
     }
 
@@ -482,16 +438,13 @@ mod tests {
         assert!(running(), "started by the first watched context");
         watchers_are(1, "the watcher runs");
         let b = open_private_on(topology("192.0.2.99"));
-        // SAFETY: opened above, closed once.
-        assert_eq!(unsafe { abi::close_device(a) }, 0);
+        close(a);
         assert!(running(), "a context is still open");
         assert_eq!(port_state(b), ibv_port_state::IBV_PORT_ACTIVE);
         assert_eq!(next_event(b, Duration::ZERO), None);
-        // SAFETY: opened above, closed once.
-        assert_eq!(unsafe { abi::close_device(b) }, 0);
+        close(b);
         assert!(!running(), "stopped with the last watched context");
         watchers_are(0, "the watcher ended");
-        // SAFETY: opened above, closed once.
-        assert_eq!(unsafe { abi::close_device(lo) }, 0);
+        close(lo);
     }
 }

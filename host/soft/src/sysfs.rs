@@ -37,7 +37,7 @@ pub fn sysfs_root() -> io::Result<PathBuf> {
         let staging = base.join(format!(
             "sysfs-{}-{:08x}",
             std::process::id(),
-            super::rand_u32()
+            crate::abi::sys::rand_u32()
         ));
         let built = materialise(&staging, fabric).and_then(|()| {
             match fs::rename(&staging, &dir) {

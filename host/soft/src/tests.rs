@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use ibverbs_sys::*;
 
-use super::abi::device::{ctx_of, new_context};
+use super::abi::device::new_context;
+use super::abi::objects::ctx_of;
 use super::abi::{self, cq::poll_cq};
 use super::ctx::Ctx;
 use super::fabric::Fabric;
@@ -100,6 +101,22 @@ pub(crate) fn next_event(ctx: *mut ibv_context, wait: Duration) -> Option<(ibv_e
         abi::ack_async_event(&mut ev);
         Some((ev.event_type, port))
     }
+}
+
+/// The state `query_port` reports of port `port` of `ctx`, a live context.
+pub(crate) fn query_port_state(ctx: *mut ibv_context, port: u8) -> ibv_port_state::Type {
+    // SAFETY: a live context; the attributes on the stack (a full ibv_port_attr).
+    unsafe {
+        let mut pa: ibv_port_attr = std::mem::zeroed();
+        assert_eq!(abi::query_port(ctx, port, (&raw mut pa).cast()), 0);
+        pa.state
+    }
+}
+
+/// Closes `ctx`, a context opened by the calling test and closed only here.
+pub(crate) fn close(ctx: *mut ibv_context) {
+    // SAFETY: per the function's contract.
+    assert_eq!(unsafe { abi::close_device(ctx) }, 0);
 }
 
 impl Node {

@@ -10,6 +10,9 @@
 use std::io;
 use std::os::fd::RawFd;
 
+use crate::abi::memory::{self, Dst, Src};
+use crate::abi::sys;
+
 /// First bytes of a connection: who is calling, whom, and the proof that the caller learnt the
 /// callee's secret through the out-of-band handshake (see the crate docs).
 pub(crate) const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"SFT1");
@@ -253,41 +256,26 @@ pub(crate) enum ReadEnd {
     Closed,
 }
 
-/// Reads exactly `len` bytes from `fd` into `ptr`.
+/// Reads exactly `dst.len()` bytes from `fd` into `dst`.
 ///
 /// With `idle_ok`, a receive timeout before the first byte returns [`ReadEnd::Idle`] (the ack
 /// reader uses it to check its retry timer); a timeout in the middle of a frame keeps reading,
 /// because dropping half a frame would desynchronise the stream.
-///
-/// # Safety
-/// `ptr..ptr+len` must be writable memory that stays valid for the whole call (the caller holds
-/// an MR guard or owns the buffer).
-pub(crate) unsafe fn read_into(
-    fd: RawFd,
-    ptr: *mut u8,
-    len: usize,
-    idle_ok: bool,
-) -> Result<(), ReadEnd> {
+pub(crate) fn read_into(fd: RawFd, dst: Dst<'_>, idle_ok: bool) -> Result<(), ReadEnd> {
     let mut done = 0usize;
-    while done < len {
-        // SAFETY: `ptr + done .. ptr + len` is inside the writable range the caller vouched for.
-        let n = unsafe { libc::read(fd, ptr.add(done).cast(), len - done) };
-        if n > 0 {
-            done += n as usize;
-            continue;
-        }
-        if n == 0 {
-            return Err(ReadEnd::Closed);
-        }
-        let err = io::Error::last_os_error();
-        match err.kind() {
-            io::ErrorKind::Interrupted => {}
-            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                if idle_ok && done == 0 {
-                    return Err(ReadEnd::Idle);
+    while done < dst.len() {
+        match dst.skip(done).read_from(fd) {
+            Ok(0) => return Err(ReadEnd::Closed),
+            Ok(n) => done += n,
+            Err(err) => match err.kind() {
+                io::ErrorKind::Interrupted => {}
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                    if idle_ok && done == 0 {
+                        return Err(ReadEnd::Idle);
+                    }
                 }
-            }
-            _ => return Err(ReadEnd::Closed),
+                _ => return Err(ReadEnd::Closed),
+            },
         }
     }
     Ok(())
@@ -296,20 +284,18 @@ pub(crate) unsafe fn read_into(
 /// Whether bytes are waiting on `fd` (a read would not block). Errors and hang-ups count as
 /// readable: the read that follows reports them.
 pub(crate) fn readable(fd: RawFd) -> bool {
-    let mut p = libc::pollfd {
+    let mut p = [libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
-    };
-    // SAFETY: one valid pollfd, zero timeout.
-    unsafe { libc::poll(&mut p, 1, 0) != 0 }
+    }];
+    !matches!(sys::poll(&mut p, 0), Ok(0))
 }
 
 /// Reads a fixed-size header into a stack buffer.
 pub(crate) fn read_exact<const N: usize>(fd: RawFd, idle_ok: bool) -> Result<[u8; N], ReadEnd> {
     let mut b = [0u8; N];
-    // SAFETY: `b` is a local array of exactly N writable bytes.
-    unsafe { read_into(fd, b.as_mut_ptr(), N, idle_ok) }?;
+    read_into(fd, Dst::from(&mut b[..]), idle_ok)?;
     Ok(b)
 }
 
@@ -318,14 +304,13 @@ pub(crate) fn drain(fd: RawFd, mut len: usize) -> Result<(), ReadEnd> {
     let mut scratch = [0u8; 16 * 1024];
     while len > 0 {
         let n = len.min(scratch.len());
-        // SAFETY: `scratch` has at least `n` writable bytes.
-        unsafe { read_into(fd, scratch.as_mut_ptr(), n, false) }?;
+        read_into(fd, Dst::from(&mut scratch[..n]), false)?;
         len -= n;
     }
     Ok(())
 }
 
-/// Sends every byte described by `iov` with `sendmsg(2)`, resuming after partial writes.
+/// Sends every byte of `iov` with `sendmsg(2)`, resuming after partial writes.
 ///
 /// `MSG_NOSIGNAL`: a vanished peer is an error here, never a SIGPIPE that kills the host
 /// process (NCCL does not ignore SIGPIPE). The socket has a send timeout; on each expiry
@@ -333,48 +318,35 @@ pub(crate) fn drain(fd: RawFd, mut len: usize) -> Result<(), ReadEnd> {
 /// stalled peer can still be stopped. With `try_first`, the first attempt does not wait:
 /// `Ok(false)` means nothing could be sent (the caller hands the work to a thread that may
 /// block); once a byte went out, the rest is sent like any other frame.
-///
-/// # Safety
-/// Every `iov` entry must describe readable memory that stays valid for the whole call.
-pub(crate) unsafe fn send_all(
+pub(crate) fn send_all(
     fd: RawFd,
-    iov: &mut [libc::iovec],
+    iov: &mut [Src<'_>],
     abort: &dyn Fn() -> bool,
     try_first: bool,
 ) -> io::Result<bool> {
     let mut first = 0usize;
     let mut dontwait = try_first;
     while first < iov.len() {
-        if iov[first].iov_len == 0 {
+        if iov[first].len() == 0 {
             first += 1;
             continue;
         }
-        let count = (iov.len() - first).min(libc::UIO_MAXIOV as usize);
-        // SAFETY: msghdr is plain C data; all-zero is valid.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = iov[first..].as_mut_ptr();
-        msg.msg_iovlen = count;
         let flags = libc::MSG_NOSIGNAL | if dontwait { libc::MSG_DONTWAIT } else { 0 };
-        // SAFETY: `msg` points at valid iovecs over readable memory (caller's contract).
-        let n = unsafe { libc::sendmsg(fd, &msg, flags) };
-        if n < 0 {
-            let err = io::Error::last_os_error();
-            match err.kind() {
+        let mut n = match memory::sendmsg(fd, &iov[first..], flags) {
+            Ok(n) => n,
+            Err(err) => match err.kind() {
                 io::ErrorKind::Interrupted => continue,
                 io::ErrorKind::WouldBlock if dontwait => return Ok(false),
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut if !abort() => continue,
                 _ => return Err(err),
-            }
-        }
+            },
+        };
         dontwait = false;
-        let mut n = n as usize;
         while n > 0 && first < iov.len() {
-            let take = n.min(iov[first].iov_len);
-            // SAFETY: advancing within the same iovec's range (`take <= iov_len`).
-            iov[first].iov_base = unsafe { iov[first].iov_base.cast::<u8>().add(take) }.cast();
-            iov[first].iov_len -= take;
+            let take = n.min(iov[first].len());
+            iov[first] = iov[first].skip(take);
             n -= take;
-            if iov[first].iov_len == 0 {
+            if iov[first].len() == 0 {
                 first += 1;
             }
         }
@@ -395,17 +367,8 @@ pub(crate) fn wait_readable(fds: &[RawFd], timeout: std::time::Duration) {
         })
         .collect();
     let ms = libc::c_int::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(libc::c_int::MAX);
-    // SAFETY: `polled` is a live array of `polled.len()` initialised pollfd entries for the
-    // whole call; poll(2) only writes their `revents`. Its result is not needed (see above).
-    unsafe { libc::poll(polled.as_mut_ptr(), polled.len() as libc::nfds_t, ms) };
-}
-
-/// An iovec over `len` bytes at `ptr`.
-pub(crate) fn iovec(ptr: *const u8, len: usize) -> libc::iovec {
-    libc::iovec {
-        iov_base: ptr.cast_mut().cast(),
-        iov_len: len,
-    }
+    // Its result is not needed (see above).
+    let _ = sys::poll(&mut polled, ms);
 }
 
 #[cfg(test)]

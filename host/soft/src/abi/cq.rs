@@ -7,18 +7,13 @@ use std::sync::atomic::Ordering;
 
 use ibverbs_sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_wc, ibv_wc_flags};
 
-use super::device::ctx_of;
-use super::{MAX_CQE, fail, null, set_errno, shield};
+use super::conv::{MAX_CQE, fail, null, set_errno, shield};
+use super::objects::{SoftCq, cq_of, ctx_of};
+use super::plain::zeroed;
 use crate::activity;
 use crate::ctx::CqState;
 use crate::event::{Cq, Element};
 use crate::fabric;
-
-#[repr(C)]
-pub(super) struct SoftCq {
-    ibv: ibv_cq,
-    pub(super) cq: Arc<CqState>,
-}
 
 /// `ibv_create_cq`; completion channels are not supported (NCCL polls).
 pub unsafe extern "C" fn create_cq(
@@ -48,8 +43,7 @@ pub unsafe extern "C" fn create_cq(
                 ibv: Default::default(),
                 ctx: Arc::clone(ctx),
             });
-            // SAFETY: plain C data; the pthread mutex/cond all-zero values are their static initialisers.
-            let mut ibv: ibv_cq = unsafe { std::mem::zeroed() };
+            let mut ibv: ibv_cq = zeroed();
             ibv.context = context;
             ibv.cq_context = cq_context;
             ibv.cqe = cqe;
@@ -73,7 +67,7 @@ pub unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
                 return fail(libc::EINVAL);
             }
             // SAFETY: a live soft CQ.
-            let sc = unsafe { &*cq.cast::<SoftCq>() };
+            let sc = unsafe { cq_of(cq) };
             if Arc::strong_count(&sc.cq) > 1 {
                 return fail(libc::EBUSY);
             }
@@ -95,12 +89,11 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
                 return -libc::EINVAL;
             }
             // SAFETY: a live soft CQ.
-            let sc = unsafe { &*cq.cast::<SoftCq>() };
+            let sc = unsafe { cq_of(cq) };
             let max = usize::try_from(num_entries).unwrap_or(0);
             let seen = activity::before_poll();
             let n = sc.cq.cq.poll(max, |i, w| {
-                // SAFETY: plain C data; all-zero is valid.
-                let mut out: ibv_wc = unsafe { std::mem::zeroed() };
+                let mut out: ibv_wc = zeroed();
                 out.wr_id = w.wr_id;
                 out.status = w.status;
                 out.opcode = w.opcode;

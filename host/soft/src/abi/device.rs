@@ -10,9 +10,11 @@ use ibverbs_sys::{
     ibv_port_attr,
 };
 
+use super::conv::{MAX_CQE, MAX_QP_WR, MAX_RD_ATOM, MAX_SGE, SOFT_ECE_VENDOR, fail, null, shield};
 use super::cq::{poll_cq, req_notify_cq};
+use super::objects::{SoftContext, ctx_of};
+use super::plain::zeroed;
 use super::post::{post_recv, post_send};
-use super::{MAX_CQE, MAX_QP_WR, MAX_RD_ATOM, MAX_SGE, SOFT_ECE_VENDOR, fail, null, shield};
 use crate::ctx::Ctx;
 use crate::fabric::{self, SoftDevice};
 use crate::qp::MAX_MSG;
@@ -20,21 +22,6 @@ use crate::qp::MAX_MSG;
 /// `ibv_port_attr.link_layer` values.
 const LINK_LAYER_INFINIBAND: u8 = 1;
 const LINK_LAYER_ETHERNET: u8 = 2;
-
-#[repr(C)]
-pub(crate) struct SoftContext {
-    pub ibv: ibv_context,
-    pub ctx: Arc<Ctx>,
-}
-
-/// The soft context behind an `ibv_context` pointer.
-///
-/// # Safety
-/// `ctx` must come from [`open_device`] and not be closed.
-pub(crate) unsafe fn ctx_of<'a>(ctx: *mut ibv_context) -> &'a Arc<Ctx> {
-    // SAFETY: `ibv` is the first field of the repr(C) SoftContext that open_device allocated.
-    unsafe { &(*ctx.cast::<SoftContext>()).ctx }
-}
 
 /// `ibv_get_device_list`: the topology's devices (NULL + ENOSYS if the topology is unusable,
 /// which callers read as zero devices).
@@ -131,9 +118,7 @@ pub unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv_contex
 
 /// Wraps a context in its `ibv_context` (also used by tests that build private fabrics).
 pub(crate) fn new_context(ctx: Arc<Ctx>, device: *mut ibv_device) -> *mut ibv_context {
-    // SAFETY: ibv_context is plain C data (pointers, ints, NULL-able fn pointers, a pthread
-    // mutex whose all-zero value is PTHREAD_MUTEX_INITIALIZER on glibc).
-    let mut ibv: ibv_context = unsafe { std::mem::zeroed() };
+    let mut ibv: ibv_context = zeroed();
     ibv.device = device;
     ibv.cmd_fd = -1;
     ibv.async_fd = ctx.events.raw_fd();
@@ -176,8 +161,7 @@ pub unsafe extern "C" fn query_device(
             }
             // SAFETY: a live soft context.
             let ctx = unsafe { ctx_of(context) };
-            // SAFETY: plain C data; all-zero is valid.
-            let mut a: ibv_device_attr = unsafe { std::mem::zeroed() };
+            let mut a: ibv_device_attr = zeroed();
             for (d, s) in a.fw_ver.iter_mut().zip(b"soft-1.0".iter()) {
                 *d = *s as c_char;
             }
@@ -232,8 +216,7 @@ pub unsafe extern "C" fn query_port(
                 2048 => ibv_mtu::IBV_MTU_2048,
                 _ => ibv_mtu::IBV_MTU_4096,
             };
-            // SAFETY: plain C data; all-zero is valid.
-            let mut a: ibv_port_attr = unsafe { std::mem::zeroed() };
+            let mut a: ibv_port_attr = zeroed();
             a.state = state;
             a.max_mtu = mtu;
             a.active_mtu = mtu;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use ibverbs_sys::{ibv_async_event, ibv_context, ibv_cq, ibv_event_type, ibv_qp};
 
-use super::device::ctx_of;
-use super::{fail, null, set_errno, shield};
+use super::conv::{fail, null, set_errno, shield};
+use super::objects::ctx_of;
 use crate::event::Element;
 
 /// `ibv_get_async_event`: blocks (or EAGAIN with `O_NONBLOCK` on `async_fd`).

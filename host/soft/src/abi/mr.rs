@@ -6,17 +6,12 @@ use std::sync::Arc;
 
 use ibverbs_sys::{ibv_context, ibv_mr, ibv_pd};
 
-use super::device::ctx_of;
-use super::{fail, null, shield};
+use super::conv::{fail, null, shield};
+use super::mapping::{FdMapping, MapError};
+use super::memory::Region;
+use super::objects::{SoftPd, ctx_of, pd_of};
 use crate::ctx::Ctx;
 use crate::fabric;
-use crate::mr::{FdMapping, MapError};
-
-#[repr(C)]
-pub(super) struct SoftPd {
-    pub(super) ibv: ibv_pd,
-    pub(super) ctx: Arc<Ctx>,
-}
 
 #[repr(C)]
 struct SoftMr {
@@ -62,8 +57,8 @@ pub unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
             if pd.is_null() {
                 return fail(libc::EINVAL);
             }
-            // SAFETY: a live soft PD (first field of a boxed SoftPd).
-            let sp = unsafe { &*pd.cast::<SoftPd>() };
+            // SAFETY: a live soft PD.
+            let sp = unsafe { pd_of(pd) };
             if sp.ctx.mrs.count_for_pd(sp.ibv.handle) > 0 {
                 return fail(libc::EBUSY);
             }
@@ -107,21 +102,22 @@ pub unsafe extern "C" fn reg_mr_iova2(
                 return null(libc::EINVAL);
             }
             // SAFETY: a live soft PD.
-            let sp = unsafe { &*pd.cast::<SoftPd>() };
-            register(sp, pd, addr as usize, addr, length, iova, access, None)
+            let sp = unsafe { pd_of(pd) };
+            // SAFETY: the verbs contract: the caller keeps `[addr, addr + length)` mapped until
+            // `dereg_mr` returns, which is after the key is gone and no access holds it.
+            let region = unsafe { Region::registered(addr as usize, length) };
+            register(sp, pd, region, addr, iova, access, None)
         },
     )
 }
 
-/// Registers `[host, host + length)` of this process under a fresh key, addressed by `iova`;
-/// `ibv_addr` is what `ibv_mr.addr` reports (the caller's address, or the dma-buf offset).
-#[allow(clippy::too_many_arguments)]
+/// Registers `region` of this process under a fresh key, addressed by `iova`; `ibv_addr` is
+/// what `ibv_mr.addr` reports (the caller's address, or the dma-buf offset).
 fn register(
     sp: &SoftPd,
     pd: *mut ibv_pd,
-    host: usize,
+    region: Region,
     ibv_addr: *mut c_void,
-    length: usize,
     iova: u64,
     access: c_uint,
     dmabuf: Option<FdMapping>,
@@ -134,10 +130,8 @@ fn register(
     if access & remote_write != 0 && access & crate::mr::LOCAL_WRITE == 0 {
         return null(libc::EINVAL);
     }
-    let key = sp
-        .ctx
-        .mrs
-        .register(sp.ibv.handle, host, length, iova, access);
+    let length = region.len();
+    let key = sp.ctx.mrs.register(sp.ibv.handle, region, iova, access);
     let ibv = ibv_mr {
         context: sp.ibv.context,
         pd,
@@ -183,7 +177,7 @@ pub unsafe extern "C" fn reg_dmabuf_mr(
                 return null(libc::EINVAL);
             }
             // SAFETY: a live soft PD.
-            let sp = unsafe { &*pd.cast::<SoftPd>() };
+            let sp = unsafe { pd_of(pd) };
             let mapping = match FdMapping::map(fd, offset, length) {
                 Ok(m) => m,
                 Err(MapError::Range) => return null(libc::EINVAL),
@@ -192,13 +186,14 @@ pub unsafe extern "C" fn reg_dmabuf_mr(
                     return null(libc::EOPNOTSUPP);
                 }
             };
-            let host = mapping.addr();
+            // SAFETY: the mapping lives in the SoftMr made below, which drops it only after
+            // deregistering the key, once no access holds it.
+            let region = unsafe { Region::registered(mapping.addr(), length) };
             register(
                 sp,
                 pd,
-                host,
+                region,
                 offset as usize as *mut c_void,
-                length,
                 iova,
                 access as c_uint,
                 Some(mapping),

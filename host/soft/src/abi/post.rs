@@ -5,8 +5,8 @@ use std::os::raw::c_int;
 
 use ibverbs_sys::{ibv_qp, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wr_opcode};
 
-use super::qp::qp_of;
-use super::{fail, shield};
+use super::conv::{fail, shield};
+use super::objects::qp_of;
 use crate::qp::{Qp, RecvWqe, SendWqe, Sge, Sges};
 use crate::wire::ReqOp;
 

@@ -9,26 +9,11 @@ use std::sync::atomic::Ordering;
 
 use ibverbs_sys::{ibv_ece, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_qp_type};
 
-use super::cq::SoftCq;
-use super::mr::SoftPd;
-use super::{MAX_QP_WR, MAX_SGE, SOFT_ECE_VENDOR, fail, null, shield};
+use super::conv::{MAX_QP_WR, MAX_SGE, SOFT_ECE_VENDOR, fail, null, shield};
+use super::objects::{SoftQp, cq_of, pd_of, qp_of};
+use super::plain::zeroed;
 use crate::fabric;
 use crate::qp::{Attrs, Caps, MAX_INLINE, Qp};
-
-#[repr(C)]
-pub(crate) struct SoftQp {
-    pub ibv: ibv_qp,
-    pub qp: Arc<Qp>,
-}
-
-/// The soft QP behind an `ibv_qp` pointer.
-///
-/// # Safety
-/// `qp` must come from [`create_qp`] and not be destroyed.
-pub(crate) unsafe fn qp_of<'a>(qp: *mut ibv_qp) -> &'a Arc<Qp> {
-    // SAFETY: `ibv` is the first field of the repr(C) SoftQp that create_qp allocated.
-    unsafe { &(*qp.cast::<SoftQp>()).qp }
-}
 
 /// `ibv_create_qp`: RC only; the granted capacities are written back into `init_attr.cap`.
 pub unsafe extern "C" fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> *mut ibv_qp {
@@ -40,7 +25,7 @@ pub unsafe extern "C" fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr)
                 return null(libc::EINVAL);
             }
             // SAFETY: live soft PD and a readable/writable init attr from the caller.
-            let (sp, ia) = unsafe { (&*pd.cast::<SoftPd>(), &mut *init) };
+            let (sp, ia) = unsafe { (pd_of(pd), &mut *init) };
             if ia.qp_type != ibv_qp_type::IBV_QPT_RC {
                 return null(libc::EOPNOTSUPP);
             }
@@ -81,8 +66,7 @@ pub unsafe extern "C" fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr)
                 }
             };
             // SAFETY: both CQ pointers are live soft CQs (checked non-NULL above).
-            let (scq, rcq) =
-                unsafe { (&*ia.send_cq.cast::<SoftCq>(), &*ia.recv_cq.cast::<SoftCq>()) };
+            let (scq, rcq) = unsafe { (cq_of(ia.send_cq), cq_of(ia.recv_cq)) };
             let qp = Qp::new(
                 Arc::clone(&sp.ctx),
                 slot,
@@ -92,8 +76,7 @@ pub unsafe extern "C" fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr)
                 Arc::clone(&scq.cq),
                 Arc::clone(&rcq.cq),
             );
-            // SAFETY: plain C data; pthread mutex/cond all-zero values are their static initialisers.
-            let mut ibv: ibv_qp = unsafe { std::mem::zeroed() };
+            let mut ibv: ibv_qp = zeroed();
             ibv.context = sp.ibv.context;
             ibv.qp_context = ia.qp_context;
             ibv.pd = pd;
@@ -185,8 +168,7 @@ pub unsafe extern "C" fn query_qp(
             // SAFETY: a live soft QP.
             let q = unsafe { qp_of(qp) };
             let s = q.attrs();
-            // SAFETY: plain C data; all-zero is valid.
-            let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+            let mut a: ibv_qp_attr = zeroed();
             a.qp_state = q.state();
             a.cur_qp_state = a.qp_state;
             a.path_mtu = s.path_mtu;

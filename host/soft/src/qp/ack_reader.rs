@@ -253,14 +253,14 @@ impl Qp {
                 }
             }
         };
-        let mut guards: SmallVec<[(MrGuard, usize); 1]> = SmallVec::new();
+        let mut guards: SmallVec<[MrGuard; 1]> = SmallVec::new();
         for s in sges.iter().filter(|s| s.len > 0) {
             match self
                 .ctx
                 .mrs
                 .acquire(s.lkey, self.pd, s.addr, s.len as usize, LOCAL_WRITE)
             {
-                Ok(g) => guards.push((g, s.len as usize)),
+                Ok(g) => guards.push(g),
                 Err(_) => {
                     let _ = wire::drain(fd, resp.len as usize);
                     let mut st = self.lock();
@@ -275,9 +275,8 @@ impl Qp {
                 }
             }
         }
-        for (g, len) in &guards {
-            // SAFETY: the guard pins `len` writable bytes (LOCAL_WRITE checked) at `g.ptr`.
-            if unsafe { wire::read_into(fd, g.ptr, *len, false) }.is_err() {
+        for g in &guards {
+            if wire::read_into(fd, g.region().dst(), false).is_err() {
                 return false;
             }
         }

@@ -23,8 +23,9 @@ use socket2::{Domain, Socket, Type};
 
 use super::conn::{Conn, tune};
 use super::{Qp, St};
+use crate::abi::memory::Src;
 use crate::traffic;
-use crate::wire::{self, HELLO_LEN, HelloReply};
+use crate::wire::{self, HelloReply};
 
 /// Marks a PSN presented as the proof (PSNs are 24 bits): a caller that was given no secret
 /// proves it knows the PSN the callee's RTR expects, as a NIC admits packets.
@@ -122,9 +123,8 @@ impl Qp {
             let stream: TcpStream = sock.into();
             tune(&stream);
             let hello = wire::encode_hello(self.qpn, dest_qpn, proof);
-            let mut iov = [wire::iovec(hello.as_ptr(), HELLO_LEN)];
-            // SAFETY: the iovec covers the local `hello` array.
-            unsafe { wire::send_all(stream.as_raw_fd(), &mut iov, &|| true, false) }?;
+            let mut iov = [Src::from(&hello[..])];
+            wire::send_all(stream.as_raw_fd(), &mut iov, &|| true, false)?;
             stream.set_read_timeout(Some(reply_wait))?;
             // `idle_ok`: a listener that never answers is a failed attempt, not a hang.
             let reply = wire::read_exact::<4>(stream.as_raw_fd(), true)

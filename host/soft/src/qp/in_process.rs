@@ -10,11 +10,12 @@ use std::cell::Cell;
 use std::sync::{Arc, Weak};
 
 use ibverbs_sys::{ibv_qp_state, ibv_wc_status};
-use smallvec::SmallVec;
 
 use super::ack_reader::nak_status;
 use super::responder::Link;
 use super::{MAX_INLINE, Qp};
+use crate::abi::memory::{self, Dst, Src};
+use crate::mr::MrGuard;
 use crate::wire::{Nak, ReqOp, Request};
 
 /// Where a QP's requests go, decided at its first post after RTS.
@@ -28,41 +29,48 @@ pub(super) enum PeerPath {
     Local(Weak<Qp>),
 }
 
-/// The requester's side of an in-process delivery: its pinned payload (or READ destination)
-/// segments, consumed in order, and the NAK a refusal answers.
+/// The requester's side of an in-process delivery: its payload (the inline copy, or its
+/// pinned SGEs) or READ destination (its pinned SGEs), consumed in order, and the NAK a
+/// refusal answers.
 pub(super) struct MemLink<'a> {
     pub(super) epoch: u64,
-    segs: &'a [(*mut u8, usize)],
+    /// The payload copied at post time, when the WR is an inline send.
+    inline: Option<&'a [u8]>,
+    /// The requester's checked SGEs otherwise, one guard per non-empty SGE.
+    guards: &'a [MrGuard],
     /// Segment and offset in it where the next byte comes from or goes to.
     at: Cell<(usize, usize)>,
     pub(super) refused: Cell<Option<Nak>>,
 }
 
 impl MemLink<'_> {
-    /// Copies `len` bytes between the segments (in order, from the cursor) and `ptr`:
-    /// `into == true` copies from the segments to `ptr`.
-    ///
-    /// # Safety
-    /// `ptr` must be valid for `len` bytes in the direction of the copy, and the segments for
-    /// the other direction, without overlap.
-    pub(super) unsafe fn copy(&self, ptr: *mut u8, len: usize, into: bool) -> usize {
+    /// How many segments the requester's side has.
+    fn segments(&self) -> usize {
+        match self.inline {
+            Some(_) => 1,
+            None => self.guards.len(),
+        }
+    }
+
+    /// Segment `seg`, to be read.
+    fn source(&self, seg: usize) -> Src<'_> {
+        match self.inline {
+            Some(data) => Src::from(data),
+            None => self.guards[seg].region().src(),
+        }
+    }
+
+    /// Copies the next payload bytes from the segments into `dst`, as many as fit: how many
+    /// there were.
+    pub(super) fn read_into(&self, dst: Dst<'_>) -> usize {
         let (mut seg, mut off) = self.at.get();
         let mut done = 0;
-        while done < len && seg < self.segs.len() {
-            let (base, seg_len) = self.segs[seg];
-            let n = (seg_len - off).min(len - done);
-            // SAFETY: both ranges are in bounds (the caller's contract and the segment's length).
-            unsafe {
-                let (here, there) = (base.add(off), ptr.add(done));
-                if into {
-                    std::ptr::copy_nonoverlapping(here, there, n);
-                } else {
-                    std::ptr::copy_nonoverlapping(there, here, n);
-                }
-            }
+        while done < dst.len() && seg < self.segments() {
+            let from = self.source(seg);
+            let n = memory::copy(from.skip(off), dst.skip(done));
             done += n;
             off += n;
-            if off == seg_len {
+            if off == from.len() {
                 seg += 1;
                 off = 0;
             }
@@ -71,13 +79,22 @@ impl MemLink<'_> {
         done
     }
 
-    /// A READ's data from the responder's memory into the requester's segments.
-    ///
-    /// # Safety
-    /// `src` must be readable for `len` bytes.
-    pub(super) unsafe fn write_from(&self, src: *const u8, len: usize) {
-        // SAFETY: per the caller's contract; the segments are pinned and locally writable.
-        unsafe { self.copy(src.cast_mut(), len, false) };
+    /// A READ's data from the responder's memory into the requester's segments (checked
+    /// locally writable before delivery).
+    pub(super) fn write_from(&self, src: Src<'_>) {
+        let (mut seg, mut off) = self.at.get();
+        let mut done = 0;
+        while done < src.len() && seg < self.guards.len() {
+            let to = self.guards[seg].region().dst();
+            let n = memory::copy(src.skip(done), to.skip(off));
+            done += n;
+            off += n;
+            if off == to.len() {
+                seg += 1;
+                off = 0;
+            }
+        }
+        self.at.set((seg, off));
     }
 }
 
@@ -171,20 +188,7 @@ impl Qp {
         let Some(guards) = self.pin_local(epoch, &req, &sges, inline.is_some()) else {
             return;
         };
-        let mut segs: SmallVec<[(*mut u8, usize); 1]> = SmallVec::new();
-        match inline {
-            Some(data) => segs.push((data.as_ptr().cast_mut(), data.len())),
-            None => {
-                let nonempty = sges.iter().filter(|s| s.len > 0);
-                segs.extend(
-                    guards
-                        .iter()
-                        .zip(nonempty)
-                        .map(|(g, s)| (g.ptr, s.len as usize)),
-                );
-            }
-        }
-        let result = peer.accept_local(self.qpn, &req, &segs);
+        let result = peer.accept_local(self.qpn, &req, inline, &guards);
         drop(guards);
         let mut st = self.lock();
         if st.epoch != epoch {
@@ -197,14 +201,16 @@ impl Qp {
     }
 
     /// The responder's side of an in-process delivery from QP `src_qpn`: the checks and the
-    /// placement of the TCP responder ([`place`](Self::place)), the payload read from `segs`.
+    /// placement of the TCP responder ([`place`](Self::place)), the payload read from `inline`
+    /// or from the requester's `guards` (which a READ writes).
     /// `Err` is the requester's completion status. Unlike over TCP, a missing receive is not
     /// retried: it fails the WR with `IBV_WC_RNR_RETRY_EXC_ERR` at once.
     fn accept_local(
         &self,
         src_qpn: u32,
         req: &Request,
-        segs: &[(*mut u8, usize)],
+        inline: Option<&[u8]>,
+        guards: &[MrGuard],
     ) -> Result<(), ibv_wc_status::Type> {
         let (access, recv, epoch) = {
             let mut st = self.lock();
@@ -231,7 +237,8 @@ impl Qp {
         };
         let mem = MemLink {
             epoch,
-            segs,
+            inline,
+            guards,
             at: Cell::new((0, 0)),
             refused: Cell::new(None),
         };

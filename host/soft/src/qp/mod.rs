@@ -173,7 +173,7 @@ impl Qp {
             caps,
             sq_sig_all,
             secret: loop {
-                let s = super::rand_u32();
+                let s = crate::abi::sys::rand_u32();
                 if s != 0 {
                     break s;
                 }

@@ -28,6 +28,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use smallvec::SmallVec;
 
 use super::Qp;
+use crate::abi::memory::{Dst, RemoteSeg, Src};
 use crate::wire::{self, RESP_LEN, ReadEnd, ReqOp, Request, RespOp, Response, SEG_LEN};
 
 /// Smallest payload pulled rather than sent. Measured with `benches/soft_fabric.rs` (two
@@ -109,61 +110,13 @@ impl std::fmt::Display for Verdict {
     }
 }
 
-/// Copies `len` bytes at `remote` in process `pid` to `local`, the whole of it or an error.
-/// Partial transfers resume where they stopped.
-///
-/// # Safety
-/// `local` must be writable for `len` bytes.
-unsafe fn read_remote(
-    pid: libc::pid_t,
-    local: *mut u8,
-    remote: &[libc::iovec],
-    len: usize,
-) -> std::io::Result<()> {
-    let mut done = 0usize;
-    let (mut seg, mut off) = (0usize, 0usize);
-    while done < len {
-        let mut rv: SmallVec<[libc::iovec; 1]> = SmallVec::new();
-        for (i, r) in remote[seg..].iter().enumerate() {
-            if i == libc::UIO_MAXIOV as usize {
-                break;
-            }
-            let skip = if i == 0 { off } else { 0 };
-            rv.push(wire::iovec(
-                r.iov_base.cast::<u8>().wrapping_add(skip),
-                r.iov_len - skip,
-            ));
-        }
-        let lv = wire::iovec(local.wrapping_add(done), len - done);
-        // SAFETY: the local iovec is inside the caller's writable range; the remote ones name
-        // the other process's memory, which the kernel checks (a bad address is EFAULT).
-        let n = unsafe {
-            libc::process_vm_readv(pid, &lv, 1, rv.as_ptr(), rv.len() as libc::c_ulong, 0)
-        };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
-        }
-        done += n as usize;
-        (seg, off) = advance(remote, (seg, off), n as usize);
-    }
-    Ok(())
-}
-
 /// Whether the 32-bit word at `addr` in process `pid` reads back as `value`.
 fn probe(pid: libc::pid_t, addr: u64, value: u32) -> Verdict {
-    let mut got = 0u32;
-    let remote = [wire::iovec(addr as usize as *const u8, 4)];
-    // SAFETY: `got` is 4 writable local bytes.
-    match unsafe { read_remote(pid, (&raw mut got).cast(), &remote, 4) } {
-        Ok(()) if got == value => Verdict::Granted,
-        Ok(()) => Verdict::Mismatch,
+    let mut got = [0u8; 4];
+    let remote = [RemoteSeg { addr, len: 4 }];
+    match Dst::from(&mut got[..]).pull(pid, &remote, (0, 0)) {
+        Ok(_) if u32::from_ne_bytes(got) == value => Verdict::Granted,
+        Ok(_) => Verdict::Mismatch,
         Err(e) => match e.raw_os_error() {
             Some(libc::EPERM) => Verdict::NotPermitted,
             Some(libc::ESRCH) => Verdict::NoProcess,
@@ -171,24 +124,6 @@ fn probe(pid: libc::pid_t, addr: u64, value: u32) -> Verdict {
             _ => Verdict::Unavailable,
         },
     }
-}
-
-/// Where `(seg, off)` is after `n` more bytes of `segs`.
-fn advance(
-    segs: &[libc::iovec],
-    (mut seg, mut off): (usize, usize),
-    mut n: usize,
-) -> (usize, usize) {
-    while n > 0 && seg < segs.len() {
-        let take = n.min(segs[seg].iov_len - off);
-        off += take;
-        n -= take;
-        if off == segs[seg].iov_len {
-            seg += 1;
-            off = 0;
-        }
-    }
-    (seg, off)
 }
 
 /// Whether the requester has the responder pull `req`, on a connection that agreed to it
@@ -201,7 +136,7 @@ pub(super) fn wanted(pulls: bool, req: &Request, inline: bool) -> bool {
 /// them.
 pub(super) struct Source {
     pid: libc::pid_t,
-    segs: SmallVec<[libc::iovec; 1]>,
+    segs: SmallVec<[RemoteSeg; 1]>,
     /// The first segment not consumed, and how much of it was.
     at: Cell<(usize, usize)>,
 }
@@ -218,7 +153,10 @@ impl Source {
             if n == 0 || n > left {
                 return Err(None);
             }
-            segs.push(wire::iovec(addr as usize as *const u8, n as usize));
+            segs.push(RemoteSeg {
+                addr,
+                len: n as usize,
+            });
             left -= n;
         }
         Ok(Source {
@@ -228,33 +166,25 @@ impl Source {
         })
     }
 
-    /// Pulls the next `len` bytes into `dst`.
-    ///
-    /// # Safety
-    /// `dst` must be writable for `len` bytes.
-    pub(super) unsafe fn read_into(&self, dst: *mut u8, len: usize) -> Result<(), ReadEnd> {
+    /// Pulls the next `dst.len()` bytes into `dst`.
+    pub(super) fn read_into(&self, dst: Dst<'_>) -> Result<(), ReadEnd> {
         let (seg, off) = self.at.get();
-        let Some(first) = self.segs.get(seg) else {
-            return Err(ReadEnd::Closed);
-        };
-        let mut rest: SmallVec<[libc::iovec; 1]> = SmallVec::new();
-        rest.push(wire::iovec(
-            first.iov_base.cast::<u8>().wrapping_add(off),
-            first.iov_len - off,
-        ));
-        rest.extend_from_slice(&self.segs[seg + 1..]);
-        let available: usize = rest.iter().map(|r| r.iov_len).sum();
-        if available < len {
+        if seg >= self.segs.len() {
             return Err(ReadEnd::Closed);
         }
-        // SAFETY: per the caller's contract.
-        if unsafe { read_remote(self.pid, dst, &rest, len) }.is_err() {
+        let available = self.segs[seg..].iter().map(|r| r.len).sum::<usize>() - off;
+        if available < dst.len() {
+            return Err(ReadEnd::Closed);
+        }
+        match dst.pull(self.pid, &self.segs, (seg, off)) {
+            Ok(at) => {
+                self.at.set(at);
+                Ok(())
+            }
             // The requester's memory is gone (it holds the segments pinned until we answer, so
             // only its process can have gone): as a connection cut mid-payload.
-            return Err(ReadEnd::Closed);
+            Err(_) => Err(ReadEnd::Closed),
         }
-        self.at.set(advance(&self.segs, (seg, off), len));
-        Ok(())
     }
 }
 
@@ -278,14 +208,12 @@ impl Qp {
             len: 0,
             seq: 0,
             raddr: std::ptr::from_ref(&self.secret) as u64,
-            // SAFETY: getpid has no preconditions.
-            rkey: unsafe { libc::getpid() } as u32,
+            rkey: std::process::id(),
             imm: 0,
         }
         .encode();
-        let mut iov = [wire::iovec(offer.as_ptr(), offer.len())];
-        // SAFETY: the iovec covers the local `offer` array.
-        unsafe { wire::send_all(stream.as_raw_fd(), &mut iov, &|| true, false) }.map_err(|_| ())?;
+        let mut iov = [Src::from(&offer[..])];
+        wire::send_all(stream.as_raw_fd(), &mut iov, &|| true, false).map_err(|_| ())?;
         // `idle_ok`: a responder that never answers fails the attempt, not the thread.
         let answer = wire::read_exact::<RESP_LEN>(stream.as_raw_fd(), true).map_err(|_| ())?;
         let verdict = match Response::decode(&answer) {
@@ -325,9 +253,8 @@ mod tests {
 
     #[test]
     fn the_probe_tells_this_process_from_others() {
-        // SAFETY: getpid has no preconditions.
-        let me = unsafe { libc::getpid() };
-        let word = crate::rand_u32();
+        let me = std::process::id() as libc::pid_t;
+        let word = crate::abi::sys::rand_u32();
         let addr = std::ptr::from_ref(&word) as u64;
         assert_eq!(probe(me, addr, word), Verdict::Granted);
         assert_eq!(probe(me, addr, !word), Verdict::Mismatch);
@@ -338,25 +265,29 @@ mod tests {
 
     #[test]
     fn a_source_is_pulled_across_segments_in_pieces() {
-        // SAFETY: getpid has no preconditions.
-        let me = unsafe { libc::getpid() };
+        let me = std::process::id() as libc::pid_t;
         let a: Vec<u8> = (0..100u8).collect();
         let b: Vec<u8> = (100..250u8).collect();
         let src = Source {
             pid: me,
             segs: smallvec::smallvec![
-                wire::iovec(a.as_ptr(), a.len()),
-                wire::iovec(b.as_ptr(), b.len())
+                RemoteSeg {
+                    addr: a.as_ptr() as u64,
+                    len: a.len()
+                },
+                RemoteSeg {
+                    addr: b.as_ptr() as u64,
+                    len: b.len()
+                }
             ],
             at: Cell::new((0, 0)),
         };
         let mut dst = [0u8; 250];
         for (from, to) in [(0, 60), (60, 180), (180, 250)] {
-            // SAFETY: `dst[from..to]` is writable.
-            unsafe { src.read_into(dst[from..].as_mut_ptr(), to - from) }.unwrap();
+            src.read_into(Dst::from(&mut dst[from..to])).unwrap();
         }
         assert!(dst.iter().enumerate().all(|(i, &x)| x == i as u8));
-        // SAFETY: as above; nothing is left to pull.
-        assert!(unsafe { src.read_into(dst.as_mut_ptr(), 1) }.is_err());
+        // Nothing is left to pull.
+        assert!(src.read_into(Dst::from(&mut dst[..1])).is_err());
     }
 }

@@ -16,6 +16,7 @@ use super::admission::ConnectFail;
 use super::in_process::PeerPath;
 use super::pull;
 use super::{Attrs, Conn, DRAIN_ACKS, MAX_INLINE, MAX_MSG, Qp, RecvWqe, SendWqe, Sge, Sges, St};
+use crate::abi::memory::Src;
 use crate::event::Wc;
 use crate::mr::{LOCAL_WRITE, MrGuard};
 use crate::wire::{self, FLAG_ACK_REQ, FLAG_PULL, ReqOp, Request, SEG_LEN};
@@ -284,9 +285,7 @@ impl Qp {
         }
         .encode();
         drop(st);
-        let mut iov = [wire::iovec(bye.as_ptr(), bye.len())];
-        // SAFETY: the iovec covers the local `bye` array.
-        if unsafe { wire::send_all(c.fd(), &mut iov, &|| true, false) }.is_ok() {
+        if wire::send_all(c.fd(), &mut [Src::from(&bye[..])], &|| true, false).is_ok() {
             let _ = c.stream.shutdown(std::net::Shutdown::Write);
         }
     }
@@ -337,34 +336,35 @@ impl Qp {
             req.flags |= FLAG_PULL;
         }
         let hdr = req.encode();
-        let mut iov: SmallVec<[libc::iovec; 2]> =
-            smallvec::smallvec![wire::iovec(hdr.as_ptr(), hdr.len())];
         let mut segs: SmallVec<[[u8; SEG_LEN]; 1]> = SmallVec::new();
+        let mut iov: SmallVec<[Src<'_>; 2]> = smallvec::smallvec![Src::from(&hdr[..])];
         if req.op != ReqOp::Read {
             match inline {
-                Some(data) => iov.push(wire::iovec(data.as_ptr(), data.len())),
+                Some(data) => iov.push(Src::from(data)),
                 None => {
                     let mut gi = guards.iter();
                     for s in sges.iter().filter(|s| s.len > 0) {
                         let g = gi.next().expect("one guard per non-empty SGE");
                         match pulled {
-                            true => segs.push(wire::encode_seg(g.ptr as u64, u64::from(s.len))),
-                            false => iov.push(wire::iovec(g.ptr, s.len as usize)),
+                            true => {
+                                segs.push(wire::encode_seg(g.region().addr(), u64::from(s.len)))
+                            }
+                            false => iov.push(g.region().src()),
                         }
                     }
                 }
             }
         }
         if pulled {
-            iov.push(wire::iovec(segs.as_ptr().cast(), segs.len() * SEG_LEN));
+            iov.push(Src::from(segs.as_flattened()));
         }
         let abort = || {
             let st = self.lock();
             st.destroying.is_some() || st.epoch != epoch
         };
-        // SAFETY: the iovecs cover `hdr`, `segs`, the inline copy or MR memory pinned by
-        // `guards`, all alive until after the call.
-        let sent = unsafe { wire::send_all(conn.fd(), &mut iov, &abort, try_first) };
+        let sent = wire::send_all(conn.fd(), &mut iov, &abort, try_first);
+        // The iovecs borrow the guards, which may be held on now.
+        drop(iov);
         if pulled && let Ok(true) = sent {
             self.hold_for_pull(epoch, req.seq, guards);
         } else {

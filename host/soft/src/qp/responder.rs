@@ -16,6 +16,7 @@ use smallvec::SmallVec;
 use super::in_process::MemLink;
 use super::pull::Source;
 use super::{Conn, Qp, RecvWqe};
+use crate::abi::memory::{Dst, Src};
 use crate::event::Wc;
 use crate::mr::{LOCAL_WRITE, MrGuard, REMOTE_READ, REMOTE_WRITE};
 use crate::wire::{self, FLAG_ACK_REQ, Nak, REQ_LEN, ReadEnd, ReqOp, Request, RespOp, Response};
@@ -42,18 +43,12 @@ impl Link<'_> {
         }
     }
 
-    /// Reads the next `len` payload bytes into `dst`.
-    ///
-    /// # Safety
-    /// `dst` must be writable for `len` bytes.
-    unsafe fn read_into(&self, dst: *mut u8, len: usize) -> Result<(), ReadEnd> {
+    /// Reads the next `dst.len()` payload bytes into `dst`.
+    fn read_into(&self, dst: Dst<'_>) -> Result<(), ReadEnd> {
         match self {
-            // SAFETY: per the caller's contract.
-            Link::Tcp(c) => unsafe { wire::read_into(c.fd(), dst, len, false) },
-            // SAFETY: per the caller's contract.
-            Link::Pulled(_, src) => unsafe { src.read_into(dst, len) },
-            // SAFETY: per the caller's contract; the segments are pinned and readable.
-            Link::Memory(m) => match unsafe { m.copy(dst, len, true) } == len {
+            Link::Tcp(c) => wire::read_into(c.fd(), dst, false),
+            Link::Pulled(_, src) => src.read_into(dst),
+            Link::Memory(m) => match m.read_into(dst) == dst.len() {
                 true => Ok(()),
                 // Fewer bytes than the header said: as a connection cut mid-payload.
                 false => Err(ReadEnd::Closed),
@@ -75,16 +70,15 @@ impl Qp {
     /// or a blocked write was given up because this QP is going away or moved on.
     fn respond(&self, conn: &Conn, resp: Response, data: Option<&MrGuard>) -> bool {
         let hdr = resp.encode();
-        let mut iov = vec![wire::iovec(hdr.as_ptr(), hdr.len())];
+        let mut iov = vec![Src::from(&hdr[..])];
         if let Some(g) = data {
-            iov.push(wire::iovec(g.ptr, resp.len as usize));
+            iov.push(g.region().src());
         }
         let abort = || {
             let st = self.lock();
             st.destroying.is_some() || st.epoch != conn.epoch
         };
-        // SAFETY: the iovecs cover `hdr` and `resp.len` bytes pinned by the guard.
-        unsafe { wire::send_all(conn.fd(), &mut iov, &abort, false) }.is_ok()
+        wire::send_all(conn.fd(), &mut iov, &abort, false).is_ok()
     }
 
     /// Refuses `req`: NAKs it (over TCP, after draining its payload; in process, by telling the
@@ -344,8 +338,7 @@ impl Qp {
                 );
                 return false;
             };
-            // SAFETY: the guard pins `len` bytes of remotely writable registered memory.
-            if unsafe { link.read_into(guard.ptr, len) }.is_err() {
+            if link.read_into(guard.region().dst()).is_err() {
                 self.unconsume(link.epoch(), recv);
                 return self.closed(link);
             }
@@ -388,7 +381,7 @@ impl Qp {
             return false;
         }
         let mut left = req.len as usize;
-        let mut guards: SmallVec<[(MrGuard, usize); 1]> = SmallVec::new();
+        let mut guards: SmallVec<[MrGuard; 1]> = SmallVec::new();
         for s in &r.sges {
             if left == 0 {
                 break;
@@ -399,7 +392,7 @@ impl Qp {
                 .mrs
                 .acquire(s.lkey, self.pd, s.addr, take, LOCAL_WRITE)
             {
-                Ok(g) => guards.push((g, take)),
+                Ok(g) => guards.push(g),
                 Err(_) => {
                     self.recv_cq
                         .complete(recv_error(ibv_wc_status::IBV_WC_LOC_PROT_ERR));
@@ -409,9 +402,8 @@ impl Qp {
             }
             left -= take;
         }
-        for (g, take) in &guards {
-            // SAFETY: the guard pins `take` locally writable bytes of the receive buffer.
-            if unsafe { link.read_into(g.ptr, *take) }.is_err() {
+        for g in &guards {
+            if link.read_into(g.region().dst()).is_err() {
                 return self.closed(link);
             }
         }
@@ -474,9 +466,7 @@ impl Qp {
             }
             Link::Memory(m) => {
                 if let Some(g) = &guard {
-                    // SAFETY: the guard pins `len` remotely readable bytes; the requester's
-                    // pinned segments are locally writable (checked before delivery).
-                    unsafe { m.write_from(g.ptr, len) };
+                    m.write_from(g.region().src());
                 }
                 true
             }

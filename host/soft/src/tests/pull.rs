@@ -4,7 +4,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 use super::*;
-use crate::abi::qp::qp_of;
+use crate::abi::objects::qp_of;
 use crate::qp::PULL_MIN;
 
 /// Serialises the tests that switch pull off for the QPs they create (the switch is

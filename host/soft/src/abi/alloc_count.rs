@@ -1,8 +1,12 @@
 //! A global allocator that counts one thread's allocations while asked to: how the transport's
 //! tests prove that a message costs no heap allocation on the thread that sends, receives and
-//! tests it. Test instrumentation (the `alloc-count` feature), here because it needs `unsafe`:
-//! a test binary installs [`CountingAlloc`] with `#[global_allocator]` and wraps the code it
-//! judges in [`allocations`].
+//! tests it. Test instrumentation (the `alloc-count` feature): a test binary installs
+//! [`CountingAlloc`] with `#[global_allocator]` and wraps the code it judges in
+//! [`allocations`].
+//!
+//! Under `abi/` because a `GlobalAlloc` hands out raw pointers (`unsafe impl`), so the rule
+//! "`unsafe` only under `abi/`" has no exception; the crate re-exports it as
+//! `ncclwasm_soft::alloc_count`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

@@ -5,6 +5,9 @@
 //!
 //! Port and device faults act on the device (every context of it in this loaded copy sees
 //! them), exactly like a cable pull or a firmware crash would.
+//!
+//! Under `abi/` because every hook starts from a C pointer; the crate re-exports it as
+//! `ncclwasm_soft::fault`.
 
 use std::os::raw::c_int;
 use std::sync::atomic::Ordering;
@@ -14,9 +17,9 @@ use ibverbs_sys::{ibv_context, ibv_event_type, ibv_qp};
 use ncclwasm_model::PortState;
 use ncclwasm_verbs::FaultTable;
 
-use super::abi::device::ctx_of;
-use super::abi::qp::qp_of;
-use super::event::Element;
+pub use super::conv::panic_in_next_verb;
+use super::objects::{ctx_of, qp_of};
+use crate::event::Element;
 
 /// Takes port `port` of the context's device down: `IBV_EVENT_PORT_ERR` on every context,
 /// `query_port` reports DOWN, QPs on the port fail their outstanding work with
@@ -147,18 +150,4 @@ unsafe extern "C" fn c_kill_device(context: *mut ibv_context) {
 unsafe extern "C" fn c_refused_connections(context: *mut ibv_context) -> u64 {
     // SAFETY: the caller passes a live soft context.
     unsafe { refused_connections(context) }
-}
-
-/// Set by [`panic_in_next_verb`], taken by the next entry point of this provider.
-static PANIC_NEXT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Makes the next call of any entry point of this provider (in this process) panic inside it, so
-/// a test can prove that a provider bug fails that call with the verbs error convention instead
-/// of unwinding into C and aborting the process.
-pub fn panic_in_next_verb() {
-    PANIC_NEXT.store(true, Ordering::SeqCst);
-}
-
-pub(crate) fn take_injected_panic() -> bool {
-    PANIC_NEXT.swap(false, Ordering::SeqCst)
 }
