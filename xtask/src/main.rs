@@ -70,11 +70,33 @@ fn test() -> Result<()> {
     let skips = guests::target_dir()?.join("test-skips.log");
     // Fresh for this run; every skipping test appends a line (`ncclwasm_testkit::skip`).
     std::fs::write(&skips, "").with_context(|| format!("creating {}", skips.display()))?;
-    let result = setup::run(
-        guests::cargo()
-            .args(["test", "--workspace", "--no-fail-fast"])
-            .env(ncclwasm_testkit::SKIP_LOG_ENV, &skips),
-    )
+    // The plugin and the tool build without the soft fabric (only `ib`): the composition side
+    // picks the providers, so leaving one out must compile. First, so that the test build below
+    // links the default libraries and binaries last (cargo relinks them when features change).
+    println!("== plugin and CLI without the soft fabric (--no-default-features)");
+    let result = setup::run(guests::cargo().args([
+        "build",
+        "-p",
+        "ncclwasm-plugin",
+        "-p",
+        "ncclwasm-cli",
+        "--no-default-features",
+    ]))
+    .and_then(|()| {
+        setup::run(guests::cargo().args([
+            "test",
+            "-p",
+            "ncclwasm-fabrics",
+            "--no-default-features",
+        ]))
+    })
+    .and_then(|()| {
+        setup::run(
+            guests::cargo()
+                .args(["test", "--workspace", "--no-fail-fast"])
+                .env(ncclwasm_testkit::SKIP_LOG_ENV, &skips),
+        )
+    })
     .and_then(|()| {
         for guard in guards()? {
             println!("== guard {}", guard.display());
