@@ -1,7 +1,8 @@
 //! Builds `soft_verbs.c` — a plain verbs program, libibverbs' public API only, no ECE — with the
 //! system C compiler against `<infiniband/verbs.h>` and `-libverbs`, and runs it with the soft
 //! provider's cdylib standing in for `libibverbs.so.1` (a symlink of that name first on
-//! `LD_LIBRARY_PATH`), on the embedded loopback machine: what any verbs program's CI can do to
+//! `LD_LIBRARY_PATH`), on the embedded loopback machine (a READ and atomics on a self-connected
+//! QP, WRITE_WITH_IMM and SEND between two QPs): what any verbs program's CI can do to
 //! run on the soft fabric. The program checks every byte itself and prints one OK line per part;
 //! it runs over TCP and with `NCCL_WASM_SOFT_DELIVERY=in-process`, which must hold no
 //! connection sockets.
@@ -35,7 +36,7 @@ fn a_plain_verbs_program_runs_on_the_soft_fabric_without_ece() {
             run.status
         );
         assert!(stdout.contains("devices: soft_0, soft_1"), "{stdout}");
-        assert_eq!(stdout.matches("\nOK ").count(), 2, "{stdout}");
+        assert_eq!(stdout.matches("\nOK ").count(), 3, "{stdout}");
         let held: usize = stdout
             .lines()
             .find_map(|l| l.strip_prefix("sockets: "))

@@ -5,7 +5,10 @@
  *
  *   1. a QP connected to itself (as NCCL connects its GPU-flush QP) reads its own memory with
  *      RDMA READ;
- *   2. two QPs on two devices, brought up with random PSNs exchanged "out of band" (here: in
+ *   2. the same QP does atomics on its own memory: FETCH_AND_ADD, then CMP_AND_SWP whose
+ *      compare fails and one whose compare holds, each bringing back the original value, on a
+ *      device that reports IBV_ATOMIC_HCA;
+ *   3. two QPs on two devices, brought up with random PSNs exchanged "out of band" (here: in
  *      variables) and no ECE, do RDMA WRITE_WITH_IMM one way and SEND/RECV the other.
  * Every byte is checked. Exit status 0 and one OK line per part, else FAIL and status 1. The
  * sockets the process holds after the transfers are printed: over TCP each QP direction that
@@ -77,7 +80,8 @@ static void connect_qp(struct end *e, const struct end *peer, uint32_t rq_psn, u
   memset(&a, 0, sizeof a);
   a.qp_state = IBV_QPS_INIT;
   a.port_num = PORT;
-  a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  a.qp_access_flags =
+      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
   CHECK(ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
         "INIT");
   memset(&a, 0, sizeof a);
@@ -190,7 +194,62 @@ static void self_read(struct ibv_device *dev) {
   printf("OK self-connected QP %u: RDMA READ of %d bytes, every byte checked\n", qpn, LEN);
 }
 
-/* 2. Two QPs, no ECE: WRITE_WITH_IMM a -> b, SEND b -> a. */
+/* One signaled atomic on the word at `raddr`, its original value landing in `*result`; checks the
+ * completion's opcode and length and returns that value. */
+static uint64_t atomic(struct end *e, uint64_t id, enum ibv_wr_opcode op, struct ibv_mr *mr, uint64_t *result,
+                       uint64_t raddr, uint32_t rkey, uint64_t compare_add, uint64_t swap) {
+  struct ibv_sge sge = {.addr = (uintptr_t)result, .length = 8, .lkey = mr->lkey};
+  struct ibv_send_wr wr, *bad = NULL;
+  memset(&wr, 0, sizeof wr);
+  wr.wr_id = id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = op;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.atomic.remote_addr = raddr;
+  wr.wr.atomic.compare_add = compare_add;
+  wr.wr.atomic.swap = swap;
+  wr.wr.atomic.rkey = rkey;
+  CHECK(ibv_post_send(e->qp, &wr, &bad) == 0, "ibv_post_send(atomic %llu)", (unsigned long long)id);
+  struct ibv_wc wc = poll_one(e, id);
+  enum ibv_wc_opcode want = op == IBV_WR_ATOMIC_FETCH_AND_ADD ? IBV_WC_FETCH_ADD : IBV_WC_COMP_SWAP;
+  CHECK(wc.opcode == want && wc.byte_len == 8, "atomic %llu: opcode %d, %u bytes", (unsigned long long)id,
+        (int)wc.opcode, wc.byte_len);
+  return *(volatile uint64_t *)result;
+}
+
+/* 2. A QP connected to itself does atomics on its own memory. */
+static void self_atomics(struct ibv_device *dev) {
+  struct end e;
+  open_end(dev, &e);
+  struct ibv_device_attr da;
+  CHECK(ibv_query_device(e.ctx, &da) == 0, "ibv_query_device");
+  CHECK(da.atomic_cap == IBV_ATOMIC_HCA, "atomic_cap %d, want IBV_ATOMIC_HCA", (int)da.atomic_cap);
+  uint32_t psn = (uint32_t)rand() & 0xffffff;
+  connect_qp(&e, &e, psn, psn);
+  uint64_t *word = calloc(1, 8), *result = calloc(1, 8);
+  *word = 37;
+  struct ibv_mr *wmr = ibv_reg_mr(e.pd, word, 8, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+  struct ibv_mr *rmr = ibv_reg_mr(e.pd, result, 8, IBV_ACCESS_LOCAL_WRITE);
+  CHECK(wmr && rmr, "ibv_reg_mr");
+  uint64_t got = atomic(&e, 1, IBV_WR_ATOMIC_FETCH_AND_ADD, rmr, result, (uintptr_t)word, wmr->rkey, 5, 0);
+  CHECK(got == 37 && *word == 42, "FETCH_AND_ADD 5 on 37: returned %llu, word %llu", (unsigned long long)got,
+        (unsigned long long)*word);
+  got = atomic(&e, 2, IBV_WR_ATOMIC_CMP_AND_SWP, rmr, result, (uintptr_t)word, wmr->rkey, 41, 7);
+  CHECK(got == 42 && *word == 42, "CMP_AND_SWP 41->7 on 42: returned %llu, word %llu", (unsigned long long)got,
+        (unsigned long long)*word);
+  got = atomic(&e, 3, IBV_WR_ATOMIC_CMP_AND_SWP, rmr, result, (uintptr_t)word, wmr->rkey, 42, 7);
+  CHECK(got == 42 && *word == 7, "CMP_AND_SWP 42->7 on 42: returned %llu, word %llu", (unsigned long long)got,
+        (unsigned long long)*word);
+  CHECK(ibv_dereg_mr(wmr) == 0 && ibv_dereg_mr(rmr) == 0, "ibv_dereg_mr");
+  free(word);
+  free(result);
+  printf("OK self-connected QP %u: FETCH_AND_ADD and CMP_AND_SWP (failed and held compare), atomic_cap HCA\n",
+         e.qp->qp_num);
+  close_end(&e);
+}
+
+/* 3. Two QPs, no ECE: WRITE_WITH_IMM a -> b, SEND b -> a. */
 static void two_qps(struct ibv_device *da, struct ibv_device *db) {
   struct end a, b;
   open_end(da, &a);
@@ -247,6 +306,7 @@ int main(void) {
   CHECK(devs && n >= 2, "ibv_get_device_list: %d device(s), want 2", n);
   printf("devices: %s, %s\n", ibv_get_device_name(devs[0]), ibv_get_device_name(devs[1]));
   self_read(devs[0]);
+  self_atomics(devs[0]);
   two_qps(devs[0], devs[1]);
   ibv_free_device_list(devs);
   return 0;

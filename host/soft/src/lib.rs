@@ -61,6 +61,17 @@
 //! each for at most a second, so idle sockets cannot hold up a real requester (the `hello`
 //! module); refusals are WARNed at most once per interval.
 //!
+//! # Opcodes
+//! RDMA WRITE and WRITE_WITH_IMM, SEND and SEND_WITH_IMM, RDMA READ, and the atomics
+//! FETCH_AND_ADD and CMP_AND_SWP (`atomic_cap` = `IBV_ATOMIC_HCA`). An atomic needs
+//! `IBV_ACCESS_REMOTE_ATOMIC` (else `IBV_WC_REM_ACCESS_ERR`), an 8-byte-aligned remote address
+//! (else `IBV_WC_REM_INV_REQ_ERR`, as rxe answers) and 8 bytes of local SGE (else
+//! `IBV_WC_LOC_LEN_ERR`); the responder applies it with one 64-bit atomic instruction on the
+//! registered memory, so it is atomic against every other atomic on that address from any QP of
+//! this process (not against the CPU's plain accesses), and the original value comes back as an
+//! 8-byte READ response, completing `IBV_WC_FETCH_ADD` / `IBV_WC_COMP_SWAP`. Like READs, atomics
+//! run in order after the QP's earlier WRs and count against `max_rd_atomic`.
+//!
 //! # What it enforces (as hardware does)
 //! - lkey/rkey validity, PD, bounds and access flags on every local and remote access; no byte
 //!   is written outside an MR. Local violations complete `IBV_WC_LOC_PROT_ERR`; remote ones
@@ -76,7 +87,7 @@
 //! - Per-QP ordering (the responder applies requests strictly in sequence), completion only
 //!   after the responder acknowledged placement, READ data scattered before its completion.
 //!   Completions are strictly in order, so `IBV_SEND_FENCE` holds trivially; `max_rd_atomic`
-//!   bounds the READs in flight.
+//!   bounds the READs and atomics in flight.
 //! - Flush to error (`IBV_WC_WR_FLUSH_ERR`) of outstanding work on entering ERR; CQ overrun
 //!   reported (`IBV_EVENT_CQ_ERR`, `poll_cq` returns -1), never silent.
 //! - Retry timeout: no answer within `4.096 µs·2^timeout·(retry_cnt+1)`, or a vanished peer,
@@ -154,7 +165,7 @@
 //! a NIC. Fault injection sets the same states and raises the same events on demand.
 //!
 //! # Limits
-//! RC only (no UD/UC/XRC), no SRQ, no atomics, no memory windows, no completion channels
+//! RC only (no UD/UC/XRC), no SRQ, no masked or extended atomics, no memory windows, no completion channels
 //! (`req_notify_cq` is accepted, nothing is notified; NCCL polls), dma-buf registration only of
 //! fds that `mmap` (no GPU), one P_Key (index 0), no path migration. Retransmission over a live connection
 //! never happens (TCP is reliable): a retry timeout means the peer stalled or vanished.

@@ -2,7 +2,8 @@
 //!
 //! One TCP connection carries one QP direction: the requester writes [`Request`] frames
 //! (header, then the payload straight from the source buffers in one `sendmsg`), the responder
-//! answers with [`Response`] frames (ACK/NAK/RNR NAK, or a READ response followed by its data).
+//! answers with [`Response`] frames (ACK/NAK/RNR NAK, or a READ response followed by its data;
+//! an atomic's original value comes back the same way, as 8 bytes of READ response).
 //! Payloads are read with `read(2)` straight into registered memory, never through a buffer, so
 //! the only copies are the kernel's. Headers are fixed-size little-endian records, modelled on
 //! libfabric's tcp provider (`xnet_proto.h`) and the RC opcodes.
@@ -70,6 +71,55 @@ pub enum ReqOp {
     /// module): `rkey` carries its pid, `raddr` the address of its probe word (its QP's
     /// secret). Answered by [`RespOp::PullVerdict`]; never placed, never sequenced.
     PullOffer = 7,
+    /// `IBV_WR_ATOMIC_FETCH_AND_ADD` of the 8 bytes at `raddr` (`len` is 8): its
+    /// [`AtomicArgs`] follow the header, the original value comes back as a READ response.
+    FetchAdd = 8,
+    /// `IBV_WR_ATOMIC_CMP_AND_SWP`, framed as [`ReqOp::FetchAdd`].
+    CmpSwap = 9,
+}
+
+impl ReqOp {
+    /// Whether the responder answers it with data (a [`RespOp::ReadResp`]) rather than an ACK:
+    /// READs and atomics, which `max_rd_atomic` bounds together as on hardware.
+    pub(crate) fn returns_data(self) -> bool {
+        matches!(self, ReqOp::Read | ReqOp::FetchAdd | ReqOp::CmpSwap)
+    }
+
+    pub(crate) fn is_atomic(self) -> bool {
+        matches!(self, ReqOp::FetchAdd | ReqOp::CmpSwap)
+    }
+}
+
+/// The size of the word an atomic operates on, and of the value it returns.
+pub(crate) const ATOMIC_WORD: u32 = 8;
+
+pub const ATOMIC_ARGS_LEN: usize = 16;
+
+/// The operands of an atomic, which follow its header on the wire: `{compare_add: u64, swap:
+/// u64}` as posted (`wr.atomic`). A separate trailer rather than a longer header, so every other
+/// request keeps its 32 bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AtomicArgs {
+    /// What FETCH_AND_ADD adds, what CMP_AND_SWP compares with.
+    pub compare_add: u64,
+    /// What CMP_AND_SWP stores when the comparison holds.
+    pub swap: u64,
+}
+
+impl AtomicArgs {
+    pub fn encode(&self) -> [u8; ATOMIC_ARGS_LEN] {
+        let mut b = [0u8; ATOMIC_ARGS_LEN];
+        b[0..8].copy_from_slice(&self.compare_add.to_le_bytes());
+        b[8..16].copy_from_slice(&self.swap.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8; ATOMIC_ARGS_LEN]) -> AtomicArgs {
+        AtomicArgs {
+            compare_add: le64(b, 0),
+            swap: le64(b, 8),
+        }
+    }
 }
 
 /// Set on requests whose completion the requester waits for (signaled WRs), like the BTH AckReq
@@ -137,6 +187,8 @@ impl Request {
             5 => ReqOp::Read,
             6 => ReqOp::Bye,
             7 => ReqOp::PullOffer,
+            8 => ReqOp::FetchAdd,
+            9 => ReqOp::CmpSwap,
             _ => return Err(le64(b, 8)),
         };
         Ok(Request {
@@ -164,10 +216,12 @@ impl Request {
     }
 
     /// How many payload bytes follow the header on the wire: what a refused or discarded
-    /// request leaves to drain (a pulled one's descriptors were read with its header).
+    /// request leaves to drain (a pulled one's descriptors were read with its header; an
+    /// atomic's payload is its [`AtomicArgs`]).
     pub(crate) fn payload_on_wire(&self) -> usize {
-        match self.carries_payload() && !self.pulled() {
-            true => self.len as usize,
+        match self.op.is_atomic() {
+            true => ATOMIC_ARGS_LEN,
+            false if self.carries_payload() && !self.pulled() => self.len as usize,
             false => 0,
         }
     }
@@ -182,7 +236,8 @@ pub enum RespOp {
     Nak = 2,
     /// `seq` found no receive posted; retry after the timer in `syndrome` (IB RNR timer code).
     RnrNak = 3,
-    /// The data of READ `seq` follows (`len` bytes).
+    /// The data of READ `seq` follows (`len` bytes), or the original value of atomic `seq` (8
+    /// bytes, in the responder's byte order, as the word was in its memory).
     ReadResp = 4,
     /// The answer to a [`ReqOp::PullOffer`]; `syndrome` says whether the responder pulls and,
     /// if not, why (the `pull` module's `Verdict`).
@@ -412,5 +467,17 @@ mod tests {
             ..r
         };
         assert_eq!((pulled.payload_on_wire(), r.payload_on_wire()), (0, 4096));
+        let cas = Request {
+            op: ReqOp::CmpSwap,
+            len: ATOMIC_WORD,
+            ..r
+        };
+        assert_eq!(Request::decode(&cas.encode()), Ok(cas));
+        assert_eq!(cas.payload_on_wire(), ATOMIC_ARGS_LEN);
+        let args = AtomicArgs {
+            compare_add: 0x0102_0304_0506_0708,
+            swap: u64::MAX - 1,
+        };
+        assert_eq!(AtomicArgs::decode(&args.encode()), args);
     }
 }

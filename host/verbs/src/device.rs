@@ -256,6 +256,9 @@ pub struct DeviceAttr {
     pub max_sge: u32,
     pub max_mr_size: u64,
     pub max_qp_rd_atom: u32,
+    /// `ibv_atomic_cap`: 0 none, 1 atomic between the device's QPs (HCA), 2 also against the
+    /// CPU (GLOB).
+    pub atomic_cap: u32,
     pub phys_port_cnt: u8,
     /// `sys_image_guid` in host order (as `ibv_devinfo` prints it). NCCL's `props->guid` is the
     /// value verbs returns, in network byte order: the transport turns it back when it reports
@@ -370,6 +373,7 @@ impl Context {
             max_sge: a.max_sge.max(0) as u32,
             max_mr_size: a.max_mr_size,
             max_qp_rd_atom: a.max_qp_rd_atom.max(0) as u32,
+            atomic_cap: a.atomic_cap,
             phys_port_cnt: a.phys_port_cnt,
             sys_image_guid: u64::from_be(a.sys_image_guid),
             node_guid: u64::from_be(a.node_guid),

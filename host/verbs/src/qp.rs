@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use ibverbs_sys::{
     ibv_ece, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask as mask, ibv_qp_init_attr, ibv_recv_wr,
-    ibv_send_wr, ibv_sge, ibv_wr_opcode,
+    ibv_send_wr, ibv_send_wr_atomic, ibv_sge, ibv_wr_opcode,
 };
 
 use crate::cq::Cq;
@@ -467,6 +467,12 @@ impl Qp {
                 w.wr.rdma.remote_addr = r.addr;
                 w.wr.rdma.rkey = r.rkey;
             };
+            let atomic = |r: Remote, compare_add, swap| ibv_send_wr_atomic {
+                remote_addr: r.addr,
+                compare_add,
+                swap,
+                rkey: r.rkey,
+            };
             match wr.op {
                 SendOp::Write(r) => {
                     w.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
@@ -482,6 +488,18 @@ impl Qp {
                     remote(&mut w, r);
                 }
                 SendOp::Send => w.opcode = ibv_wr_opcode::IBV_WR_SEND,
+                SendOp::FetchAdd { remote, add } => {
+                    w.opcode = ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD;
+                    w.wr.atomic = atomic(remote, add, 0);
+                }
+                SendOp::CmpSwap {
+                    remote,
+                    compare,
+                    swap,
+                } => {
+                    w.opcode = ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP;
+                    w.wr.atomic = atomic(remote, compare, swap);
+                }
             }
             s.sends.push(w);
         }

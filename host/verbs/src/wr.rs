@@ -76,6 +76,19 @@ pub enum SendOp {
     WriteImm(Remote, u32),
     Read(Remote),
     Send,
+    /// `IBV_WR_ATOMIC_FETCH_AND_ADD`: adds `add` to the 8-byte-aligned word at `remote`; the
+    /// word's value before lands in the WR's one 8-byte SGE.
+    FetchAdd {
+        remote: Remote,
+        add: u64,
+    },
+    /// `IBV_WR_ATOMIC_CMP_AND_SWP`: stores `swap` at `remote` if the word there equals
+    /// `compare`; the value before lands in the WR's 8-byte SGE either way.
+    CmpSwap {
+        remote: Remote,
+        compare: u64,
+        swap: u64,
+    },
 }
 
 /// A send work request.

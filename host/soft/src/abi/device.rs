@@ -6,8 +6,8 @@ use std::ptr;
 use std::sync::Arc;
 
 use ibverbs_sys::{
-    _compat_ibv_port_attr, ibv_context, ibv_device, ibv_device_attr, ibv_gid, ibv_mtu,
-    ibv_port_attr,
+    _compat_ibv_port_attr, ibv_atomic_cap, ibv_context, ibv_device, ibv_device_attr, ibv_gid,
+    ibv_mtu, ibv_port_attr,
 };
 
 use super::conv::{MAX_CQE, MAX_QP_WR, MAX_RD_ATOM, MAX_SGE, SOFT_ECE_VENDOR, fail, null, shield};
@@ -181,6 +181,9 @@ pub unsafe extern "C" fn query_device(
             a.max_qp_rd_atom = MAX_RD_ATOM;
             a.max_qp_init_rd_atom = MAX_RD_ATOM;
             a.max_res_rd_atom = MAX_RD_ATOM * 1024;
+            // Atomic between QPs of this device (and of every device of this process: one
+            // 64-bit atomic instruction on the memory), not against the CPU: hardware's HCA.
+            a.atomic_cap = ibv_atomic_cap::IBV_ATOMIC_HCA;
             a.max_pkeys = 1;
             a.phys_port_cnt = ctx.dev.port_count();
             // SAFETY: the caller passed a writable ibv_device_attr.

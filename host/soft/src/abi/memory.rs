@@ -10,11 +10,15 @@
 //!
 //! No Rust reference to registered memory is ever made: the application (or another process,
 //! or a device) may touch it at any time, so the bytes are only moved by pointer, by the kernel
-//! or by `ptr::copy`.
+//! or by `ptr::copy`, and an atomic's word is only touched by one atomic instruction.
 
 use std::io;
 use std::marker::PhantomData;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+// `Region::word` checks 8-byte alignment, which must be enough for `AtomicU64::from_ptr`.
+const _: () = assert!(std::mem::align_of::<AtomicU64>() <= 8);
 
 /// Registered memory of this process: `len` bytes at `addr`, mapped for reading and writing
 /// while the registration lives. Not `Clone`: a part of it is had only through
@@ -65,6 +69,15 @@ impl Region {
             len: self.len,
             _bytes: PhantomData,
         }
+    }
+
+    /// This region as the target of an atomic: `None` unless it is exactly 8 bytes at an
+    /// 8-byte-aligned address (what a NIC's atomic unit requires).
+    pub(crate) fn word(&self) -> Option<Word<'_>> {
+        (self.len == 8 && self.addr.is_multiple_of(8)).then_some(Word {
+            ptr: self.addr as *mut u64,
+            _bytes: PhantomData,
+        })
     }
 
     /// A zeroed region that is never freed, for tests of the key table.
@@ -224,6 +237,44 @@ fn advance(segs: &[RemoteSeg], (mut seg, mut off): (usize, usize), mut n: usize)
         }
     }
     (seg, off)
+}
+
+/// A 64-bit atomic operation, as `IBV_WR_ATOMIC_*` define them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AtomicOp {
+    /// Adds (wrapping, as hardware does).
+    FetchAdd(u64),
+    /// Stores `swap` if the word equals `compare`.
+    CompareSwap { compare: u64, swap: u64 },
+}
+
+/// The aligned 64-bit word of a checked region, borrowed from it: what an atomic operates on.
+#[derive(Clone, Copy)]
+pub(crate) struct Word<'a> {
+    ptr: *mut u64,
+    _bytes: PhantomData<&'a mut [u8]>,
+}
+
+impl Word<'_> {
+    /// Applies `op` with one atomic read-modify-write instruction and returns the value the word
+    /// had before: atomic against every other atomic on this address in the process, whichever
+    /// QP, thread or delivery carries it (a lock held by one QP would not be).
+    pub(crate) fn apply(self, op: AtomicOp) -> u64 {
+        // SAFETY: `ptr` is 8-byte aligned (checked by `Region::word`, and that is
+        // `AtomicU64`'s alignment, asserted above) and names 8 bytes of registered memory,
+        // mapped and writable for 'a, which the checked region this word borrows from pins.
+        // The reference lives for this one operation. Every access this provider makes to the
+        // word while it acts as an atomic target is this same 64-bit atomic; the application
+        // touching it meanwhile is as unordered as a CPU racing a NIC's atomic, which verbs
+        // leaves to the program (as `copy` does for every other access).
+        let word = unsafe { AtomicU64::from_ptr(self.ptr) };
+        match op {
+            AtomicOp::FetchAdd(add) => word.fetch_add(add, Ordering::SeqCst),
+            AtomicOp::CompareSwap { compare, swap } => word
+                .compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst)
+                .unwrap_or_else(|current| current),
+        }
+    }
 }
 
 /// Copies as many bytes as both have from `src` to `dst`; returns how many. The two may

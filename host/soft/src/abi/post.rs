@@ -8,7 +8,7 @@ use ibverbs_sys::{ibv_qp, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv
 use super::conv::{fail, shield};
 use super::objects::qp_of;
 use crate::qp::{Qp, RecvWqe, SendWqe, Sge, Sges};
-use crate::wire::ReqOp;
+use crate::wire::{AtomicArgs, ReqOp};
 
 /// Reads an SGE list from the caller.
 ///
@@ -42,6 +42,8 @@ unsafe fn send_wqe(q: &Qp, wr: &ibv_send_wr) -> Result<SendWqe, c_int> {
         IBV_WR_SEND => ReqOp::Send,
         IBV_WR_SEND_WITH_IMM => ReqOp::SendImm,
         IBV_WR_RDMA_READ => ReqOp::Read,
+        IBV_WR_ATOMIC_FETCH_AND_ADD => ReqOp::FetchAdd,
+        IBV_WR_ATOMIC_CMP_AND_SWP => ReqOp::CmpSwap,
         _ => return Err(libc::EINVAL),
     };
     if wr.num_sge < 0 || wr.num_sge as u32 > q.caps.max_send_sge {
@@ -50,7 +52,8 @@ unsafe fn send_wqe(q: &Qp, wr: &ibv_send_wr) -> Result<SendWqe, c_int> {
     let signaled = q.sq_sig_all || wr.send_flags & ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
     // SAFETY: per the caller's contract.
     let list = unsafe { sges(wr.sg_list, wr.num_sge) };
-    let inline = wr.send_flags & ibv_send_flags::IBV_SEND_INLINE.0 != 0 && op != ReqOp::Read;
+    // Inline means nothing to a READ or an atomic, whose SGEs receive data (as on hardware).
+    let inline = wr.send_flags & ibv_send_flags::IBV_SEND_INLINE.0 != 0 && !op.returns_data();
     let mut w = SendWqe::new(wr.wr_id, op, signaled, list);
     if inline {
         let total: usize = w.sges.iter().map(|s| s.len as usize).sum();
@@ -71,6 +74,16 @@ unsafe fn send_wqe(q: &Qp, wr: &ibv_send_wr) -> Result<SendWqe, c_int> {
         let rdma = unsafe { wr.wr.rdma };
         w.raddr = rdma.remote_addr;
         w.rkey = rdma.rkey;
+    }
+    if op.is_atomic() {
+        // SAFETY: atomic opcodes use the `atomic` member of the union.
+        let atomic = unsafe { wr.wr.atomic };
+        w.raddr = atomic.remote_addr;
+        w.rkey = atomic.rkey;
+        w.atomic = AtomicArgs {
+            compare_add: atomic.compare_add,
+            swap: atomic.swap,
+        };
     }
     if matches!(op, ReqOp::WriteImm | ReqOp::SendImm) {
         // SAFETY: *_WITH_IMM opcodes use `imm_data`.

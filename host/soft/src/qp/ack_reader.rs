@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 
 use super::{Conn, DRAIN_ACKS, DRAIN_EOF, Qp, St};
 use crate::mr::{LOCAL_WRITE, MrGuard};
-use crate::wire::{self, Nak, RESP_LEN, ReadEnd, ReqOp, RespOp, Response};
+use crate::wire::{self, Nak, RESP_LEN, ReadEnd, RespOp, Response};
 
 /// IB RNR timer codes (`min_rnr_timer`) in microseconds; code 0 is the longest, 655.36 ms.
 const RNR_TIMER_US: [u32; 32] = [
@@ -236,7 +236,8 @@ impl Qp {
         }
     }
 
-    /// Scatters a READ response straight into the WR's local buffers. `false` = stop reading.
+    /// Scatters a READ response (or an atomic's original value) straight into the WR's local
+    /// buffers. `false` = stop reading.
     fn read_response(&self, conn: &Conn, resp: Response) -> bool {
         let (epoch, fd) = (conn.epoch, conn.fd());
         let sges = {
@@ -245,7 +246,7 @@ impl Qp {
                 return false;
             }
             match Self::wqe(&st, resp.seq) {
-                Some(w) if w.op == ReqOp::Read && w.len == resp.len => w.sges.clone(),
+                Some(w) if w.op.returns_data() && w.len == resp.len => w.sges.clone(),
                 _ => {
                     drop(st);
                     self.bad_response(epoch);

@@ -29,16 +29,17 @@ pub(super) enum PeerPath {
     Local(Weak<Qp>),
 }
 
-/// The requester's side of an in-process delivery: its payload (the inline copy, or its
-/// pinned SGEs) or READ destination (its pinned SGEs), consumed in order, and the NAK a
-/// refusal answers.
+/// The requester's side of an in-process delivery: its payload (the inline copy, an atomic's
+/// operands, or its pinned SGEs) consumed in order, the destination of a READ's data or an
+/// atomic's original value (its pinned SGEs), and the NAK a refusal answers.
 pub(super) struct MemLink<'a> {
     pub(super) epoch: u64,
-    /// The payload copied at post time, when the WR is an inline send.
+    /// The payload copied at post time, when the WR is an inline send; an atomic's operands.
     inline: Option<&'a [u8]>,
-    /// The requester's checked SGEs otherwise, one guard per non-empty SGE.
+    /// The requester's checked SGEs, one guard per non-empty SGE: the payload of a WR that
+    /// is not inline, or where a READ's or an atomic's answer goes.
     guards: &'a [MrGuard],
-    /// Segment and offset in it where the next byte comes from or goes to.
+    /// Segment and offset in it where the next payload byte comes from.
     at: Cell<(usize, usize)>,
     pub(super) refused: Cell<Option<Nak>>,
 }
@@ -79,10 +80,10 @@ impl MemLink<'_> {
         done
     }
 
-    /// A READ's data from the responder's memory into the requester's segments (checked
-    /// locally writable before delivery).
+    /// The answer to a READ or an atomic, all of it at once, into the requester's segments
+    /// (checked locally writable before delivery).
     pub(super) fn write_from(&self, src: Src<'_>) {
-        let (mut seg, mut off) = self.at.get();
+        let (mut seg, mut off) = (0, 0);
         let mut done = 0;
         while done < src.len() && seg < self.guards.len() {
             let to = self.guards[seg].region().dst();
@@ -94,7 +95,6 @@ impl MemLink<'_> {
                 off = 0;
             }
         }
-        self.at.set((seg, off));
     }
 }
 
@@ -202,7 +202,7 @@ impl Qp {
 
     /// The responder's side of an in-process delivery from QP `src_qpn`: the checks and the
     /// placement of the TCP responder ([`place`](Self::place)), the payload read from `inline`
-    /// or from the requester's `guards` (which a READ writes).
+    /// or from the requester's `guards` (which a READ or an atomic writes).
     /// `Err` is the requester's completion status. Unlike over TCP, a missing receive is not
     /// retried: it fails the WR with `IBV_WC_RNR_RETRY_EXC_ERR` at once.
     fn accept_local(

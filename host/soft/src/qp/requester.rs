@@ -19,7 +19,7 @@ use super::{Attrs, Conn, DRAIN_ACKS, MAX_INLINE, MAX_MSG, Qp, RecvWqe, SendWqe, 
 use crate::abi::memory::Src;
 use crate::event::Wc;
 use crate::mr::{LOCAL_WRITE, MrGuard};
-use crate::wire::{self, FLAG_ACK_REQ, FLAG_PULL, ReqOp, Request, SEG_LEN};
+use crate::wire::{self, ATOMIC_WORD, FLAG_ACK_REQ, FLAG_PULL, ReqOp, Request, SEG_LEN};
 
 /// Messages up to this size are sent by the posting thread itself when the send queue is idle
 /// (no hand-off to the sender thread: one thread wake-up less per small message). Larger ones
@@ -290,18 +290,18 @@ impl Qp {
         }
     }
 
-    /// READs in flight stay within `max_rd_atomic` (at least one).
+    /// READs and atomics in flight stay within `max_rd_atomic` (at least one).
     fn may_send(&self, st: &St) -> bool {
         let Some(w) = Self::wqe(st, st.send_cursor) else {
             return false;
         };
-        if w.op != ReqOp::Read {
+        if !w.op.returns_data() {
             return true;
         }
         let reads = st
             .sq
             .iter()
-            .filter(|w| w.op == ReqOp::Read && !w.acked && w.seq < st.send_cursor)
+            .filter(|w| w.op.returns_data() && !w.acked && w.seq < st.send_cursor)
             .count();
         reads < usize::from(st.attrs.max_rd_atomic.max(1))
     }
@@ -371,7 +371,7 @@ impl Qp {
             drop(guards);
         }
         if let Ok(true) = sent
-            && req.op != ReqOp::Read
+            && !req.op.returns_data()
         {
             conn.traffic.sent(req.len);
         }
@@ -406,9 +406,10 @@ impl Qp {
         }
     }
 
-    /// Takes the WR at the send cursor: its request header, its SGEs, and its inline payload
-    /// copied into `inline_copy` (the WR keeps its own copy for a retransmission, and nothing
-    /// here allocates). `sent_at` starts the WR's retry timer (over TCP; the in-process path
+    /// Takes the WR at the send cursor: its request header, its SGEs, and what it carries
+    /// itself after the header — its inline payload, or an atomic's operands (encoded
+    /// [`AtomicArgs`](crate::wire::AtomicArgs)) — copied into `inline_copy` (the WR keeps its
+    /// own copy for a retransmission, and nothing here allocates). `sent_at` starts the WR's retry timer (over TCP; the in-process path
     /// completes it before returning and reads no clock). `None` when the QP moved on meanwhile.
     pub(super) fn claim<'b>(
         &self,
@@ -433,18 +434,24 @@ impl Qp {
             rkey: w.rkey,
             imm: w.imm,
         };
-        let inline = w.inline.as_ref().map(|data| {
-            let copy = &mut inline_copy[..data.len()];
-            copy.copy_from_slice(data);
-            &*copy
-        });
+        let args = w.op.is_atomic().then(|| w.atomic.encode());
+        let inline = args
+            .as_ref()
+            .map(|a| &a[..])
+            .or(w.inline.as_deref())
+            .map(|data| {
+                let copy = &mut inline_copy[..data.len()];
+                copy.copy_from_slice(data);
+                &*copy
+            });
         Some((req, w.sges.clone(), inline))
     }
 
     /// Local protection: every non-empty SGE of `req` inside an MR of our PD with the access
-    /// it needs (a READ writes them), pinned while the guards live. A violation fails the QP
-    /// (`IBV_WC_LOC_PROT_ERR`) and returns `None`. Inline payloads were copied at post time
-    /// and need no key.
+    /// it needs (a READ or an atomic writes them), pinned while the guards live. A violation
+    /// fails the QP (`IBV_WC_LOC_PROT_ERR`; an atomic whose SGEs do not hold exactly the 8
+    /// bytes it returns, `IBV_WC_LOC_LEN_ERR`) and returns `None`. Inline payloads were copied
+    /// at post time and need no key (`inline` carrying an atomic's operands does not count).
     pub(super) fn pin_local(
         &self,
         epoch: u64,
@@ -453,10 +460,20 @@ impl Qp {
         inline: bool,
     ) -> Option<SmallVec<[MrGuard; 1]>> {
         let mut guards = SmallVec::new();
-        if inline {
+        if inline && !req.op.is_atomic() {
             return Some(guards);
         }
-        let need = if req.op == ReqOp::Read {
+        let fail = |status| {
+            let mut st = self.lock();
+            if st.epoch == epoch {
+                self.fail(&mut st, Some((req.seq, status)), None);
+            }
+            None
+        };
+        if req.op.is_atomic() && req.len != ATOMIC_WORD {
+            return fail(ibv_wc_status::IBV_WC_LOC_LEN_ERR);
+        }
+        let need = if req.op.returns_data() {
             LOCAL_WRITE
         } else {
             0
@@ -468,17 +485,7 @@ impl Qp {
                 .acquire(s.lkey, self.pd, s.addr, s.len as usize, need)
             {
                 Ok(g) => guards.push(g),
-                Err(_) => {
-                    let mut st = self.lock();
-                    if st.epoch == epoch {
-                        self.fail(
-                            &mut st,
-                            Some((req.seq, ibv_wc_status::IBV_WC_LOC_PROT_ERR)),
-                            None,
-                        );
-                    }
-                    return None;
-                }
+                Err(_) => return fail(ibv_wc_status::IBV_WC_LOC_PROT_ERR),
             }
         }
         Some(guards)

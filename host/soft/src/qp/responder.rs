@@ -1,7 +1,7 @@
 //! The responder (one thread per admitted connection): applies requests strictly in sequence,
 //! checks each (rkey, PD, bounds, access flags, a posted receive for the ones that consume
-//! one), reads the payload straight into registered memory, serves READs, produces receive
-//! completions, and answers: coalesced ACKs, NAKs that move both QPs to ERR, RNR NAKs.
+//! one), reads the payload straight into registered memory, serves READs and atomics, produces
+//! receive completions, and answers: coalesced ACKs, NAKs that move both QPs to ERR, RNR NAKs.
 //!
 //! Separate because it is the target side of a QP, with its own connection and thread; its
 //! checks and placement ([`Qp::place`]) are also what an in-process delivery runs.
@@ -16,10 +16,13 @@ use smallvec::SmallVec;
 use super::in_process::MemLink;
 use super::pull::Source;
 use super::{Conn, Qp, RecvWqe};
-use crate::abi::memory::{Dst, Src};
+use crate::abi::memory::{AtomicOp, Dst, Src};
 use crate::event::Wc;
-use crate::mr::{LOCAL_WRITE, MrGuard, REMOTE_READ, REMOTE_WRITE};
-use crate::wire::{self, FLAG_ACK_REQ, Nak, REQ_LEN, ReadEnd, ReqOp, Request, RespOp, Response};
+use crate::mr::{LOCAL_WRITE, MrGuard, REMOTE_ATOMIC, REMOTE_READ, REMOTE_WRITE};
+use crate::wire::{
+    self, ATOMIC_ARGS_LEN, ATOMIC_WORD, AtomicArgs, FLAG_ACK_REQ, Nak, REQ_LEN, ReadEnd, ReqOp,
+    Request, RespOp, Response,
+};
 
 /// How a request reaches its responder.
 pub(super) enum Link<'a> {
@@ -66,14 +69,13 @@ impl Link<'_> {
 }
 
 impl Qp {
-    /// Sends one answer, followed by the READ data `data` pins; `false`: the connection broke,
-    /// or a blocked write was given up because this QP is going away or moved on.
-    fn respond(&self, conn: &Conn, resp: Response, data: Option<&MrGuard>) -> bool {
+    /// Sends one answer, followed by `data` (a READ's, or an atomic's original value);
+    /// `false`: the connection broke, or a blocked write was given up because this QP is going
+    /// away or moved on.
+    fn respond(&self, conn: &Conn, resp: Response, data: Option<Src<'_>>) -> bool {
         let hdr = resp.encode();
         let mut iov = vec![Src::from(&hdr[..])];
-        if let Some(g) = data {
-            iov.push(g.region().src());
-        }
+        iov.extend(data);
         let abort = || {
             let st = self.lock();
             st.destroying.is_some() || st.epoch != conn.epoch
@@ -252,9 +254,9 @@ impl Qp {
             }
             st.expected_seq += 1;
             drop(st);
-            // A READ response acknowledges everything before it, as an ACK would.
-            unacked = (req.op != ReqOp::Read).then_some(req.seq);
-            if req.flags & FLAG_ACK_REQ != 0 && req.op != ReqOp::Read {
+            // A READ (or atomic) response acknowledges everything before it, as an ACK would.
+            unacked = (!req.op.returns_data()).then_some(req.seq);
+            if req.flags & FLAG_ACK_REQ != 0 && !req.op.returns_data() {
                 if !self.ack(&conn, req.seq) {
                     return;
                 }
@@ -282,7 +284,8 @@ impl Qp {
         }
     }
 
-    /// Carries out an admitted request in sequence: places a write or send, serves a read.
+    /// Carries out an admitted request in sequence: places a write or send, serves a read or
+    /// an atomic.
     /// `false`: refused, or the link broke (this QP has failed).
     pub(super) fn place(
         &self,
@@ -295,6 +298,7 @@ impl Qp {
             ReqOp::Write | ReqOp::WriteImm => self.place_write(link, req, access, recv),
             ReqOp::Send | ReqOp::SendImm => self.place_send(link, req, recv),
             ReqOp::Read => self.serve_read(link, req, access),
+            ReqOp::FetchAdd | ReqOp::CmpSwap => self.serve_atomic(link, req, access),
             // End or open a connection; the responder loop handles them before anything is
             // placed.
             ReqOp::Bye | ReqOp::PullOffer => false,
@@ -450,6 +454,73 @@ impl Qp {
                 }
             }
         };
+        self.answer_with_data(link, req, guard.as_ref().map(|g| g.region().src()))
+    }
+
+    /// An atomic (FETCH_AND_ADD, CMP_AND_SWP) on 8 bytes of our memory: the checks of a READ
+    /// with `IBV_ACCESS_REMOTE_ATOMIC` instead (a violation is `IBV_WC_REM_ACCESS_ERR`), then an
+    /// 8-byte-aligned address and an 8-byte length (else `IBV_WC_REM_INV_REQ_ERR`, what a NIC —
+    /// and rxe — answers a misaligned atomic with), all before its operands are read off the
+    /// link. The operation itself is one 64-bit atomic instruction on the memory (the `memory`
+    /// module's `Word`), so it is atomic against every QP's atomics on that address; the
+    /// original value goes back as a READ response.
+    fn serve_atomic(&self, link: &Link<'_>, req: &Request, access: u32) -> bool {
+        let guard = match access & REMOTE_ATOMIC {
+            0 => None,
+            _ => self
+                .ctx
+                .mrs
+                .acquire(
+                    req.rkey,
+                    self.pd,
+                    req.raddr,
+                    ATOMIC_WORD as usize,
+                    REMOTE_ATOMIC,
+                )
+                .ok(),
+        };
+        let Some(guard) = guard else {
+            self.refuse(
+                link,
+                req,
+                Nak::RemoteAccess,
+                Some(ibv_event_type::IBV_EVENT_QP_ACCESS_ERR),
+            );
+            return false;
+        };
+        let word = guard
+            .region()
+            .word()
+            .filter(|_| req.raddr.is_multiple_of(u64::from(ATOMIC_WORD)) && req.len == ATOMIC_WORD);
+        let Some(word) = word else {
+            self.refuse(
+                link,
+                req,
+                Nak::InvalidRequest,
+                Some(ibv_event_type::IBV_EVENT_QP_REQ_ERR),
+            );
+            return false;
+        };
+        let mut args = [0u8; ATOMIC_ARGS_LEN];
+        if link.read_into(Dst::from(&mut args[..])).is_err() {
+            return self.closed(link);
+        }
+        let AtomicArgs { compare_add, swap } = AtomicArgs::decode(&args);
+        let op = match req.op {
+            ReqOp::FetchAdd => AtomicOp::FetchAdd(compare_add),
+            _ => AtomicOp::CompareSwap {
+                compare: compare_add,
+                swap,
+            },
+        };
+        let original = word.apply(op).to_ne_bytes();
+        drop(guard);
+        self.answer_with_data(link, req, Some(Src::from(&original[..])))
+    }
+
+    /// Answers READ or atomic `req` with `data` (none for an empty READ): over TCP as a READ
+    /// response, in process straight into the requester's buffers.
+    fn answer_with_data(&self, link: &Link<'_>, req: &Request, data: Option<Src<'_>>) -> bool {
         let resp = Response {
             op: RespOp::ReadResp,
             syndrome: 0,
@@ -458,15 +529,15 @@ impl Qp {
         };
         let sent = match link {
             Link::Tcp(conn) | Link::Pulled(conn, _) => {
-                let sent = self.respond(conn, resp, guard.as_ref());
+                let sent = self.respond(conn, resp, data);
                 if sent {
                     conn.traffic.sent(req.len);
                 }
                 sent
             }
             Link::Memory(m) => {
-                if let Some(g) = &guard {
-                    m.write_from(g.region().src());
+                if let Some(src) = data {
+                    m.write_from(src);
                 }
                 true
             }

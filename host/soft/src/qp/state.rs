@@ -16,7 +16,6 @@ use ibverbs_sys::{
 use super::in_process::PeerPath;
 use super::{Qp, SendWqe, St};
 use crate::event::{Element, Wc};
-use crate::wire::ReqOp;
 
 /// The attributes `modify_qp` sets, kept for `query_qp` and the engine.
 #[derive(Clone, Copy, Debug, Default)]
@@ -273,7 +272,7 @@ impl Qp {
             wr_id: w.wr_id,
             status,
             opcode: w.wc_opcode(),
-            byte_len: if w.op == ReqOp::Read { w.len } else { 0 },
+            byte_len: if w.op.returns_data() { w.len } else { 0 },
             imm: None,
             qp_num: self.qpn,
             src_qp,

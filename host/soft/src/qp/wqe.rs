@@ -10,7 +10,7 @@ use ibverbs_sys::ibv_wc_opcode;
 use smallvec::SmallVec;
 
 use crate::mr::MrGuard;
-use crate::wire::ReqOp;
+use crate::wire::{AtomicArgs, ReqOp};
 
 /// One scatter/gather element as posted.
 #[derive(Clone, Copy, Debug)]
@@ -38,6 +38,8 @@ pub(crate) struct SendWqe {
     pub raddr: u64,
     pub rkey: u32,
     pub imm: u32,
+    /// An atomic's operands (zero for other opcodes).
+    pub atomic: AtomicArgs,
     pub(super) seq: u64,
     pub(super) len: u32,
     pub(super) acked: bool,
@@ -59,6 +61,7 @@ impl SendWqe {
             raddr: 0,
             rkey: 0,
             imm: 0,
+            atomic: AtomicArgs::default(),
             seq: 0,
             len: 0,
             acked: false,
@@ -69,13 +72,15 @@ impl SendWqe {
 
     /// Whether the requester waits for an answer to it (and so runs the retry timer).
     pub(super) fn ack_req(&self) -> bool {
-        self.signaled || self.op == ReqOp::Read
+        self.signaled || self.op.returns_data()
     }
 
     pub(super) fn wc_opcode(&self) -> ibv_wc_opcode::Type {
         match self.op {
             ReqOp::Write | ReqOp::WriteImm => ibv_wc_opcode::IBV_WC_RDMA_WRITE,
             ReqOp::Read => ibv_wc_opcode::IBV_WC_RDMA_READ,
+            ReqOp::FetchAdd => ibv_wc_opcode::IBV_WC_FETCH_ADD,
+            ReqOp::CmpSwap => ibv_wc_opcode::IBV_WC_COMP_SWAP,
             _ => ibv_wc_opcode::IBV_WC_SEND,
         }
     }

@@ -93,7 +93,8 @@ pub fn exclusive() -> RwLockWriteGuard<'static, ()> {
 pub const TIMEOUT: Duration = Duration::from_secs(60);
 pub const ALL_ACCESS: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_WRITE)
-    .union(Access::REMOTE_READ);
+    .union(Access::REMOTE_READ)
+    .union(Access::REMOTE_ATOMIC);
 
 /// Deterministic bytes (xorshift) so a misplaced byte is caught wherever it lands.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -381,7 +382,9 @@ pub const DST_OFF: usize = 5;
 pub const GUARD: usize = 64;
 pub const GUARD_BYTE: u8 = 0xEE;
 
+mod atomics;
 mod tests;
+pub use atomics::*;
 pub use tests::*;
 
 /// Instantiates every conformance test for one backend.
@@ -397,7 +400,9 @@ macro_rules! suite {
             cut_connection, rnr_retries_exhausted, retry_timeout_on_a_stalled_peer,
             send_into_posted_receive, send_longer_than_receive, cq_overrun_is_reported, two_processes, two_network_namespaces,
             discovery_matches_every_topology_file, iova_and_dmabuf_registration,
-            dmabuf_registration);
+            dmabuf_registration, atomic_fetch_add_and_cmp_swap, atomic_after_write_sees_it,
+            atomic_misaligned, atomic_without_remote_atomic, atomic_wrong_sge_length,
+            atomics_from_many_qps_sum_exactly, atomic_cap_reported);
 
         /// Entry point of the child processes the multi-process tests spawn.
         #[test]
