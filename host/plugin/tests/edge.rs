@@ -89,6 +89,12 @@ unsafe fn drive() {
         });
         assert_eq!((size[0], &into[..]), (4096, &out[..]));
 
+        // A registration deregistered through a communicator of another device (the sender is
+        // on device 1, the receiver on 0): refused as net_ib refuses it, and still registered
+        // (the sender's own deregMr below succeeds).
+        assert_eq!(T.dereg_mr.unwrap()(rc_comm, smh), NCCL_INVALID_USAGE);
+        assert_eq!(T.dereg_mr.unwrap()(lc, smh), NCCL_INVALID_ARGUMENT);
+
         // A request tested after it was reported done.
         let mut done = 1;
         assert_eq!(test(sreq, &mut done, size.as_mut_ptr()), NCCL_INVALID_USAGE);
