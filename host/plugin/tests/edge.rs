@@ -10,7 +10,9 @@ use std::ptr::null_mut;
 
 use common::until;
 use nccl_net_wasm::ncclNetPlugin_v12 as T;
-use ncclwasm_abi::{CommConfigC, NCCL_INVALID_ARGUMENT, NCCL_INVALID_USAGE, NCCL_SUCCESS};
+use ncclwasm_abi::{
+    CommConfigC, NCCL_INVALID_ARGUMENT, NCCL_INVALID_USAGE, NCCL_SUCCESS, NCCL_SYSTEM_ERROR,
+};
 
 const TEST: &str = "stale_handles_are_invalid_usage_not_freed_memory";
 
@@ -94,6 +96,33 @@ unsafe fn drive() {
         // (the sender's own deregMr below succeeds).
         assert_eq!(T.dereg_mr.unwrap()(rc_comm, smh), NCCL_INVALID_USAGE);
         assert_eq!(T.dereg_mr.unwrap()(lc, smh), NCCL_INVALID_ARGUMENT);
+
+        // Memory that is not mapped (two pages mapped and unmapped again), and a PROT_NONE
+        // reservation: refused as a NIC's ibv_reg_mr refuses them (EFAULT), so regMr fails
+        // (ncclSystemError, as net_ib's) instead of a later transfer into it.
+        let pages = |prot| {
+            let p = libc::mmap(
+                null_mut(),
+                8192,
+                prot,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            p
+        };
+        let unmapped = pages(libc::PROT_READ | libc::PROT_WRITE);
+        assert_eq!(libc::munmap(unmapped, 8192), 0);
+        let reserved = pages(libc::PROT_NONE);
+        for at in [unmapped, reserved] {
+            let mut mh = std::ptr::dangling_mut::<c_void>();
+            assert_eq!(
+                (reg(sc, at, 8192, 1, &mut mh), mh),
+                (NCCL_SYSTEM_ERROR, null_mut())
+            );
+        }
+        assert_eq!(libc::munmap(reserved, 8192), 0);
 
         // A request tested after it was reported done.
         let mut done = 1;
