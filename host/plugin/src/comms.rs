@@ -71,15 +71,18 @@ pub(crate) fn on_comm<R>(
     })
 }
 
+/// `listen`; `ctx` checks the caller's context (v11+; nothing before).
 pub(crate) fn listen_impl(
     dev: c_int,
     handle: *mut c_void,
     listen_comm: *mut *mut c_void,
+    ctx: impl FnOnce() -> Result<(), NetError>,
 ) -> NcclResult {
     guard("listen", || {
         // SAFETY: NCCL passes a valid out-pointer.
         let out = unsafe { listen_comm.as_mut() }.ok_or_else(|| null_arg("listenComm"))?;
         *out = std::ptr::null_mut();
+        ctx()?;
         if handle.is_null() {
             return Err(null_arg("handle"));
         }
@@ -93,16 +96,18 @@ pub(crate) fn listen_impl(
 }
 
 /// `connect`; `devComm` arguments are opaque (RCCL passes foreign structs there) and untouched.
+/// `comm` says what the connection is planned with (v11+: the caller's context, checked).
 pub(crate) fn connect_impl(
     dev: c_int,
     handle: *mut c_void,
     send_comm: *mut *mut c_void,
-    comm: CommConfig,
+    comm: impl FnOnce() -> Result<CommConfig, NetError>,
 ) -> NcclResult {
     guard("connect", || {
         // SAFETY: NCCL passes a valid out-pointer.
         let out = unsafe { send_comm.as_mut() }.ok_or_else(|| null_arg("sendComm"))?;
         *out = std::ptr::null_mut();
+        let comm = comm()?;
         // SAFETY: NCCL's handle buffer is 128 bytes, the same buffer on every call.
         let handle = unsafe { handle.cast::<[u8; HANDLE_SIZE]>().as_mut() }
             .ok_or_else(|| null_arg("handle"))?;

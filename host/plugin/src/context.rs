@@ -10,7 +10,8 @@ use ncclwasm_abi::*;
 use ncclwasm_policy::{PolicyCache, PolicyHost};
 use ncclwasm_transport::{CommConfig, Net, NetError};
 
-use crate::edge::{guard, null_arg};
+use crate::edge::{as_handle, guard, key, null_arg};
+use crate::handles::Handles;
 use crate::profiler::NcclProfiler;
 use crate::{fabric, log, pin};
 
@@ -100,27 +101,34 @@ pub(crate) fn init_net(
 
 /// A v11+ per-communicator context: its id, traffic class and NCCL's latest `setNetAttr` hint
 /// (written by the proxy's progress thread, read by `connect` on its proxy thread).
-pub(crate) struct Ctx {
+struct Ctx {
     comm: Mutex<CommConfig>,
 }
 
-impl Ctx {
-    /// What a connection of this communicator is planned with.
-    pub(crate) fn config(&self) -> CommConfig {
-        *self.comm.lock().unwrap_or_else(|p| p.into_inner())
-    }
+/// The v11+ contexts NCCL holds: like communicators, a context is a generation-checked key, not
+/// an address, so a second `finalize` or a finalized (or made-up) context passed to `listen`,
+/// `connect` or `setNetAttr` is refused as invalid usage instead of freeing or reading freed
+/// memory.
+static CTXS: Handles<Ctx> = Handles::new("context");
+
+/// What a connection of the v11+ context `ctx` is planned with; a context that is not open is
+/// refused.
+pub(crate) fn config(ctx: *mut c_void) -> Result<CommConfig, NetError> {
+    CTXS.with(key(ctx, "ctx")?, |c| {
+        Ok(*c.comm.lock().unwrap_or_else(|p| p.into_inner()))
+    })
 }
 
 /// `setNetAttr` (v11+): NCCL's hint about the communicator's coming transfers, kept for the
 /// plans of its next connections (a connection already planned keeps its plan).
 pub(crate) unsafe extern "C" fn set_net_attr(ctx: *mut c_void, attr: *mut NetAttrC) -> NcclResult {
     guard("setNetAttr", || {
-        // SAFETY: NULL or a context from `init_ctx`, alive until `finalize`.
-        let ctx = unsafe { ctx.cast::<Ctx>().as_ref() }.ok_or_else(|| null_arg("ctx"))?;
+        let k = key(ctx, "ctx")?;
         // SAFETY: NULL or NCCL's struct, valid for the call.
         let hint = unsafe { attr.as_ref() }
             .ok_or_else(|| null_arg("netAttr"))?
             .to_model();
+        CTXS.with(k, |ctx| {
         let mut comm = ctx.comm.lock().unwrap_or_else(|p| p.into_inner());
         // NCCL sends one whenever the shape of its transfers changes: its own log has them at
         // TRACE, so does this one.
@@ -137,6 +145,7 @@ pub(crate) unsafe extern "C" fn set_net_attr(ctx: *mut c_void, attr: *mut NetAtt
         }
         comm.net_attr = Some(hint);
         Ok(())
+        })
     })
 }
 
@@ -152,29 +161,35 @@ pub(crate) fn init_ctx(
         // SAFETY: NCCL passes a valid out-pointer.
         let out = unsafe { ctx.as_mut() }.ok_or_else(|| null_arg("ctx"))?;
         *out = std::ptr::null_mut();
-        init_net(logger, profiler, max_devs, true)?;
         // SAFETY: NULL or NCCL's config.
         let tc = unsafe { config.as_ref() }.map_or(-1, |c| c.traffic_class);
-        tracing::info!("NET/WASM: init comm {comm_id:#x} traffic class {tc}");
-        *out = Box::into_raw(Box::new(Ctx {
+        let k = CTXS.insert(Ctx {
             comm: Mutex::new(CommConfig {
                 comm_id,
                 traffic_class: tc,
                 net_attr: None,
             }),
-        }))
-        .cast();
+        })?;
+        if let Err(e) = init_net(logger, profiler, max_devs, true) {
+            // Not handed out, so not counted: the key goes stale at once.
+            let _ = CTXS.remove(k, |_| true);
+            return Err(e);
+        }
+        tracing::info!("NET/WASM: init comm {comm_id:#x} traffic class {tc}");
+        *out = as_handle(k);
         Ok(())
     })
 }
 
-/// `finalize`: the last context drops the process-wide state, stopping every thread.
+/// `finalize`: the last context drops the process-wide state, stopping every thread. NULL (no
+/// context was made) is tolerated; a context finalized already, or never made, is refused and
+/// counts for nothing.
 pub(crate) unsafe extern "C" fn finalize(ctx: *mut c_void) -> NcclResult {
     guard("finalize", || {
-        if !ctx.is_null() {
-            // SAFETY: a context from init, finalized once.
-            drop(unsafe { Box::from_raw(ctx.cast::<Ctx>()) });
+        if ctx.is_null() {
+            return Ok(());
         }
+        CTXS.remove(key(ctx, "ctx")?, |_| true)?;
         let last = {
             let mut st = state();
             match st.as_mut() {

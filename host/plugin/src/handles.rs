@@ -1,4 +1,4 @@
-//! Generation-checked handles: the opaque pointers NCCL holds for communicators, memory
+//! Generation-checked handles: the opaque pointers NCCL holds for contexts, communicators, memory
 //! registrations and requests.
 //!
 //! NCCL hands every handle back as a `void*` and may do so after closing what it names (a

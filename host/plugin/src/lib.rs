@@ -36,10 +36,10 @@
 //! the devices they use, so closing them later is still safe.
 //!
 //! # Handles
-//! Nothing NCCL holds is an address: communicators, memory registrations and requests are
-//! generation-checked keys into the tables of [`handles`], so a call on a closed communicator, a
-//! second `deregMr` or a `test` of a request already reported done is refused as invalid usage
-//! instead of touching freed memory; a communicator a call panicked on fails every later call. A
+//! Nothing NCCL holds is an address: v11+ contexts, communicators, memory registrations and
+//! requests are generation-checked keys into the tables of [`handles`], so a second `finalize`,
+//! a call on a finalized context or a closed communicator, a second `deregMr` or a `test` of a
+//! request already reported done is refused as invalid usage instead of touching freed memory; a communicator a call panicked on fails every later call. A
 //! request handle carries its communicator's key and pool index, so `test` is one O(1) lookup and
 //! nothing is allocated per message.
 //!

@@ -121,12 +121,35 @@ fn register(
     }
 }
 
-pub(crate) unsafe extern "C" fn dereg_mr(_comm: *mut c_void, mh: *mut c_void) -> NcclResult {
+/// `deregMr`. NULL is tolerated (NCCL #782); a handle deregistered already is refused, and so
+/// is one registered on other devices than `comm`'s, which stays registered: net_ib's
+/// `ncclIbDeregMr` looks the handle up in the caches of `comm`'s devices only and fails when it
+/// is not there ("could not find mr"), so a registration of another communicator on the same
+/// devices is released, one of another device is not.
+pub(crate) unsafe extern "C" fn dereg_mr(comm: *mut c_void, mh: *mut c_void) -> NcclResult {
     guard("deregMr", || {
-        // NULL is tolerated (NCCL #782); a handle deregistered already is refused.
         if mh.is_null() {
             return Ok(());
         }
-        MRS.remove(mh as usize as u64, |_| true)
+        let k = mh as usize as u64;
+        let registration = MRS.get(k)?;
+        on_comm(comm, |e| {
+            let holds = match e {
+                Endpoint::Send { comm, .. } => comm.holds(&registration),
+                Endpoint::Recv { comm, .. } => comm.holds(&registration),
+                Endpoint::Listen(_) => false,
+            };
+            if holds {
+                Ok(())
+            } else {
+                Err(NetError::Usage(format!(
+                    "memory registration {k:#x} was made on other devices than this \
+                     communicator's; deregister it through a communicator of its devices \
+                     (it stays registered)"
+                )))
+            }
+        })?;
+        drop(registration);
+        MRS.remove(k, |_| true)
     })
 }

@@ -28,16 +28,13 @@ unsafe extern "C" fn connect(
 ) -> NcclResult {
     // SAFETY: NULL or NCCL's config struct.
     let tc = unsafe { config.as_ref() }.map_or(-1, |c| c.traffic_class);
-    connect_impl(
-        dev,
-        handle,
-        sc,
-        CommConfig {
+    connect_impl(dev, handle, sc, || {
+        Ok(CommConfig {
             comm_id: 0,
             traffic_class: tc,
             net_attr: None,
-        },
-    )
+        })
+    })
 }
 
 pub(crate) unsafe extern "C" fn isend(

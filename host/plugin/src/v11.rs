@@ -5,10 +5,9 @@
 use std::ffi::{c_int, c_void};
 
 use ncclwasm_abi::*;
-use ncclwasm_transport::CommConfig;
 
 use crate::comms::{accept, close_listen, close_recv, close_send, connect_impl, listen_impl};
-use crate::context::{Ctx, finalize, init_ctx, set_net_attr};
+use crate::context::{config, finalize, init_ctx, set_net_attr};
 use crate::edge::{NAME, guard, null_arg};
 use crate::memory::{dereg_mr, reg_mr, reg_mr_dma_buf};
 use crate::messages::{iflush, test};
@@ -54,12 +53,12 @@ unsafe extern "C" fn get_properties(dev: c_int, out: *mut PropsV11) -> NcclResul
 }
 
 pub(crate) unsafe extern "C" fn listen(
-    _ctx: *mut c_void,
+    ctx: *mut c_void,
     dev: c_int,
     handle: *mut c_void,
     lc: *mut *mut c_void,
 ) -> NcclResult {
-    listen_impl(dev, handle, lc)
+    listen_impl(dev, handle, lc, || config(ctx).map(drop))
 }
 
 pub(crate) unsafe extern "C" fn connect(
@@ -69,9 +68,7 @@ pub(crate) unsafe extern "C" fn connect(
     sc: *mut *mut c_void,
     _dc: *mut *mut c_void,
 ) -> NcclResult {
-    // SAFETY: NULL or a context from `init_ctx` (this version's `init` and v12's).
-    let comm = unsafe { ctx.cast::<Ctx>().as_ref() }.map_or_else(CommConfig::default, Ctx::config);
-    connect_impl(dev, handle, sc, comm)
+    connect_impl(dev, handle, sc, || config(ctx))
 }
 
 #[unsafe(no_mangle)]

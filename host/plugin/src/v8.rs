@@ -47,7 +47,7 @@ pub(crate) unsafe extern "C" fn listen(
     handle: *mut c_void,
     lc: *mut *mut c_void,
 ) -> NcclResult {
-    listen_impl(dev, handle, lc)
+    listen_impl(dev, handle, lc, || Ok(()))
 }
 
 pub(crate) unsafe extern "C" fn connect(
@@ -56,7 +56,7 @@ pub(crate) unsafe extern "C" fn connect(
     sc: *mut *mut c_void,
     _dc: *mut *mut c_void,
 ) -> NcclResult {
-    connect_impl(dev, handle, sc, CommConfig::default())
+    connect_impl(dev, handle, sc, || Ok(CommConfig::default()))
 }
 
 unsafe extern "C" fn isend(

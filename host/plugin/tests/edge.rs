@@ -10,7 +10,9 @@ use std::ptr::null_mut;
 
 use common::until;
 use nccl_net_wasm::ncclNetPlugin_v12 as T;
-use ncclwasm_abi::{CommConfigC, NCCL_INVALID_ARGUMENT, NCCL_INVALID_USAGE, NCCL_SUCCESS};
+use ncclwasm_abi::{
+    CommConfigC, NCCL_INVALID_ARGUMENT, NCCL_INVALID_USAGE, NCCL_SUCCESS, NCCL_SYSTEM_ERROR,
+};
 
 const TEST: &str = "stale_handles_are_invalid_usage_not_freed_memory";
 
@@ -89,6 +91,39 @@ unsafe fn drive() {
         });
         assert_eq!((size[0], &into[..]), (4096, &out[..]));
 
+        // A registration deregistered through a communicator of another device (the sender is
+        // on device 1, the receiver on 0): refused as net_ib refuses it, and still registered
+        // (the sender's own deregMr below succeeds).
+        assert_eq!(T.dereg_mr.unwrap()(rc_comm, smh), NCCL_INVALID_USAGE);
+        assert_eq!(T.dereg_mr.unwrap()(lc, smh), NCCL_INVALID_ARGUMENT);
+
+        // Memory that is not mapped (two pages mapped and unmapped again), and a PROT_NONE
+        // reservation: refused as a NIC's ibv_reg_mr refuses them (EFAULT), so regMr fails
+        // (ncclSystemError, as net_ib's) instead of a later transfer into it.
+        let pages = |prot| {
+            let p = libc::mmap(
+                null_mut(),
+                8192,
+                prot,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            p
+        };
+        let unmapped = pages(libc::PROT_READ | libc::PROT_WRITE);
+        assert_eq!(libc::munmap(unmapped, 8192), 0);
+        let reserved = pages(libc::PROT_NONE);
+        for at in [unmapped, reserved] {
+            let mut mh = std::ptr::dangling_mut::<c_void>();
+            assert_eq!(
+                (reg(sc, at, 8192, 1, &mut mh), mh),
+                (NCCL_SYSTEM_ERROR, null_mut())
+            );
+        }
+        assert_eq!(libc::munmap(reserved, 8192), 0);
+
         // A request tested after it was reported done.
         let mut done = 1;
         assert_eq!(test(sreq, &mut done, size.as_mut_ptr()), NCCL_INVALID_USAGE);
@@ -142,5 +177,64 @@ unsafe fn drive() {
         assert_eq!(T.close_listen.unwrap()(lc), 0);
         assert_eq!(T.close_listen.unwrap()(lc), NCCL_INVALID_USAGE);
         assert_eq!(T.finalize.unwrap()(ctx), 0);
+    }
+}
+
+const CONTEXTS: &str = "stale_contexts_are_invalid_usage_not_freed_memory";
+
+/// A v11+ context is a handle like the others: a second `finalize`, and a finalized or made-up
+/// context passed to `listen`, `connect` or `setNetAttr`, are `ncclInvalidUsage` with their
+/// out-parameters cleared, never a double free or a read of freed memory.
+#[test]
+fn stale_contexts_are_invalid_usage_not_freed_memory() {
+    if !ncclwasm_testkit::child::enter(CONTEXTS) {
+        let mut child = ncclwasm_testkit::child::command(CONTEXTS);
+        child
+            .env("NCCL_WASM_FABRIC", "soft")
+            .env_remove("NCCL_WASM_TOPOLOGY")
+            .env_remove("NCCL_WASM_POLICY");
+        ncclwasm_testkit::child::run(child, CONTEXTS);
+        return;
+    }
+    // SAFETY: v12 arguments as NCCL passes them, except the stale and made-up contexts under
+    // test, which the plugin must refuse without dereferencing.
+    unsafe {
+        let init = |id| {
+            let mut ctx = null_mut();
+            let mut config = CommConfigC { traffic_class: -1 };
+            assert_eq!(
+                T.init.unwrap()(&mut ctx, id, &mut config, None, None),
+                NCCL_SUCCESS
+            );
+            ctx
+        };
+        let (kept, gone) = (init(1), init(2));
+        assert_eq!(T.finalize.unwrap()(gone), NCCL_SUCCESS);
+        let made_up = 0xdead_0000 as *mut c_void;
+        for ctx in [gone, made_up] {
+            assert_eq!(T.finalize.unwrap()(ctx), NCCL_INVALID_USAGE);
+            let mut handle = [0u8; 128];
+            let mut lc = std::ptr::dangling_mut::<c_void>();
+            let h = handle.as_mut_ptr().cast();
+            assert_eq!(
+                (T.listen.unwrap()(ctx, 0, h, &mut lc), lc),
+                (NCCL_INVALID_USAGE, null_mut())
+            );
+            let (mut sc, mut dev) = (std::ptr::dangling_mut::<c_void>(), null_mut());
+            assert_eq!(
+                (T.connect.unwrap()(ctx, 0, h, &mut sc, &mut dev), sc),
+                (NCCL_INVALID_USAGE, null_mut())
+            );
+            let mut attr = std::mem::zeroed();
+            assert_eq!(T.set_net_attr.unwrap()(ctx, &mut attr), NCCL_INVALID_USAGE);
+        }
+        // The context still open works, and the count of open contexts was not touched: its
+        // communicators connect, and its finalize is the last.
+        let (lc, sc, rc) = common::connect_pair(kept, 0, 0);
+        assert_eq!(T.close_send.unwrap()(sc), NCCL_SUCCESS);
+        assert_eq!(T.close_recv.unwrap()(rc), NCCL_SUCCESS);
+        assert_eq!(T.close_listen.unwrap()(lc), NCCL_SUCCESS);
+        assert_eq!(T.finalize.unwrap()(kept), NCCL_SUCCESS);
+        assert_eq!(T.finalize.unwrap()(kept), NCCL_INVALID_USAGE);
     }
 }

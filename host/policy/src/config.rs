@@ -91,7 +91,8 @@ pub enum PolicyCache {
     /// `NCCL_WASM_POLICY_CACHE_DIR=off`: compiled components stay in this process's memory.
     Off,
     /// `NCCL_WASM_POLICY_CACHE_DIR=DIR`: the operator's directory, used as given (its
-    /// permissions are the operator's to choose); an unusable one is an error.
+    /// permissions are the operator's to choose); an unusable one is WARNed once and the engine
+    /// compiles in memory, as for the default.
     Dir(PathBuf),
 }
 

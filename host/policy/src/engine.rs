@@ -301,10 +301,12 @@ impl Drop for Ticker {
 /// zstd's default level, wasmtime's baseline for its cache entries.
 const CACHE_COMPRESSION_LEVEL: i32 = 3;
 
-/// wasmtime's on-disk cache of compiled components, as [`PolicyCache`] says. The per-user
-/// default never fails: a refused directory is WARNed once per process and the engine compiles
-/// in memory, so a squatter on the directory's name costs compile time, not the job.
-fn disk_cache(choice: &PolicyCache) -> Result<Option<wasmtime::Cache>, PolicyError> {
+/// wasmtime's on-disk cache of compiled components, as [`PolicyCache`] says. It never fails:
+/// a directory that cannot be used (the per-user default refused, or the operator's
+/// `NCCL_WASM_POLICY_CACHE_DIR` not creatable or writable) is WARNed once per process and the
+/// engine compiles in memory, so the cache costs compile time, never the job — with or without
+/// a policy set.
+fn disk_cache(choice: &PolicyCache) -> Option<wasmtime::Cache> {
     let open = |dir: &Path| {
         // wasmtime takes absolute paths only.
         let dir = std::path::absolute(dir).map_err(|e| e.to_string())?;
@@ -320,31 +322,31 @@ fn disk_cache(choice: &PolicyCache) -> Result<Option<wasmtime::Cache>, PolicyErr
             .with_optimized_compression_level(CACHE_COMPRESSION_LEVEL);
         wasmtime::Cache::new(cache).map_err(|e| one_line(&e))
     };
-    match choice {
-        PolicyCache::Off => Ok(None),
-        PolicyCache::Dir(dir) => open(dir)
-            .map(Some)
-            .map_err(|e| PolicyError::Engine(format!("{ENV_CACHE_DIR}={}: {e}", dir.display()))),
-        PolicyCache::PerUser => {
-            let cache = private_dir::private_dir("the compiled-policy cache")
+    let (cache, hint) = match choice {
+        PolicyCache::Off => return None,
+        PolicyCache::Dir(dir) => (
+            open(dir).map_err(|e| format!("{ENV_CACHE_DIR}={}: {e}", dir.display())),
+            "=off silences this",
+        ),
+        PolicyCache::PerUser => (
+            private_dir::private_dir("the compiled-policy cache")
                 .map(|dir| dir.join("policy-cache"))
-                .and_then(|dir| open(&dir).map_err(|e| format!("{}: {e}", dir.display())));
-            match cache {
-                Ok(cache) => Ok(Some(cache)),
-                Err(why) => {
-                    static WARNED: Once = Once::new();
-                    WARNED.call_once(|| {
-                        tracing::warn!(
-                            target: LOG_TARGET,
-                            "{why}; compiling policies without the disk cache \
-                             ({ENV_CACHE_DIR}=DIR names another directory, =off silences this)"
-                        )
-                    });
-                    Ok(None)
-                }
-            }
-        }
-    }
+                .and_then(|dir| open(&dir).map_err(|e| format!("{}: {e}", dir.display()))),
+            "=DIR names another directory, =off silences this",
+        ),
+    };
+    cache
+        .inspect_err(|why| {
+            static WARNED: Once = Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    target: LOG_TARGET,
+                    "{why}; compiling policies in memory, without the disk cache \
+                     ({ENV_CACHE_DIR}{hint})"
+                )
+            });
+        })
+        .ok()
 }
 
 /// The engine shared by every version a host loads. Dropped (and its ticker joined) when the
@@ -385,7 +387,7 @@ impl PolicyEngine {
             .concurrency_support(false)
             // Faults are reported in one line; a backtrace would cost ~10 µs per trap for nothing.
             .wasm_backtrace_max_frames(None);
-        let disk_cache = disk_cache(&settings.cache)?;
+        let disk_cache = disk_cache(&settings.cache);
         config.cache(disk_cache.clone());
         let engine = wasmtime::Engine::new(&config).map_err(engine_err)?;
         let mut linker = Linker::new(&engine);

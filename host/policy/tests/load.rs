@@ -262,3 +262,32 @@ fn the_default_cache_is_private_and_a_refused_one_only_costs_the_cache() {
     assert_eq!(log.matches(&line).count(), 1, "{log}");
     assert!(log.contains("without the disk cache"), "{log}");
 }
+
+/// An operator's `NCCL_WASM_POLICY_CACHE_DIR` that cannot be used costs the cache, never the
+/// host: with no policy set (NCCL's `init` makes the host all the same) the host starts, and
+/// one WARN names the variable and says policies compile in memory.
+#[test]
+fn an_unusable_cache_dir_is_a_warning_not_a_failure() {
+    const TEST: &str = "load::an_unusable_cache_dir_is_a_warning_not_a_failure";
+    if !ncclwasm_testkit::child::enter(TEST) {
+        let s = ncclwasm_testkit::scratch::Scratch::new("policy-bad-cache-dir");
+        // Under a regular file: no directory can be made there, whoever we are.
+        let dir = s.write("file", b"").join("cache");
+        let mut child = ncclwasm_testkit::child::command(TEST);
+        child
+            .env(ncclwasm_policy::ENV_CACHE_DIR, &dir)
+            .env_remove(ncclwasm_policy::ENV_POLICY);
+        ncclwasm_testkit::child::run(child, TEST);
+        return;
+    }
+    capture_logs();
+    let dir = std::env::var(ncclwasm_policy::ENV_CACHE_DIR).unwrap();
+    for _ in 0..2 {
+        let host = PolicyHost::from_env(4).expect("the host starts without its cache");
+        assert!(host.policy().is_none());
+    }
+    let log = logged();
+    let line = format!("{}={dir}", ncclwasm_policy::ENV_CACHE_DIR);
+    assert_eq!(log.matches(&line).count(), 1, "one WARN: {log}");
+    assert!(log.contains("compiling policies in memory"), "{log}");
+}

@@ -242,6 +242,16 @@ impl Side {
         }
         Ok(handle)
     }
+
+    /// Whether `mh` was registered on this side's devices, endpoint for endpoint.
+    pub(crate) fn holds(&self, mh: &MemHandle) -> bool {
+        mh.mrs.len() == self.ports.len()
+            && mh
+                .mrs
+                .iter()
+                .zip(&self.ports)
+                .all(|((dev, _), p)| Arc::ptr_eq(dev, &p.dev))
+    }
 }
 
 /// The public methods a communicator answers from its [`Side`] (its field `side`) alone:
@@ -267,6 +277,14 @@ macro_rules! side_methods {
         ) -> Result<$crate::MemHandle, $crate::NetError> {
             self.side
                 .reg_mr(addr, len, $crate::mr_cache::Backing::Host(source))
+        }
+
+        /// Whether `mh` is a registration on this connection's devices (its own, or another
+        /// communicator's on the same devices), so that `deregMr` through this communicator
+        /// may release it: net_ib's looks a handle up only in the caches of its
+        /// communicator's devices.
+        pub fn holds(&self, mh: &$crate::MemHandle) -> bool {
+            self.side.holds(mh)
         }
 
         /// The `NCCL_PTR_*` types `reg_mr` and `reg_mr_dmabuf` accept on this connection.

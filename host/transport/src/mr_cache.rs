@@ -127,7 +127,16 @@ impl MrCache {
                 } else {
                     pd.reg_mr(memory, access)
                 }
-                .map_err(NetError::verbs(what))?
+                .map_err(|e| {
+                    // A NIC fails to pin such pages with EFAULT; say which fault is likely.
+                    let hint = match e.errno() {
+                        Some(libc::EFAULT) => {
+                            " (the buffer is not mapped in this process, or not readable and writable)"
+                        }
+                        _ => "",
+                    };
+                    NetError::verbs(format!("{what}{hint}"))(e)
+                })?
             }
             Backing::DmaBuf { fd, offset } => {
                 let what = format!(

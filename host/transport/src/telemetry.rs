@@ -430,20 +430,28 @@ impl FileWriter {
         let thread = std::thread::Builder::new()
             .name("ncclwasm-telemetry".into())
             .spawn(move || {
-                let mut warned = false;
+                // One WARN when writing starts failing and one INFO when it works again, not a
+                // line per interval.
+                let mut failing = false;
                 while !flag.load(Ordering::Acquire) {
-                    let text = registry.snapshot().to_toml();
-                    let mut tmp = path.clone().into_os_string();
-                    tmp.push(".tmp");
-                    let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &path));
-                    if let Err(e) = written
-                        && !std::mem::replace(&mut warned, true)
-                    {
-                        tracing::warn!(
-                            "NET/WASM: cannot write the telemetry to {}: {e} (tried every {} ms; not said again)",
-                            path.display(),
-                            every.as_millis()
-                        );
+                    match write_file(&path, registry.snapshot().to_toml()) {
+                        Err(e) if !failing => {
+                            failing = true;
+                            tracing::warn!(
+                                "NET/WASM: cannot write the telemetry to {}: {e} (trying again \
+                                 every {} ms; said again only once it works)",
+                                path.display(),
+                                every.as_millis()
+                            );
+                        }
+                        Ok(()) if failing => {
+                            failing = false;
+                            tracing::info!(
+                                "NET/WASM: writing the telemetry to {} again",
+                                path.display()
+                            );
+                        }
+                        _ => {}
                     }
                     std::thread::park_timeout(every);
                 }
@@ -453,6 +461,20 @@ impl FileWriter {
             stop,
             thread: Some(thread),
         })
+    }
+}
+
+/// Writes `text` to `path`: a regular file (or none yet) through a temporary file renamed over
+/// it, so a reader never sees half of one; anything else that exists (a device such as
+/// `/dev/full`, a FIFO) in place, never replaced by the rename.
+fn write_file(path: &std::path::Path, text: String) -> std::io::Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => std::fs::write(path, text),
+        _ => {
+            let mut tmp = path.to_owned().into_os_string();
+            tmp.push(".tmp");
+            std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path))
+        }
     }
 }
 

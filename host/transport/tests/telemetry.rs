@@ -111,3 +111,38 @@ fn the_telemetry_counts_each_connection_and_sums_each_port() {
     assert_eq!(q.send, p.send);
     assert_eq!(q.completions, p.completions);
 }
+
+/// A telemetry file that cannot be written is one WARN, not silence nor a line a second, and
+/// one INFO once it can be written again; a device in its place (`/dev/full`, through a link in
+/// the test's directory) is written in place, never replaced.
+#[test]
+fn an_unwritable_telemetry_file_is_one_warning_and_its_recovery_one_line() {
+    capture_logs(tracing_subscriber::filter::LevelFilter::INFO);
+    let s = ncclwasm_testkit::scratch::Scratch::new("telemetry-file");
+    let net = net();
+    let every = std::time::Duration::from_millis(10);
+    let wait = |what: &str, done: &dyn Fn() -> bool| {
+        let end = deadline();
+        while !done() {
+            assert!(std::time::Instant::now() < end, "{what}: {}", logged());
+            std::thread::sleep(every);
+        }
+    };
+    let path = s.path("missing").join("telemetry.toml");
+    net.write_telemetry(path.clone(), every).unwrap();
+    let warned = format!("cannot write the telemetry to {}", path.display());
+    wait("the WARN", &|| logged().contains(&warned));
+    std::thread::sleep(every * 10);
+    assert_eq!(logged().matches(&warned).count(), 1, "{}", logged());
+    s.dir("missing");
+    let again = format!("writing the telemetry to {} again", path.display());
+    wait("the recovery", &|| {
+        logged().contains(&again) && path.is_file()
+    });
+
+    let full = s.symlink("/dev/full", "full");
+    net.write_telemetry(full.clone(), every).unwrap();
+    let warned = format!("cannot write the telemetry to {}", full.display());
+    wait("the WARN for /dev/full", &|| logged().contains(&warned));
+    assert!(std::fs::symlink_metadata(&full).unwrap().is_symlink());
+}

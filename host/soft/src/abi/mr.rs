@@ -1,10 +1,11 @@
 //! Protection domains and memory regions: `alloc_pd` / `dealloc_pd`, `reg_mr` (and its iova
 //! and dma-buf forms) and `dereg_mr`. The keys and the checks behind them are the `mr` module's.
 
+use std::io::BufRead;
 use std::os::raw::{c_int, c_uint, c_void};
 use std::sync::Arc;
 
-use ibverbs_sys::{ibv_context, ibv_mr, ibv_pd};
+use ibverbs_sys::{ibv_access_flags, ibv_context, ibv_mr, ibv_pd};
 
 use super::conv::{fail, null, shield};
 use super::mapping::{FdMapping, MapError};
@@ -103,12 +104,77 @@ pub unsafe extern "C" fn reg_mr_iova2(
             }
             // SAFETY: a live soft PD.
             let sp = unsafe { pd_of(pd) };
+            if !mapped(addr as usize, length, access & WRITABLE != 0) {
+                return null(libc::EFAULT);
+            }
             // SAFETY: the verbs contract: the caller keeps `[addr, addr + length)` mapped until
-            // `dereg_mr` returns, which is after the key is gone and no access holds it.
+            // `dereg_mr` returns, which is after the key is gone and no access holds it; that
+            // it is mapped now was just checked.
             let region = unsafe { Region::registered(addr as usize, length) };
             register(sp, pd, region, addr, iova, access, None)
         },
     )
+}
+
+/// The access flags that make a NIC pin a registration's pages for writing.
+const WRITABLE: c_uint =
+    crate::mr::LOCAL_WRITE | crate::mr::REMOTE_WRITE | ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
+
+/// Whether `[addr, addr + len)` is mapped in this process, readable, and writable when
+/// `writable`: what a NIC's `ibv_reg_mr` finds out by pinning the pages, failing with `EFAULT`
+/// when it cannot. Without the check an unmapped buffer would register and the first transfer
+/// into it would fail the connection instead, blamed on the peer.
+///
+/// Read from `/proc/self/maps`: one pass over the process's mappings (at registration, which the
+/// transport caches, never per message), and it sees permissions — `mincore` sees only whether
+/// pages are mapped, so a `PROT_NONE` reservation or a read-only mapping would pass it, and
+/// probing each page with `process_vm_readv` costs a copy per page and sees no write
+/// permission. Where `/proc` cannot be read the range is taken on trust, as before.
+fn mapped(addr: usize, len: usize, writable: bool) -> bool {
+    match std::fs::File::open("/proc/self/maps") {
+        Ok(maps) => covered(std::io::BufReader::new(maps), addr, len, writable),
+        Err(e) => {
+            tracing::debug!("soft: reg_mr cannot read /proc/self/maps ({e}); not checked");
+            true
+        }
+    }
+}
+
+/// Whether the mappings listed in `maps` (`/proc/<pid>/maps` lines, in address order) cover
+/// `[addr, addr + len)` without a gap, each readable and, when `writable`, writable.
+fn covered(maps: impl BufRead, addr: usize, len: usize, writable: bool) -> bool {
+    let Some(end) = addr.checked_add(len) else {
+        return false;
+    };
+    let mut next = addr;
+    for line in maps.lines() {
+        if next >= end {
+            break;
+        }
+        let Ok(line) = line else { return false };
+        let mut fields = line.split_ascii_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let Some((from, to)) = range.split_once('-').and_then(|(a, b)| {
+            Some((
+                usize::from_str_radix(a, 16).ok()?,
+                usize::from_str_radix(b, 16).ok()?,
+            ))
+        }) else {
+            continue;
+        };
+        if to <= next {
+            continue;
+        }
+        let allowed =
+            perms.starts_with('r') && (!writable || perms.as_bytes().get(1) == Some(&b'w'));
+        if from > next || !allowed {
+            return false;
+        }
+        next = to;
+    }
+    next >= end
 }
 
 /// Registers `region` of this process under a fresh key, addressed by `iova`; `ibv_addr` is
@@ -219,4 +285,32 @@ pub unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
             0
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::covered;
+
+    const MAPS: &str = "\
+1000-3000 rw-p 00000000 00:00 0
+3000-4000 r--p 00000000 00:00 0
+4000-5000 rw-p 00000000 00:00 0
+6000-7000 ---p 00000000 00:00 0
+7000-8000 rw-s 00000000 00:05 12 /memfd:x (deleted)
+";
+
+    #[test]
+    fn a_range_is_covered_only_by_mappings_without_gaps_that_allow_the_access() {
+        let c = |addr, len, w| covered(MAPS.as_bytes(), addr, len, w);
+        assert!(c(0x1000, 0x2000, true), "one writable mapping");
+        assert!(c(0x2800, 0x1000, false), "read across two mappings");
+        assert!(!c(0x2800, 0x1000, true), "a read-only page, written");
+        assert!(!c(0x4800, 0x1000, false), "unmapped after 0x5000");
+        assert!(!c(0x800, 0x1000, false), "unmapped before 0x1000");
+        assert!(!c(0x6000, 8, false), "PROT_NONE");
+        assert!(c(0x7000, 0x1000, true), "shared");
+        assert!(!c(0x9000, 1, false), "past every mapping");
+        assert!(c(0x9000, 0, true), "nothing to check");
+        assert!(!c(usize::MAX, 2, false), "wraps");
+    }
 }
