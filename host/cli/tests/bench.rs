@@ -348,12 +348,10 @@ fn the_shipped_policy_plans_a_fused_device_and_the_ranks_use_it() {
 
 #[test]
 fn a_missing_library_is_one_line_naming_the_build_command() {
-    let out = bench(&[
-        "--plugin",
-        "/nonexistent/libnccl_net_wasm.so",
-        "--policy",
-        "builtin",
-    ]);
+    // Absent from a directory of the test's own, whatever the machine holds elsewhere.
+    let scratch = ncclwasm_testkit::scratch::Scratch::new("bench-missing-plugin");
+    let missing = scratch.path("libnccl_net_wasm.so").display().to_string();
+    let out = bench(&["--plugin", &missing, "--policy", "builtin"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");

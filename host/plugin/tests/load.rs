@@ -174,7 +174,9 @@ fn a_socket_ifname_that_matches_nothing_fails_init() {
 
 #[test]
 fn open_refuses_what_is_not_a_plugin() {
-    let err = Plugin::open(Path::new("/nonexistent/libx.so")).unwrap_err();
+    // Absent from a directory of the test's own, whatever the machine holds elsewhere.
+    let scratch = ncclwasm_testkit::scratch::Scratch::new("plugin-missing-library");
+    let err = Plugin::open(&scratch.path("libx.so")).unwrap_err();
     assert!(err.to_string().contains("dlopen"), "{err}");
     let libc = Plugin::open(Path::new("libc.so.6")).unwrap_err();
     assert!(

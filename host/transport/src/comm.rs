@@ -268,6 +268,22 @@ macro_rules! side_methods {
             self.side.posted()
         }
 
+        /// Fault injection (tests): makes the responder of plan QP `q` on this side silent
+        /// for `d` from now, as [`ncclwasm_verbs::Qp::inject_stall`]: what the peer writes on
+        /// that QP is neither placed nor acknowledged meanwhile. `Duration::ZERO` ends it.
+        #[cfg(feature = "fault-injection")]
+        pub fn inject_stall(
+            &self,
+            q: usize,
+            d: std::time::Duration,
+        ) -> Result<(), $crate::NetError> {
+            let qps = self.side.qps();
+            let qp = &qps[q].qp;
+            qp.inject_stall(d).map_err($crate::NetError::verbs(|| {
+                format!("stalling QP {}", qp.qpn())
+            }))
+        }
+
         /// Registers a buffer on every device of the connection (`regMr`).
         pub fn reg_mr(
             &self,

@@ -32,8 +32,8 @@ fn device(name: &str) -> std::sync::Arc<Context> {
         .expect("a context on the device")
 }
 
-/// Message `k`: (send offset, size), sizes from 1 byte to 1 MiB, and every fifth 20 MiB (long
-/// enough to be in flight when the port goes down right after it was posted).
+/// Message `k`: (send offset, size), sizes from 1 byte to 1 MiB, and every fifth 20 MiB (large
+/// enough that a slice of it goes over each port).
 fn shape(k: usize) -> (usize, usize) {
     let size = if k % 5 == 4 {
         20 * MIB + k
@@ -103,9 +103,12 @@ fn port_0_carries_a_stream(s: &SendComm, r: &RecvComm, b: &Bufs, what: &str) {
     }
 }
 
-/// Streams as [`stream`] does, taking the first port of the fused device down once: right
-/// after a large message went out on one of its QPs, past a third of the stream, so slices are
-/// in flight on it. `failed` is called then, with the bytes posted on each QP so far.
+/// Streams as [`stream`] does, taking the first port of the fused device down once, with a
+/// large message certainly in flight on it: before the first large message past a third of
+/// the stream is sent, the receiver's QPs on that port stop answering (a stalled responder:
+/// nothing written on them is placed or acknowledged); once the message was posted, with a
+/// slice of it on the port, the port goes down and the stall ends (the failed QPs discard what
+/// they held). `failed` is called then, with the bytes posted on each QP so far.
 fn stream_losing_port_0(
     s: &SendComm,
     r: &RecvComm,
@@ -114,19 +117,48 @@ fn stream_losing_port_0(
 ) -> Result<usize, NetError> {
     let first = s.stats().local[0].device.clone();
     let dev = device(&first);
-    let mut last = s.stats().posted;
-    let mut down = false;
-    stream(s, r, b, |k| {
-        let posted = s.stats().posted;
-        let on_port_0 = (0..posted.len())
-            .any(|q| s.plan().qps[q].local == 0 && posted[q] >= last[q] + (8 * MIB) as u64);
-        if k >= MESSAGES / 3 && !down && on_port_0 {
+    let on_port_0: Vec<usize> = (0..s.plan().qps.len())
+        .filter(|&q| s.plan().qps[q].local == 0)
+        .collect();
+    assert!(!on_port_0.is_empty(), "no QP on port 0: {:?}", s.plan());
+    let large = (MESSAGES / 3..MESSAGES)
+        .find(|&k| shape(k).1 > 8 * MIB)
+        .expect("a large message past a third of the stream");
+    // Long enough never to end on its own: the port goes down while it lasts.
+    let stall = Duration::from_secs(3600);
+    // What each QP carried before the large message.
+    let before = std::cell::RefCell::new(Vec::new());
+    stream_with(
+        s,
+        r,
+        b,
+        |k| {
+            if k == large {
+                *before.borrow_mut() = s.stats().posted;
+                for &q in &on_port_0 {
+                    r.inject_stall(q, stall).unwrap();
+                }
+            }
+        },
+        |k| {
+            if k != large {
+                return;
+            }
+            let posted = s.stats().posted;
+            let before = before.borrow();
+            assert!(
+                on_port_0
+                    .iter()
+                    .any(|&q| posted[q] >= before[q] + (8 * MIB) as u64),
+                "no slice of message {k} on port 0: {before:?} then {posted:?}"
+            );
             assert!(dev.inject_port_down(1).unwrap(), "{first} port 1 went down");
-            down = true;
+            for &q in &on_port_0 {
+                r.inject_stall(q, Duration::ZERO).unwrap();
+            }
             failed(&posted);
-        }
-        last = posted;
-    })
+        },
+    )
 }
 
 /// Streams until the connection fails, taking the first port of its fused device down for
@@ -157,10 +189,17 @@ struct Pending {
 
 /// Streams `MESSAGES` messages, `IN_FLIGHT` at a time, calling `at(k)` after message `k` was
 /// posted. Returns the first error of any call, after checking every completed message.
-fn stream(
+fn stream(s: &SendComm, r: &RecvComm, b: &Bufs, at: impl FnMut(usize)) -> Result<usize, NetError> {
+    stream_with(s, r, b, |_| (), at)
+}
+
+/// [`stream`], calling `before(k)` too: once message `k`'s receive is posted and nothing else
+/// is waited for before its send.
+fn stream_with(
     s: &SendComm,
     r: &RecvComm,
     b: &Bufs,
+    mut before: impl FnMut(usize),
     mut at: impl FnMut(usize),
 ) -> Result<usize, NetError> {
     let mut pending: Vec<Pending> = Vec::new();
@@ -234,6 +273,7 @@ fn stream(
             tag: 3,
             mr: Some(&b.rmr),
         }])?;
+        before(k);
         let send = loop {
             if let Some(req) = s.isend(b.send.addr() + off as u64, size as u64, 3, Some(&b.smr))? {
                 break req;
@@ -295,8 +335,8 @@ fn a_port_down_mid_transfer_moves_its_traffic_and_loses_nothing() {
     let stats = s.stats();
     let c = stats.failover.unwrap();
     assert_eq!(c.moves, 1, "{c:?}");
-    // The 6 MiB message was in flight on the failed port: the probe ran, and its slice was
-    // written again (or found delivered).
+    // The large message was in flight on the failed port (its receiver stalled until the port
+    // went down): the probe ran, and its slice was written again (or found delivered).
     assert_eq!(c.probes, 1, "{c:?}");
     assert!(c.replayed + c.confirmed >= 1, "{c:?}");
     // After the move only the surviving port's QPs carry new messages; a failed QP's counter
@@ -415,8 +455,9 @@ fn a_held_port_back_in_time_resumes_and_loses_nothing() {
     back.expect("the port never went down").join().unwrap();
     assert_eq!(done, MESSAGES);
     let c = s.stats().failover.unwrap();
-    // Whether slices were still in flight on the port when it failed is the scheduler's (the
-    // proto test `a_held_port_resumes_on_its_own_qps_and_loses_nothing` pins the replay).
+    // A slice was in flight on the port when it failed (`stream_losing_port_0` stalls its
+    // receiver until then); the proto test `a_held_port_resumes_on_its_own_qps_and_loses_nothing`
+    // pins the replay.
     assert_eq!((c.moves, c.waits, c.resumes), (0, 1, 1), "{c:?}");
     let held = log_line(&["NET/WASM", "failed (", "wait"]);
     assert!(held.contains("rail-aligned"), "{held}");

@@ -66,7 +66,8 @@ impl Qp {
         Ok(())
     }
 
-    /// Makes this QP's responder silent for `d` (a stalled peer).
+    /// Makes this QP's responder silent for `d` from now (a stalled peer); a later call
+    /// replaces the time, so `Duration::ZERO` ends a stall.
     pub fn inject_stall(&self, d: Duration) -> Result<()> {
         let f = self.pd().context().faults()?.stall;
         let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);

@@ -73,9 +73,10 @@ pub unsafe fn cut_connection(qp: *mut ibv_qp) {
     unsafe { qp_of(qp) }.cut();
 }
 
-/// Makes `qp`'s responder silent for `duration`: requests wait unanswered, so a peer with a
-/// short `timeout`/`retry_cnt` sees `IBV_WC_RETRY_EXC_ERR`, and one with a long budget just
-/// sees the delay.
+/// Makes `qp`'s responder silent for `duration` from now: requests wait unanswered, so a peer
+/// with a short `timeout`/`retry_cnt` sees `IBV_WC_RETRY_EXC_ERR`, and one with a long budget
+/// just sees the delay. A later call replaces the time (`Duration::ZERO` ends the stall at
+/// once); a stall also ends when the QP fails, is reset or destroyed.
 ///
 /// # Safety
 /// `qp` must be a live soft QP.

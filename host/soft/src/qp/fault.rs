@@ -18,9 +18,11 @@ impl Qp {
         }
     }
 
-    /// Fault injection: this QP's responder goes silent for `d` (requests wait, no answers).
+    /// Fault injection: this QP's responder goes silent for `d` from now (requests wait, no
+    /// answers); a later call replaces the time, so `Duration::ZERO` ends a stall at once.
     pub(crate) fn stall(&self, d: Duration) {
         self.lock().stall_until = Some(Instant::now() + d);
+        self.cv.notify_all();
     }
 
     /// Port down or device fatal: outstanding work fails as if the retries ran out.

@@ -122,6 +122,24 @@ impl Qp {
         )
     }
 
+    /// The responder's side of fault injection's `Qp::stall`, after it read a request of connection epoch
+    /// `epoch`: waits while the stall lasts, and no longer once that connection is gone (the
+    /// QP failed, was reset or is being destroyed: the request is discarded anyway).
+    fn wait_out_stall(&self, epoch: u64) {
+        let mut st = self.lock();
+        while let Some(left) = st
+            .stall_until
+            .and_then(|u| u.checked_duration_since(Instant::now()))
+            .filter(|d| !d.is_zero() && st.epoch == epoch && st.destroying.is_none())
+        {
+            st = self
+                .cv
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
     pub(super) fn responder_loop(self: Arc<Self>, conn: Arc<Conn>) {
         let fd = conn.fd();
         // The last placed request not acknowledged yet. Acknowledged before this thread waits
@@ -149,10 +167,7 @@ impl Qp {
                     return;
                 }
             };
-            let stall = self.lock().stall_until;
-            if let Some(until) = stall {
-                std::thread::sleep(until.saturating_duration_since(Instant::now()));
-            }
+            self.wait_out_stall(conn.epoch);
             let req = match req {
                 Ok(r) => r,
                 Err(seq) => return self.malformed(&conn, seq),
