@@ -9,6 +9,7 @@
 //! format is in host/cli/README.md.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -17,9 +18,11 @@ use ncclwasm_inspect::render::json;
 use ncclwasm_inspect::report::{self, Connections, PortGid, Report};
 use ncclwasm_inspect::setup::{self, PolicyArg};
 use ncclwasm_model::file::{self, Limit};
+use ncclwasm_model::spelling;
 use ncclwasm_model::telemetry::Telemetry;
 use ncclwasm_model::{NetAttr, PortChange, Topology};
 use serde::{Deserialize, Serialize};
+use serde_path_to_error::Segment;
 
 use crate::explain::{self, port_answer, qp_pairs};
 use crate::fail::{Exit, Fail, Outcome};
@@ -176,12 +179,128 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
 
 fn read(path: &Path) -> Result<Vec<Case>, Fail> {
     let text = file::read_to_string(path, CASE_FILE).map_err(Fail::trouble)?;
+    parse(&text, &path.display().to_string()).map_err(Fail::trouble)
+}
+
+/// A case file's cases, or its first mistake as one line: `FILE: case "NAME": …` for one inside
+/// a case, `FILE:LINE:COLUMN: …` for one outside any (a syntax error, a key beside `[[case]]`).
+/// An unknown key, at any depth and in `expect.plan` too, is named by its dotted path with the
+/// closest known key when one is close (`unknown key `peers` (did you mean `peer`?)`).
+fn parse(text: &str, origin: &str) -> Result<Vec<Case>, String> {
+    let at = |span: Option<Range<usize>>| match span {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!("{origin}:{line}:{column}")
+        }
+        None => origin.to_owned(),
+    };
+    // toml's `Display` is a multi-line snippet of the file; its message and span make one line.
+    let message = |e: &toml::de::Error| {
+        let lines: Vec<&str> = e.message().lines().map(str::trim).collect();
+        lines.join("; ").trim_matches([' ', ';']).to_owned()
+    };
+    let table: toml::Table =
+        toml::from_str(text).map_err(|e| format!("{}: {}", at(e.span()), message(&e)))?;
     let cases: CaseFile =
-        toml::from_str(&text).map_err(|e| Fail::trouble(format!("{}: {e}", path.display())))?;
+        serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
+            let path: Vec<Segment> = e.path().iter().cloned().collect();
+            let e = e.into_inner();
+            let (place, path) = match path.as_slice() {
+                [Segment::Map { key }, Segment::Seq { index }, inside @ ..] if key == "case" => {
+                    let name = table
+                        .get("case")
+                        .and_then(|c| c.get(*index))
+                        .and_then(|c| c.get("name"))
+                        .and_then(toml::Value::as_str);
+                    (case_place(origin, *index, name), inside)
+                }
+                whole => (at(e.span()), whole),
+            };
+            format!("{place}: {}", mistake(path, &message(&e)))
+        })?;
     if cases.case.is_empty() {
-        return Err(Fail::trouble(format!("{}: no [[case]]", path.display())));
+        return Err(format!("{origin}: no [[case]]"));
+    }
+    for (index, case) in cases.case.iter().enumerate() {
+        let known = ncclwasm_model::ConnPlan::FIELDS;
+        let mut plan = case.expect.plan.iter().flat_map(|p| p.keys());
+        if let Some(field) = plan.find(|f| !known.contains(&f.as_str())) {
+            return Err(format!(
+                "{}: {}",
+                case_place(origin, index, Some(&case.name)),
+                unknown("expect.plan.", field, known)
+            ));
+        }
     }
     Ok(cases.case)
+}
+
+/// `FILE: case "NAME"`, or `FILE: case #N` (from 1) when the case has no name.
+fn case_place(origin: &str, index: usize, name: Option<&str>) -> String {
+    match name {
+        Some(name) => format!("{origin}: case {name:?}"),
+        None => format!("{origin}: case #{}", index + 1),
+    }
+}
+
+/// serde's message for the value at `path`, an unknown key (the path's last key, which serde
+/// names with the keys it knows) worded as [`unknown`].
+fn mistake(path: &[Segment], message: &str) -> String {
+    if let Some((Segment::Map { key }, table)) = path.split_last()
+        && let Some(known) = message.strip_prefix(&format!("unknown field `{key}`, "))
+    {
+        // `expected one of `a`, `b``, `expected `a` or `b``, `there are no fields`.
+        let known: Vec<&str> = known.split('`').skip(1).step_by(2).collect();
+        let prefix = match dotted(table) {
+            p if p.is_empty() => p,
+            p => p + ".",
+        };
+        return unknown(&prefix, key, &known);
+    }
+    match dotted(path) {
+        p if p.is_empty() => message.to_owned(),
+        p => format!("{p}: {message}"),
+    }
+}
+
+/// `unknown key `expect.gid` (did you mean `expect.gids`?)`: `key` in the table at `prefix`
+/// (`expect.`; empty at the top of a case or the file), whose keys are `known`.
+fn unknown(prefix: &str, key: &str, known: &[&str]) -> String {
+    let mut line = format!("unknown key `{prefix}{}`", bare(key));
+    if let Some(meant) = spelling::closest(key, known) {
+        line += &format!(" (did you mean `{prefix}{meant}`?)");
+    }
+    line
+}
+
+/// A path as TOML writes it: `expect.plan.tc`, `net-attr.send`, `devices[1]`.
+fn dotted(path: &[Segment]) -> String {
+    let mut out = String::new();
+    for segment in path {
+        match segment {
+            Segment::Seq { index } => out += &format!("[{index}]"),
+            Segment::Map { key } | Segment::Enum { variant: key } => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out += &bare(key);
+            }
+            Segment::Unknown => out += ".?",
+        }
+    }
+    out
+}
+
+/// A key as TOML writes it: bare when it can be, quoted otherwise.
+fn bare(key: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    if !key.is_empty() && key.chars().all(plain) {
+        key.to_owned()
+    } else {
+        format!("{key:?}")
+    }
 }
 
 fn run_case(
@@ -246,7 +365,8 @@ fn run_case(
 }
 
 /// Everything the case expects that the report does not show, and every fault. An expectation
-/// that cannot be compared (an unknown plan field) is an error in the case file.
+/// that cannot be compared (a `qps` that is neither a count nor pairs, an `items` decision the
+/// report lacks) is an error in the case file.
 fn compare(expect: &Expect, r: &Report) -> Result<Vec<Difference>, String> {
     let mut out: Vec<Difference> = report::fallbacks(r)
         .into_iter()
@@ -383,8 +503,8 @@ fn gids(
     }
 }
 
-/// One plan field: expected and actual, as text. `qps` compares the count or the pairs;
-/// the others compare the value as the plan's JSON has it.
+/// One plan field (a known one: [`parse`] refuses others): expected and actual, as text. `qps`
+/// compares the count or the pairs; the others compare the value as the plan's JSON has it.
 fn plan_field(
     field: &str,
     value: &toml::Value,
@@ -411,13 +531,6 @@ fn plan_field(
             )),
         };
     }
-    let known = ncclwasm_model::ConnPlan::FIELDS;
-    if !known.contains(&field) {
-        return Err(format!(
-            "plan has no field {field:?}; its fields are {}",
-            known.join(", ")
-        ));
-    }
     let json = serde_json::to_value(plan).map_err(|e| e.to_string())?;
     let got = &json[field.replace('-', "_")];
     let expected = serde_json::to_value(value).map_err(|e| e.to_string())?;
@@ -440,4 +553,77 @@ fn render(r: &Results) -> String {
         "{} {}: {} passed, {} failed\n",
         r.policy.name, r.policy.version, r.passed, r.failed
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CASE: &str = "[[case]]\nname = \"one\"\ntopology = \"t.toml\"\n[case.expect]\n\n[[case]]\nname = \"two-rails\"\ntopology = \"t.toml\"\n";
+
+    fn error(text: &str) -> String {
+        let e = parse(text, "cases.toml").expect_err("a mistake");
+        assert_eq!(e.lines().count(), 1, "one line: {e}");
+        e
+    }
+
+    #[test]
+    fn unknown_keys_name_the_case_and_the_closest_key() {
+        for (extra, want) in [
+            (
+                "peers = \"t.toml\"\n[case.expect]",
+                "cases.toml: case \"two-rails\": unknown key `peers` (did you mean `peer`?)",
+            ),
+            (
+                "[case.expect]\ngid = { \"mlx5_0:1\" = 3 }",
+                "cases.toml: case \"two-rails\": unknown key `expect.gid` (did you mean `expect.gids`?)",
+            ),
+            (
+                "[case.expect]\nplan = { tcc = 1 }",
+                "cases.toml: case \"two-rails\": unknown key `expect.plan.tcc` (did you mean `expect.plan.tc`?)",
+            ),
+            (
+                "net-attr = { send = { max-peers = 2 } }\n[case.expect]",
+                "cases.toml: case \"two-rails\": unknown key `net-attr.send.max-peers`",
+            ),
+            (
+                "[case.expect]\nwhatever = 1",
+                "cases.toml: case \"two-rails\": unknown key `expect.whatever`",
+            ),
+            (
+                "[case.expect]\n\"port down\" = \"fail\"",
+                "cases.toml: case \"two-rails\": unknown key `expect.\"port down\"` (did you mean `expect.port-down`?)",
+            ),
+        ] {
+            let text = format!("{CASE}{extra}\n");
+            assert_eq!(error(&text), want, "{text}");
+        }
+    }
+
+    #[test]
+    fn other_mistakes_are_one_line_placed() {
+        assert_eq!(
+            error(CASE),
+            "cases.toml: case \"two-rails\": missing field `expect`"
+        );
+        assert_eq!(
+            error(&format!("{CASE}device = \"1\"\n[case.expect]\n")),
+            "cases.toml: case \"two-rails\": device: invalid type: string \"1\", expected u32"
+        );
+        assert_eq!(
+            error("[[case]]\ntopology = \"t.toml\"\n[case.expect]\n"),
+            "cases.toml: case #1: missing field `name`"
+        );
+        assert_eq!(
+            error("cases = []\n"),
+            "cases.toml:1:1: unknown key `cases` (did you mean `case`?)"
+        );
+        let syntax = error("[[case]]\nname = \"x\"\ntopology = t.toml\n");
+        assert!(syntax.starts_with("cases.toml:3:12: "), "{syntax}");
+        assert_eq!(
+            error("[[case]\n"),
+            "cases.toml:1:7: invalid table header; expected `.`, `]]`"
+        );
+        assert_eq!(error("case = []\n"), "cases.toml: no [[case]]");
+    }
 }

@@ -518,14 +518,65 @@ fn policy_test_fails_a_broken_case_with_a_diff() {
     assert_fails(
         &run(&["policy", "test", &guest("gid-by-subnet"), &cases]),
         2,
-        "unknown field `gid`",
+        "case \"pod\": unknown key `expect.gid` (did you mean `expect.gids`?)",
     );
     write(&case("plan = { tcc = 1 }"));
     assert_fails(
         &run(&["policy", "test", "builtin", &cases]),
         2,
-        "plan has no field \"tcc\"",
+        "case \"pod\": unknown key `expect.plan.tcc` (did you mean `expect.plan.tc`?)",
     );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A mistake in a case file is one line: an unknown key at any depth names the file, the case
+/// and the key, and the closest known key when one is close; a syntax error its line and
+/// column. Either is the file's mistake: exit status 2, before any case runs.
+#[test]
+fn policy_test_names_the_case_and_the_closest_key_of_an_unknown_key() {
+    let dir = scratch("policy-test-keys");
+    let cases = dir.join("cases.toml");
+    let file = cases.display().to_string();
+    let fails = |text: &str, line: &str| {
+        std::fs::write(&cases, text).unwrap();
+        let o = run(&["policy", "test", "builtin", &file]);
+        assert_fails(&o, 2, line);
+        assert_eq!(stderr(&o), format!("error: {file}{line}\n"), "{text}");
+        assert_eq!(stdout(&o), "", "no case runs: {text}");
+    };
+    let pod = topology("k8s-pod");
+    let first = format!("[[case]]\nname = \"one\"\ntopology = {pod:?}\n[case.expect]\n\n");
+    let two =
+        |body: &str| format!("{first}[[case]]\nname = \"two-rails\"\ntopology = {pod:?}\n{body}\n");
+    fails(
+        &two("peers = \"x.toml\"\n[case.expect]"),
+        ": case \"two-rails\": unknown key `peers` (did you mean `peer`?)",
+    );
+    fails(
+        &two("[case.expect]\nnccl-device = [\"mlx5_0\"]"),
+        ": case \"two-rails\": unknown key `expect.nccl-device` (did you mean `expect.nccl-devices`?)",
+    );
+    fails(
+        &two("net-attr = { recv = { max-flow-per-peer = 2 } }\n[case.expect]"),
+        ": case \"two-rails\": unknown key `net-attr.recv.max-flow-per-peer` (did you mean `net-attr.recv.max-flows-per-peer`?)",
+    );
+    fails(
+        &two("[case.expect]\nplan = { timout = 22 }"),
+        ": case \"two-rails\": unknown key `expect.plan.timout` (did you mean `expect.plan.timeout`?)",
+    );
+    // Nothing close: the key alone.
+    fails(
+        &two("colour = \"blue\"\n[case.expect]"),
+        ": case \"two-rails\": unknown key `colour`",
+    );
+    // Outside any case: where it is.
+    fails(
+        &format!("cases = 1\n{first}"),
+        ":1:1: unknown key `cases` (did you mean `case`?)",
+    );
+    std::fs::write(&cases, two("device = \"1").as_bytes()).unwrap();
+    let o = run(&["policy", "test", "builtin", &file]);
+    assert_fails(&o, 2, &format!("{file}:9:12: "));
     std::fs::remove_dir_all(dir).unwrap();
 }
 
