@@ -7,6 +7,7 @@ use std::panic::catch_unwind;
 use std::sync::{Arc, Mutex};
 
 use ncclwasm_abi::*;
+use ncclwasm_model::NetAttr;
 use ncclwasm_policy::{PolicyCache, PolicyHost};
 use ncclwasm_transport::{CommConfig, Net, NetError};
 
@@ -129,24 +130,28 @@ pub(crate) unsafe extern "C" fn set_net_attr(ctx: *mut c_void, attr: *mut NetAtt
             .ok_or_else(|| null_arg("netAttr"))?
             .to_model();
         CTXS.with(k, |ctx| {
-        let mut comm = ctx.comm.lock().unwrap_or_else(|p| p.into_inner());
-        // NCCL sends one whenever the shape of its transfers changes: its own log has them at
-        // TRACE, so does this one.
-        if comm.net_attr != Some(hint) {
-            tracing::debug!(
-                "NET/WASM: comm {:#x} hint: send {:?}, recv {:?}, ops {:?}, algos {:?}, protos {:?}",
-                comm.comm_id,
-                hint.send,
-                hint.recv,
-                hint.ops,
-                hint.algos,
-                hint.protos
-            );
-        }
-        comm.net_attr = Some(hint);
-        Ok(())
+            remember(&mut ctx.comm.lock().unwrap_or_else(|p| p.into_inner()), hint);
+            Ok(())
         })
     })
+}
+
+/// Keeps NCCL's latest hint for the context's next connections.
+fn remember(comm: &mut CommConfig, hint: NetAttr) {
+    // NCCL sends one whenever the shape of its transfers changes: its own log has them at
+    // TRACE, so does this one.
+    if comm.net_attr != Some(hint) {
+        tracing::debug!(
+            "NET/WASM: comm {:#x} hint: send {:?}, recv {:?}, ops {:?}, algos {:?}, protos {:?}",
+            comm.comm_id,
+            hint.send,
+            hint.recv,
+            hint.ops,
+            hint.algos,
+            hint.protos
+        );
+    }
+    comm.net_attr = Some(hint);
 }
 
 pub(crate) fn init_ctx(
