@@ -11,7 +11,10 @@
 //! - `policies/*.wasm`: the shipped policies (the packages under `policies/`), as `cargo xtask
 //!   guests` builds them, each with `policies/<name>/cases.toml`, the decisions `ncclwasm policy
 //!   test` checks it against (their paths name `../../topologies/`, which is where the tarball
-//!   has them too); `topologies/`; `wit/`, the contract a policy is built from; `README.md`;
+//!   has them too) and its `src/`; `topologies/`; `wit/`, the contract a policy is built from;
+//!   `README.md` and what it, the SDK's README and the CLI's text point to, at their paths in
+//!   this repository ([`DOCUMENTS`], [`EXAMPLES`], `policies/guest-sdk` linking to `sdk/guest-sdk`),
+//!   every relative link of the tarball's Markdown resolving inside it ([`links::check`]);
 //! - `sdk/`: the Rust guest SDK with its crates.io dependencies vendored ([`sdk`]), which
 //!   `bin/ncclwasm policy new --lang rust` builds against offline (the other languages' templates
 //!   and the C toolchain's bindings and encoder are inside `bin/ncclwasm`).
@@ -31,7 +34,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
 
-use crate::{guests, sdk, setup};
+use crate::{guests, links, sdk, setup};
 
 /// The build that is packaged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -199,6 +202,7 @@ pub fn package(profile: Profile, built: &[guests::Component]) -> Result<PathBuf>
     }
     copy(Path::new("README.md"), &stage.join("README.md"))?;
     sdk::stage(Path::new("."), &stage)?;
+    stage_documents(Path::new("."), &stage)?;
 
     let tarball = dist.join(format!("{name}.tar.gz"));
     // Owner and order fixed, so two packings of the same files differ only in mtimes.
@@ -224,6 +228,73 @@ pub fn package(profile: Profile, built: &[guests::Component]) -> Result<PathBuf>
     std::fs::remove_dir_all(&stage).with_context(|| format!("removing {}", stage.display()))?;
     println!("dist: packed in {:.1?}", started.elapsed());
     Ok(tarball)
+}
+
+/// The documents the tarball's Markdown and the CLI's text point to, each at its path in this
+/// repository (so one path is right in both).
+const DOCUMENTS: [&str; 5] = [
+    "docs/policy-hooks.md",
+    "docs/validating-on-hardware.md",
+    "host/cli/README.md",
+    "guest-examples/README.md",
+    "guest-examples/hostile/README.md",
+];
+
+/// The examples an author copies from, sources only (`guest-examples/README.md` lists them; the
+/// hostile guests are the engine's tests, shipped as their README alone).
+const EXAMPLES: [&str; 5] = [
+    "fastest-nics",
+    "gid-by-subnet",
+    "gid-per-hca",
+    "qps-by-peers",
+    "tc-by-class",
+];
+
+/// Writes into `stage` what the tarball's documents point to ([`DOCUMENTS`], [`EXAMPLES`], the
+/// shipped policies' sources beside their cases), and `policies/guest-sdk`, where this
+/// repository keeps the SDK, as a link to `sdk/guest-sdk`. [`links::check`] proves the result.
+fn stage_documents(root: &Path, stage: &Path) -> Result<()> {
+    for doc in DOCUMENTS {
+        let to = stage.join(doc);
+        let dir = to.parent().context("a document has a directory")?;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::copy(root.join(doc), &to).with_context(|| format!("copying {doc}"))?;
+    }
+    for example in EXAMPLES {
+        let from = Path::new("guest-examples").join(example);
+        copy_sources(&root.join(&from), &stage.join(&from))?;
+    }
+    for entry in std::fs::read_dir(stage.join("policies"))? {
+        let dir = entry?.path();
+        if dir.is_dir() {
+            let src = root.join("policies").join(file_name(&dir)?).join("src");
+            copy_sources(&src, &dir.join("src"))?;
+        }
+    }
+    let link = stage.join("policies/guest-sdk");
+    std::os::unix::fs::symlink("../sdk/guest-sdk", &link)
+        .with_context(|| format!("linking {}", link.display()))
+}
+
+/// Copies the tree `from` to `to`, leaving out what a build makes there (`node_modules/`,
+/// `target/`, `*.wasm`) and hidden files.
+fn copy_sources(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    for entry in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let path = entry?.path();
+        let name = file_name(&path)?.to_string_lossy();
+        let built = ["node_modules", "target"].contains(&name.as_ref()) || name.ends_with(".wasm");
+        if built || name.starts_with('.') {
+            continue;
+        }
+        let target = to.join(&*name);
+        if path.is_dir() {
+            copy_sources(&path, &target)?;
+        } else {
+            std::fs::copy(&path, &target).with_context(|| format!("copying {}", path.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// A file's size as `dist` and `gpu-kit` print it.
@@ -277,7 +348,8 @@ pub(crate) fn objcopy(flags: &[&str], input: &Path, output: Option<&Path>) -> Re
     setup::run(&mut cmd).context("objcopy (binutils) splits and strips the libraries")
 }
 
-/// Unpacks `tarball` in an empty directory and runs `bin/ncclwasm bench` from there (the soft
+/// Unpacks `tarball` in an empty directory, checks that its Markdown's relative links resolve
+/// inside it ([`links::check`]), and runs `bin/ncclwasm bench` from there (the soft
 /// fabric, small sizes, few iterations: a few seconds), the plugin loaded by name as NCCL loads
 /// it — `NCCL_NET_PLUGIN=wasm`, found as `libnccl-net-wasm.so` through `LD_LIBRARY_PATH` —
 /// and the shipped nccl-default policy found beside the binary. Nothing of the workspace is
@@ -302,6 +374,10 @@ pub fn check(tarball: &Path, scaffolds: &[&str]) -> Result<()> {
     )?;
     // Canonical, as the binary sees its own path (`/proc/self/exe`) in the policy it reports.
     let root = only_entry(&tmp)?.canonicalize()?;
+    let (followed, files) = links::check(&root)?;
+    println!(
+        "dist: the {followed} relative links of the tarball's {files} Markdown files resolve inside it"
+    );
 
     let sections = |file: &str| -> Result<String> {
         let out = Command::new("readelf")

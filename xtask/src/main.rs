@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 mod dist;
 mod gpu_kit;
 mod guests;
+mod links;
 mod sdk;
 mod setup;
 
