@@ -130,7 +130,10 @@ pub(crate) unsafe extern "C" fn set_net_attr(ctx: *mut c_void, attr: *mut NetAtt
             .ok_or_else(|| null_arg("netAttr"))?
             .to_model();
         CTXS.with(k, |ctx| {
-            remember(&mut ctx.comm.lock().unwrap_or_else(|p| p.into_inner()), hint);
+            remember(
+                &mut ctx.comm.lock().unwrap_or_else(|p| p.into_inner()),
+                hint,
+            );
             Ok(())
         })
     })
