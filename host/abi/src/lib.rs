@@ -2,21 +2,29 @@
 //!
 //! * [`layout`]: NCCL's net plugin ABI, v8 … v12, as `#[repr(C)]` mirrors with their sizes and
 //!   offsets checked at compile time — what the plugin (`libnccl-net-wasm.so`) exports;
+//! * [`rma`]: NCCL's one-sided RMA plugin ABI, v14 … v16 (`ncclRmaPlugin_vN`: puts, puts with a
+//!   signal, gets over symmetric registrations of a group of ranks), checked the same way — the
+//!   plugin exports these tables beside its net tables, in the same library;
 //! * [`stats`]: `ncclwasm_send_comm_stats`, an extension export of the plugin that tells what a
 //!   send communicator runs and has sent (NCCL looks its symbols up by name, so it never sees it);
 //!   the plan inside is `ncclwasm_model::ConnPlan` as JSON, written and read back here, so a
 //!   plan field is declared once, in `model` — the one crate of ours this one uses;
 //! * [`load`]: a safe driver of a built plugin library through those same tables, the way NCCL's
-//!   proxy calls them — `ncclwasm bench` and the tests use it.
+//!   proxy calls them — `ncclwasm bench` and the tests use it;
+//! * [`load_rma`]: the same for the library's one-sided tables, as NCCL's GIN proxy calls them
+//!   (`ncclwasm bench`'s one-sided part).
 //!
 //! This crate is the FFI boundary, so it holds `unsafe`, each block with its `// SAFETY:`
 //! argument; the crates on either side of it need none for the ABI.
 
 pub mod layout;
 pub mod load;
+pub mod load_rma;
+pub mod rma;
 pub mod stats;
 
 pub use layout::*;
+pub use rma::*;
 pub use stats::*;
 
 /// A family of tables NCCL finds in a plugin library by symbol name, `<stem><version>`, probing
@@ -53,5 +61,17 @@ pub const NET: Family = Family {
     newest: 12,
 };
 
+/// NCCL's one-sided RMA tables, `ncclRmaPlugin_v14` … `_v16`, which NCCL looks for in the net
+/// plugin's own library: NCCL 2.30 probes v14 then v13, NCCL 2.32.3 probes v16 … v13; v15 is
+/// the table aws-ofi-nccl exports, so an NCCL between those two takes it. v13 is not exported:
+/// it is GIN v13's table under another name, whose `createContext` and `regMrSym` hand back a
+/// GIN device handle for kernels, which a proxy-only plugin has none of — and every NCCL that
+/// probes v13 probes v14 first.
+pub const RMA: Family = Family {
+    stem: "ncclRmaPlugin_v",
+    oldest: 14,
+    newest: 16,
+};
+
 /// Every family the plugin exports.
-pub const FAMILIES: &[Family] = &[NET];
+pub const FAMILIES: &[Family] = &[NET, RMA];

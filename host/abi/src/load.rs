@@ -60,7 +60,7 @@ impl LoadError {
 
 type Result<T> = std::result::Result<T, LoadError>;
 
-fn check(entry: &str, rc: NcclResult) -> Result<()> {
+pub(crate) fn check(entry: &str, rc: NcclResult) -> Result<()> {
     if rc == NCCL_SUCCESS {
         Ok(())
     } else {
@@ -189,6 +189,14 @@ impl Plugin {
             NET.symbol(NET.oldest),
             newest.min(NET.newest)
         )))
+    }
+
+    /// The address of `name` in the library, when it exports it: valid until `self` is dropped
+    /// (which only [`crate::load_rma`]'s tables, borrowing `self`, rely on).
+    pub(crate) fn symbol(&self, name: &str) -> Option<NonNull<c_void>> {
+        let name = CString::new(name).ok()?;
+        // SAFETY: `lib` is open while `self` lives, and `name` is a valid C string.
+        NonNull::new(unsafe { libc::dlsym(self.lib.as_ptr(), name.as_ptr()) })
     }
 
     /// The ABI version of the table in use (one of [`NET`]'s versions).
@@ -510,48 +518,28 @@ impl Drop for ListenComm<'_> {
     }
 }
 
-/// Memory registered with `regMr` on one comm: owns its bytes, deregistered on drop.
+/// Page-aligned, zeroed bytes a registration owns (`regMr`'s [`Mr`], `regMrSym`'s
+/// [`crate::load_rma::SymMr`]): freed on drop, unless a request on them is still in flight.
 #[derive(Debug)]
-pub struct Mr<'c> {
-    plugin: &'c Plugin,
-    comm: NonNull<c_void>,
-    mhandle: *mut c_void,
+pub(crate) struct Pages {
     /// Owned by this value; a raw pointer because the plugin writes into it while requests
-    /// hold `&Mr`.
+    /// hold a shared borrow of the registration.
     data: NonNull<[u8]>,
     /// Requests posted and not yet seen done: if any is left, the bytes are leaked rather than
     /// freed under the library's feet.
     pending: Cell<usize>,
 }
 
-impl Mr<'_> {
-    fn register<'c>(plugin: &'c Plugin, comm: NonNull<c_void>, len: usize) -> Result<Mr<'c>> {
-        let f = slot!(plugin.table, reg_mr).map_err(|s| plugin.missing(s))?;
-        let layout = Mr::layout(len)?;
+impl Pages {
+    pub(crate) fn new(len: usize) -> Result<Pages> {
+        let layout = Pages::layout(len)?;
         // SAFETY: a layout of non-zero size (`layout` rounds 0 up to one byte).
         let bytes = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
             .ok_or_else(|| LoadError(format!("cannot allocate {len} bytes to register")))?;
-        let data = NonNull::slice_from_raw_parts(bytes, len);
-        let mut mhandle: *mut c_void = ptr::null_mut();
-        // SAFETY: a live comm; `data` is `len` bytes owned by the returned value.
-        let rc = unsafe {
-            f(
-                comm.as_ptr(),
-                data.as_ptr().cast(),
-                len,
-                NCCL_PTR_HOST,
-                &mut mhandle,
-            )
-        };
-        let mr = Mr {
-            plugin,
-            comm,
-            mhandle,
-            data,
+        Ok(Pages {
+            data: NonNull::slice_from_raw_parts(bytes, len),
             pending: Cell::new(0),
-        };
-        check("regMr", rc)?;
-        Ok(mr)
+        })
     }
 
     /// Page-aligned, as the buffers NCCL registers are (its allocations are): where a message's
@@ -563,16 +551,18 @@ impl Mr<'_> {
             .map_err(|_| LoadError(format!("{len} bytes cannot be registered")))
     }
 
-    /// The registered bytes; not while a request on them is in flight (they borrow `self`).
-    pub fn bytes(&mut self) -> &mut [u8] {
+    pub(crate) fn start(&self) -> *mut c_void {
+        self.data.cast::<c_void>().as_ptr()
+    }
+
+    /// The bytes; not while a request on them is in flight (they borrow the registration).
+    pub(crate) fn bytes(&mut self) -> &mut [u8] {
         // SAFETY: owned by `self`; `&mut self` means no request is in flight on it.
         unsafe { self.data.as_mut() }
     }
 
-    fn range(&self, comm: NonNull<c_void>, range: &Range<usize>) -> Result<*mut c_void> {
-        if comm != self.comm {
-            return Err(LoadError("memory registered on another comm".into()));
-        }
+    /// The address of `range`, refused beyond the bytes.
+    pub(crate) fn at(&self, range: &Range<usize>) -> Result<*mut c_void> {
         if range.start > range.end || range.end > self.data.len() {
             return Err(LoadError(format!(
                 "{range:?} is outside the {}-byte registration",
@@ -581,6 +571,71 @@ impl Mr<'_> {
         }
         // SAFETY: in bounds, checked above.
         Ok(unsafe { self.data.cast::<u8>().as_ptr().add(range.start) }.cast())
+    }
+
+    /// A request on the bytes was posted (`true`) or seen done (`false`).
+    pub(crate) fn track(&self, posted: bool) {
+        let n = self.pending.get();
+        self.pending.set(if posted { n + 1 } else { n - 1 });
+    }
+}
+
+impl Drop for Pages {
+    fn drop(&mut self) {
+        if self.pending.get() == 0
+            && let Ok(layout) = Pages::layout(self.data.len())
+        {
+            // SAFETY: allocated in `new` with this layout and not referenced by any request.
+            unsafe { std::alloc::dealloc(self.data.cast::<u8>().as_ptr(), layout) };
+        }
+    }
+}
+
+/// Memory registered with `regMr` on one comm: owns its bytes, deregistered on drop (before
+/// they are freed).
+#[derive(Debug)]
+pub struct Mr<'c> {
+    plugin: &'c Plugin,
+    comm: NonNull<c_void>,
+    mhandle: *mut c_void,
+    pages: Pages,
+}
+
+impl Mr<'_> {
+    fn register<'c>(plugin: &'c Plugin, comm: NonNull<c_void>, len: usize) -> Result<Mr<'c>> {
+        let f = slot!(plugin.table, reg_mr).map_err(|s| plugin.missing(s))?;
+        let pages = Pages::new(len)?;
+        let mut mhandle: *mut c_void = ptr::null_mut();
+        // SAFETY: a live comm; `pages` is `len` bytes owned by the returned value.
+        let rc = unsafe {
+            f(
+                comm.as_ptr(),
+                pages.start(),
+                len,
+                NCCL_PTR_HOST,
+                &mut mhandle,
+            )
+        };
+        let mr = Mr {
+            plugin,
+            comm,
+            mhandle,
+            pages,
+        };
+        check("regMr", rc)?;
+        Ok(mr)
+    }
+
+    /// The registered bytes; not while a request on them is in flight (they borrow `self`).
+    pub fn bytes(&mut self) -> &mut [u8] {
+        self.pages.bytes()
+    }
+
+    fn range(&self, comm: NonNull<c_void>, range: &Range<usize>) -> Result<*mut c_void> {
+        if comm != self.comm {
+            return Err(LoadError("memory registered on another comm".into()));
+        }
+        self.pages.at(range)
     }
 }
 
@@ -591,13 +646,6 @@ impl Drop for Mr<'_> {
         {
             // SAFETY: a live comm (it outlives `self`) and this registration's handle.
             unsafe { f(self.comm.as_ptr(), self.mhandle) };
-        }
-        if self.pending.get() == 0
-            && let Ok(layout) = Mr::layout(self.data.len())
-        {
-            // SAFETY: allocated in `register` with this layout and not referenced by any
-            // request.
-            unsafe { std::alloc::dealloc(self.data.cast::<u8>().as_ptr(), layout) };
         }
     }
 }
@@ -739,7 +787,7 @@ impl<'m> Request<'m> {
         if req.is_null() {
             return None;
         }
-        mr.pending.set(mr.pending.get() + 1);
+        mr.pages.track(true);
         Some(Request {
             mr,
             req,
@@ -754,7 +802,7 @@ impl<'m> Request<'m> {
         }
         self.done = self.mr.plugin.test(self.req)?;
         if self.done.is_some() {
-            self.mr.pending.set(self.mr.pending.get() - 1);
+            self.mr.pages.track(false);
         }
         Ok(self.done)
     }

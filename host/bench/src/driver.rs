@@ -16,8 +16,8 @@ use ncclwasm_model::Topology;
 use super::pairs::DEPTHS;
 use super::ranks::{Expected, Ranks};
 use super::tables::{
-    BenchReport, PairsReport, PluginView, connection_scale, large_ratio, latency_rows, render,
-    render_pairs, rows,
+    BenchReport, OneSided, PairsReport, PluginView, connection_scale, large_ratio, latency_rows,
+    one_sided_rows, render, render_pairs, rows,
 };
 use super::wire::list;
 use crate::Error;
@@ -396,6 +396,16 @@ pub fn run(args: &Args) -> Result<String, Error> {
         &measured.tcp_latency,
         &measured.cpu,
     )?;
+    let one_sided = OneSided {
+        abi: measured.rma_abi,
+        rows: one_sided_rows(
+            &rows,
+            &measured.puts,
+            &measured.put_signals,
+            &measured.gets,
+            &measured.cpu,
+        )?,
+    };
     let observed = measured
         .observed
         .ok_or_else(|| Error::run("the sender did not report what its connection ran"))?;
@@ -420,6 +430,7 @@ pub fn run(args: &Args) -> Result<String, Error> {
         rows,
         latency_warmup: args.latency_warmup,
         latency,
+        one_sided,
         connections,
     };
     let text = if args.json {

@@ -1,6 +1,9 @@
 //! `ncclwasm bench`: two ranks (processes) send through the built plugin library exactly as NCCL
 //! drives it and, size by size, over a plain TCP socket, and two tables compare the two:
-//! bandwidth (a stream of messages) and latency (a ping-pong, one message each way).
+//! bandwidth (a stream of messages) and latency (a ping-pong, one message each way). A third
+//! table is one-sided: the same ranks drive the library's RMA table as NCCL's GIN proxy does —
+//! puts, puts with a signal, gets — and its puts stand against the two-sided bandwidth of the
+//! same run.
 //!
 //! The parent process only orchestrates: it resolves the library, fabric, topology and policy,
 //! picks the device as `policy explain` picks its sample connection's (the vNIC of NCCL core's
@@ -34,17 +37,20 @@
 //! * [`pairs`]: `--single-process`, the child that owns both ends of a connection and times
 //!   matched pairs;
 //! * [`rank`]: one rank — the plugin's half of each part, in order;
+//! * [`one_sided`]: a rank's one-sided part, through the library's RMA table;
 //! * [`tcp`]: the TCP baseline's half;
 //! * [`cpu`]: what each part of a rank cost in CPU;
 //! * [`scale`]: the connection-scale part;
 //! * [`workload`]: how many transfers and which bytes, and their check;
-//! * [`wait`]: every wait bounded, and how a rank gives up;
+//! * [`wait`]: every wait bounded — a stream of transfers through either table included — and
+//!   how a rank gives up;
 //! * [`wire`]: what the parent and the ranks say to each other (command line and JSON lines).
 #![forbid(unsafe_code)]
 
 mod cpu;
 mod driver;
 mod error;
+mod one_sided;
 mod pairs;
 mod rank;
 mod ranks;

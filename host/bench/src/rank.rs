@@ -6,13 +6,13 @@
 //! ring neighbour in NCCL has), `regMr`, `isend`/`irecv`/`test` loops — first a stream from the
 //! sender to the receiver (bandwidth), then a ping-pong of one message each way (latency), each
 //! size followed at once by the same traffic over a plain TCP connection (the baseline) — at
-//! the end the sender asks its connection what it ran (`ncclwasm_send_comm_stats`), and last
-//! both ranks set up `--connections` more ([`super::scale`]). The TCP baseline's half is
-//! [`super::tcp`], the bytes sent and checked [`super::workload`]. It talks to the parent in the
-//! JSON lines of [`super::wire`]. Every wait is bounded by [`STALL`], so a rank whose peer died
+//! the end the sender asks its connection what it ran (`ncclwasm_send_comm_stats`); then both
+//! ranks drive the library's one-sided table ([`super::one_sided`]), and last both set up
+//! `--connections` more ([`super::scale`]). The TCP baseline's half is [`super::tcp`], the bytes
+//! sent and checked [`super::workload`]. It talks to the parent in the JSON lines of
+//! [`super::wire`]. Every wait is bounded by [`super::wait::STALL`], so a rank whose peer died
 //! stops by itself with one `error:` line.
 
-use std::collections::VecDeque;
 use std::io::BufRead;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -20,17 +20,12 @@ use std::time::{Duration, Instant};
 use ncclwasm_abi::load::{HANDLE_BYTES, ListenComm, Mr, Plugin, RecvComm, Request, SendComm};
 
 use super::cpu::CpuClock;
-use super::scale;
 use super::tcp::{tcp_connect, tcp_ping, tcp_pong, tcp_stream};
-use super::wait::{STALL, plugin_fail, retry};
-use super::wire::{
-    self, DeviceLine, Msg, Observed, PLUGIN_DONE, Part, RankArgs, Role, RoundTrips, Timing,
-};
+use super::wait::{plugin_fail, retry, stream};
+use super::wire::{self, DeviceLine, Msg, Observed, Part, RankArgs, Role, RoundTrips, Timing};
 use super::workload::{fill, iterations, largest, patterned, spoil, verify};
+use super::{one_sided, scale};
 use crate::Error;
-
-/// Requests in flight per side while streaming: NCCL's `NCCL_STEPS`.
-const WINDOW: usize = 8;
 
 /// The tag the sender uses (NCCL: its rank).
 const TAG: i32 = 1;
@@ -58,44 +53,6 @@ pub(super) fn expect_size(what: &str, size: usize, got: usize) -> Result<(), Err
     } else {
         Err(Error::run(format!("{what}: {size} bytes went as {got}")))
     }
-}
-
-/// `n` transfers posted by `post`, at most [`WINDOW`] in flight, each tested to completion;
-/// returns the sizes they reported, summed.
-fn stream<'m>(
-    n: u32,
-    mut post: impl FnMut() -> Result<Option<Request<'m>>, Error>,
-) -> Result<usize, Error> {
-    let mut inflight: VecDeque<Request<'m>> = VecDeque::new();
-    let (mut posted, mut total) = (0, 0);
-    let mut progress = Instant::now();
-    while posted < n || !inflight.is_empty() {
-        if posted < n
-            && inflight.len() < WINDOW
-            && let Some(r) = post()?
-        {
-            inflight.push_back(r);
-            posted += 1;
-            progress = Instant::now();
-            continue;
-        }
-        if let Some(front) = inflight.front_mut()
-            && let Some(size) = front.test().map_err(plugin_fail)?
-        {
-            total += size;
-            inflight.pop_front();
-            progress = Instant::now();
-            continue;
-        }
-        if progress.elapsed() > STALL {
-            return Err(Error::run(format!(
-                "no transfer completed for {} s (is the other rank alive?)",
-                STALL.as_secs()
-            )));
-        }
-        std::thread::yield_now();
-    }
-    Ok(total)
 }
 
 /// `init`, the devices (fusing `fuse` first, as NCCL core would, into `device`) and the
@@ -168,9 +125,7 @@ fn measure(args: &RankArgs, stdin: &mut impl BufRead) -> Result<(), Error> {
     let plugin = open(&args.plugin, args.device, &args.fuse)?;
     let (listen, handle) = plugin.listen(args.device).map_err(plugin_fail)?;
     wire::send(&Msg::Handle(wire::hex(&handle)))?;
-    let line = wire::read_line(stdin, "peer's listen handle")?;
-    let mut peer =
-        wire::unhex(&line).ok_or_else(|| Error::run(format!("not a handle: {line:?}")))?;
+    let mut peer = wire::read_handle(stdin, "peer's listen handle")?;
     let (tx, rx) = connect_both(&plugin, args.device, &listen, &mut peer)?;
     drop(listen); // as NCCL: closeListen right after accept
     // The streaming side's registration holds the largest message of either part.
@@ -210,22 +165,15 @@ fn measure(args: &RankArgs, stdin: &mut impl BufRead) -> Result<(), Error> {
         let stats = tx.stats().map_err(plugin_fail)?;
         wire::send(&Msg::Observed(Observed::new(stats, sent as u64)))?;
     }
-    plugin_done(stdin)?;
+    wire::plugin_done(stdin)?;
+    one_sided::run(&plugin, args, stdin)?;
     scale::run(&plugin, args.role, args.device, args.connections, stdin)
-}
-
-/// Waits, registrations and comms still open, until the parent says both ranks are done, as
-/// NCCL tears a connection down only after both sides' operations completed: the peer's last
-/// clear-to-send writes may not be acknowledged yet, and closing under them fails them (RC
-/// semantics).
-fn plugin_done(stdin: &mut impl BufRead) -> Result<(), Error> {
-    wire::send(&Msg::PluginDone)?;
-    wire::expect_line(stdin, PLUGIN_DONE)
 }
 
 /// One size of the bandwidth part through the plugin, from the sender's send comm to the
 /// receiver's recv comm: the checked transfer, `--warmup` untimed ones, then the timed ones,
-/// [`WINDOW`] in flight, timed by the receiver from its first post to its last completion.
+/// [`super::wait::WINDOW`] in flight, timed by the receiver from its first post to its last
+/// completion.
 /// Returns the bytes `test` reported sent (none on the receiver).
 fn plugin_stream(
     args: &RankArgs,

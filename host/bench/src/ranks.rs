@@ -11,13 +11,13 @@ use ncclwasm_inspect::render;
 
 use super::wait::STALL;
 use super::wire::{
-    CpuUse, DeviceLine, Msg, Observed, PLUGIN_DONE, PairTiming, ROLES, Role, RoundTrips,
-    SCALE_DONE, Scale, Timing,
+    Completions, CpuUse, DeviceLine, Msg, Observed, PLUGIN_DONE, PairTiming, ROLES, Role,
+    RoundTrips, SCALE_DONE, Scale, Timing,
 };
 use crate::Error;
 
-/// What the ranks reported: the streams' timings from the receiver, the ping-pongs' from the
-/// sender.
+/// What the ranks reported: the streams' timings from the receiver, the ping-pongs' and the
+/// gets' from the sender.
 #[derive(Debug)]
 pub struct Measured {
     pub abi: u32,
@@ -28,6 +28,11 @@ pub struct Measured {
     pub tcp_latency: Vec<RoundTrips>,
     /// From the sender.
     pub observed: Option<Observed>,
+    /// The one-sided table the ranks used (`ncclRmaPlugin_vN`).
+    pub rma_abi: u32,
+    pub puts: Vec<Timing>,
+    pub put_signals: Vec<RoundTrips>,
+    pub gets: Vec<Completions>,
     /// Each rank's connection-scale part and its close time, by rank.
     pub scale: [Option<(Scale, Option<f64>)>; 2],
     /// Each rank's CPU per part and size, in the order it reported them, by rank.
@@ -208,12 +213,18 @@ impl Ranks {
             plugin_latency: Vec::new(),
             tcp_latency: Vec::new(),
             observed: None,
+            rma_abi: 0,
+            puts: Vec::new(),
+            put_signals: Vec::new(),
+            gets: Vec::new(),
             scale: [None, None],
             cpu: [Vec::new(), Vec::new()],
         };
         let progress = Progress::new();
         let mut done = [false; 2];
-        let mut plugin_done = [false; 2];
+        // How often each rank said it is done up to a point: the parent answers when both
+        // have said so as often.
+        let mut plugin_done = [0u32; 2];
         while !done.iter().all(|&d| d) {
             let (i, msg) = self.next()?;
             match msg {
@@ -234,8 +245,8 @@ impl Ranks {
                 Some(Msg::Handle(h)) => self.relay(1 - i, &h)?,
                 Some(Msg::TcpPort(p)) => self.relay(1, &p.to_string())?,
                 Some(Msg::PluginDone) => {
-                    plugin_done[i] = true;
-                    if plugin_done.iter().all(|&d| d) {
+                    plugin_done[i] += 1;
+                    if plugin_done[0] == plugin_done[1] {
                         for r in 0..ROLES.len() {
                             self.relay(r, PLUGIN_DONE)?;
                         }
@@ -258,7 +269,26 @@ impl Ranks {
                     m.tcp_latency.push(r);
                     let n = m.tcp_latency.len();
                     progress.show("tcp ping-pong", r.size, n, expected.latency_sizes);
-                    if n == expected.latency_sizes && expected.connections > 0 {
+                }
+                // Both ranks use the same table; each connects with the other's handle.
+                Some(Msg::RmaHandle { abi, handle }) => {
+                    m.rma_abi = abi;
+                    self.relay(1 - i, &handle)?;
+                }
+                Some(Msg::Put(t)) => {
+                    m.puts.push(t);
+                    progress.show("one-sided put", t.size, m.puts.len(), expected.sizes);
+                }
+                Some(Msg::PutSignal(r)) => {
+                    m.put_signals.push(r);
+                    let n = m.put_signals.len();
+                    progress.show("one-sided put+signal", r.size, n, expected.sizes);
+                }
+                Some(Msg::Get(g)) => {
+                    m.gets.push(g);
+                    let n = m.gets.len();
+                    progress.show("one-sided get", g.size, n, expected.sizes);
+                    if n == expected.sizes && expected.connections > 0 {
                         progress.phase(&format!("{} connections", expected.connections));
                     }
                 }

@@ -1,6 +1,7 @@
 //! What `ncclwasm bench` prints: the report (its JSON shape is host/cli/README.md's), the rows
 //! computed from what the ranks timed, and the text tables — the plan the connection ran, the
-//! bandwidth and latency tables against TCP, the connection-scale part.
+//! bandwidth and latency tables against TCP, the one-sided table against the two-sided
+//! bandwidth, the connection-scale part.
 
 use ncclwasm_inspect::live::FabricView;
 use ncclwasm_inspect::render::{self, Table, field};
@@ -8,8 +9,8 @@ use ncclwasm_inspect::report::{self, PolicyView, TopologyView};
 use serde::Serialize;
 
 use super::wire::{
-    CpuUse, DeviceLine, Footprint, Observed, PairTiming, Part, ROLES, RoundTrips, Scale, Timing,
-    list,
+    Completions, CpuUse, DeviceLine, Footprint, Observed, PairTiming, Part, ROLES, RoundTrips,
+    Scale, Timing, list,
 };
 use crate::Error;
 
@@ -41,6 +42,8 @@ pub struct BenchReport {
     pub latency_warmup: u32,
     /// The latency table, one row per `--latency-sizes`.
     pub latency: Vec<LatencyRow>,
+    /// The one-sided table, one row per `--sizes`.
+    pub one_sided: OneSided,
     /// The connection-scale part (`None` with `--connections 0`).
     pub connections: Option<ConnectionScale>,
 }
@@ -121,6 +124,40 @@ pub struct Row {
     /// Bytes of the first transfer the receiver compared with the sender's pattern.
     pub checked_bytes: u64,
     pub tcp_checked_bytes: u64,
+}
+
+/// The one-sided part: the table the ranks drove and what each size measured.
+#[derive(Debug, Serialize)]
+pub struct OneSided {
+    /// The `ncclRmaPlugin_vN` table used.
+    pub abi: u32,
+    pub rows: Vec<OneSidedRow>,
+}
+
+/// One size of the one-sided part: puts streamed, puts with a signal ping-ponged, gets.
+#[derive(Debug, PartialEq, Serialize)]
+pub struct OneSidedRow {
+    pub size: u64,
+    /// Timed iterations of each of the three measurements.
+    pub iters: u32,
+    /// The stream of puts, the receiver's clock from its go to the last signal.
+    pub put_gbps: f64,
+    /// `put_gbps` / the two-sided plugin algbw of the same size, this run.
+    pub put_vs_two_sided: f64,
+    /// One way: half the median round trip of a put with a signal each way.
+    pub put_signal_us: f64,
+    pub put_signal_mean_us: f64,
+    /// A get, post to completion (median).
+    pub get_us: f64,
+    pub get_mean_us: f64,
+    /// CPU per operation, both ranks' processes (every thread) together, µs: per put of the
+    /// stream, per round trip, per get.
+    pub put_cpu_us: f64,
+    pub put_signal_cpu_us: f64,
+    pub get_cpu_us: f64,
+    /// Bytes compared with the pattern: the first put's, the first round trip's both ways, the
+    /// first get's.
+    pub checked_bytes: u64,
 }
 
 /// One size of the ping-pong: one-way latency, half the round trip the sender timed.
@@ -216,6 +253,50 @@ pub fn latency_rows(
                 tcp_cpu_us: cpu_us(cpu, Part::TcpPingPong, i, t.size)?,
                 checked_bytes: p.checked_bytes,
                 tcp_checked_bytes: t.checked_bytes,
+            })
+        })
+        .collect()
+}
+
+/// The one-sided table's rows: each size's three measurements, in order, its puts against the
+/// bandwidth table's row of the same size (`two_sided`, measured in the same run).
+pub fn one_sided_rows(
+    two_sided: &[Row],
+    puts: &[Timing],
+    signals: &[RoundTrips],
+    gets: &[Completions],
+    cpu: &[Vec<CpuUse>; 2],
+) -> Result<Vec<OneSidedRow>, Error> {
+    let n = two_sided.len();
+    if puts.len() != n || signals.len() != n || gets.len() != n {
+        return Err(Error::run(
+            "the ranks reported an incomplete one-sided part",
+        ));
+    }
+    two_sided
+        .iter()
+        .zip(puts.iter().zip(signals).zip(gets))
+        .enumerate()
+        .map(|(i, (row, ((p, s), g)))| {
+            if [p.size, s.size, g.size].iter().any(|&x| x != row.size) {
+                return Err(Error::run(
+                    "the ranks reported the one-sided sizes out of order",
+                ));
+            }
+            let put_gbps = p.size as f64 / (p.secs / f64::from(p.iters.max(1))).max(1e-12) / 1e9;
+            Ok(OneSidedRow {
+                size: row.size,
+                iters: p.iters,
+                put_gbps,
+                put_vs_two_sided: put_gbps / row.algbw_gbps.max(1e-12),
+                put_signal_us: s.median_secs * 1e6,
+                put_signal_mean_us: s.mean_secs * 1e6,
+                get_us: g.median_secs * 1e6,
+                get_mean_us: g.mean_secs * 1e6,
+                put_cpu_us: cpu_us(cpu, Part::Put, i, row.size)?,
+                put_signal_cpu_us: cpu_us(cpu, Part::PutSignal, i, row.size)?,
+                get_cpu_us: cpu_us(cpu, Part::Get, i, row.size)?,
+                checked_bytes: p.checked_bytes + s.checked_bytes + g.checked_bytes,
             })
         })
         .collect()
@@ -337,7 +418,7 @@ fn setup_section(fabric: &FabricView, policy: &PolicyView, topology: &TopologyVi
 }
 
 /// The run for people: setup, the plan the connection ran, the nccl-tests-style bandwidth table,
-/// then the latency table.
+/// the latency table, the one-sided table, then the connection-scale part.
 pub fn render(r: &BenchReport) -> String {
     let mut out = field(
         "bench",
@@ -452,11 +533,55 @@ pub fn render(r: &BenchReport) -> String {
         "cpu",
         "µs of CPU per message (ping-pong: per round trip), both ranks' processes, every thread (/proc/self/task/*/schedstat)",
     );
+    out.push('\n');
+    out += &one_sided_section(r);
     if let Some(c) = &r.connections {
         out.push('\n');
         out += &scale_section(c);
     }
     out
+}
+
+/// The one-sided table: each size's puts, puts with a signal and gets through the library's
+/// RMA table, its puts against the bandwidth table's plugin figure.
+fn one_sided_section(r: &BenchReport) -> String {
+    let mut out = field(
+        "one-sided",
+        &format!(
+            "ncclRmaPlugin_v{}, device {} ({}); 2 ranks, one context; the sender puts to the receiver: a stream, up to 8 in flight, the last with a strong signal, the receiver's clock from its go signal to that signal; put+signal: a ping-pong, one way = half the round trip; get: each alone, post to completion; {} warmup + the timed iterations per size; every byte of the first put, round trip and get of each size checked",
+            r.one_sided.abi, r.device, r.device_name, r.warmup
+        ),
+    );
+    out += &render::table(
+        2,
+        &[
+            "size",
+            "put GB/s",
+            "vs two-sided",
+            "put+signal µs",
+            "get µs",
+            "cpu µs/op",
+        ],
+        &r.one_sided.rows,
+        |row| {
+            vec![
+                row.size.to_string(),
+                format!("{:.3}", row.put_gbps),
+                format!("{:.2}", row.put_vs_two_sided),
+                format!("{:.1}", row.put_signal_us),
+                format!("{:.1}", row.get_us),
+                format!("{:.1}", row.put_cpu_us),
+            ]
+        },
+    );
+    out += &field(
+        "vs",
+        "put GB/s / the bandwidth table's plugin algbw of the same size, this run",
+    );
+    out + &field(
+        "cpu",
+        "µs of CPU per put of the stream, both ranks' processes, every thread (per round trip and per get: --json)",
+    )
 }
 
 /// `--single-process` for people: setup, the plan when the library reports it, the table.
@@ -635,5 +760,45 @@ mod tests {
         assert!((rows[0].ratio - 3.0).abs() < 1e-9);
         assert_eq!((rows[0].checked_bytes, rows[0].tcp_checked_bytes), (16, 16));
         assert!(latency_rows(&[trips(1.0, 1.0)], &[], &cpu).is_err());
+    }
+
+    #[test]
+    fn one_sided_rows_compare_puts_with_the_two_sided_stream() {
+        let parts = [
+            Part::Plugin,
+            Part::Tcp,
+            Part::Put,
+            Part::PutSignal,
+            Part::Get,
+        ];
+        let cpu = both_ranks(&parts, &[8]);
+        let two_sided = rows(&[timing(8, 4, 4e-6)], &[timing(8, 4, 8e-6)], &cpu).unwrap();
+        let trips = RoundTrips {
+            size: 8,
+            iters: 4,
+            median_secs: 5e-6,
+            mean_secs: 6e-6,
+            checked_bytes: 16,
+        };
+        let gets = Completions {
+            size: 8,
+            iters: 4,
+            median_secs: 7e-6,
+            mean_secs: 9e-6,
+            checked_bytes: 8,
+        };
+        // Puts twice as fast as the two-sided stream's 1 µs per message.
+        let puts = [timing(8, 4, 2e-6)];
+        let rows = one_sided_rows(&two_sided, &puts, &[trips], &[gets], &cpu).unwrap();
+        assert!((rows[0].put_gbps - 0.016).abs() < 1e-9);
+        assert!((rows[0].put_vs_two_sided - 2.0).abs() < 1e-9);
+        assert!((rows[0].put_signal_us - 5.0).abs() < 1e-9);
+        assert!((rows[0].get_us - 7.0).abs() < 1e-9 && (rows[0].get_mean_us - 9.0).abs() < 1e-9);
+        assert!((rows[0].get_cpu_us - 4.0).abs() < 1e-9);
+        assert_eq!(rows[0].checked_bytes, 32);
+        // A size missing, or reported for another size: the run is incomplete.
+        assert!(one_sided_rows(&two_sided, &[], &[trips], &[gets], &cpu).is_err());
+        let other = [timing(16, 4, 2e-6)];
+        assert!(one_sided_rows(&two_sided, &other, &[trips], &[gets], &cpu).is_err());
     }
 }

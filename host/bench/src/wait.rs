@@ -1,9 +1,12 @@
 //! How a rank waits and gives up: every wait is bounded by [`STALL`], so a rank whose peer died
-//! stops by itself with one `error:` line, never a hang.
+//! stops by itself with one `error:` line, never a hang — a stream of transfers through either
+//! kind of table ([`stream`]) included.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use ncclwasm_abi::load::LoadError;
+use ncclwasm_abi::load::{LoadError, Request};
+use ncclwasm_abi::load_rma::RmaRequest;
 
 use crate::Error;
 
@@ -60,6 +63,65 @@ pub fn until_all<T>(
         std::thread::yield_now();
     }
     Ok(())
+}
+
+/// Requests in flight per side while streaming: NCCL's `NCCL_STEPS`.
+pub const WINDOW: usize = 8;
+
+/// A posted transfer, two-sided or one-sided, polled until done: the bytes it moved, once it
+/// has.
+pub trait Transfer {
+    fn poll(&mut self) -> Result<Option<usize>, Error>;
+}
+
+impl Transfer for Request<'_> {
+    fn poll(&mut self) -> Result<Option<usize>, Error> {
+        self.test().map_err(plugin_fail)
+    }
+}
+
+impl Transfer for RmaRequest<'_> {
+    fn poll(&mut self) -> Result<Option<usize>, Error> {
+        self.test().map_err(plugin_fail)
+    }
+}
+
+/// `n` transfers posted by `post`, at most [`WINDOW`] in flight, each tested to completion;
+/// returns the sizes they reported, summed.
+pub fn stream<R: Transfer>(
+    n: u32,
+    mut post: impl FnMut() -> Result<Option<R>, Error>,
+) -> Result<usize, Error> {
+    let mut inflight: VecDeque<R> = VecDeque::new();
+    let (mut posted, mut total) = (0, 0);
+    let mut progress = Instant::now();
+    while posted < n || !inflight.is_empty() {
+        if posted < n
+            && inflight.len() < WINDOW
+            && let Some(r) = post()?
+        {
+            inflight.push_back(r);
+            posted += 1;
+            progress = Instant::now();
+            continue;
+        }
+        if let Some(front) = inflight.front_mut()
+            && let Some(size) = front.poll()?
+        {
+            total += size;
+            inflight.pop_front();
+            progress = Instant::now();
+            continue;
+        }
+        if progress.elapsed() > STALL {
+            return Err(Error::run(format!(
+                "no transfer completed for {} s (is the other rank alive?)",
+                STALL.as_secs()
+            )));
+        }
+        std::thread::yield_now();
+    }
+    Ok(total)
 }
 
 pub fn plugin_fail(e: LoadError) -> Error {

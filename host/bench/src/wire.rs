@@ -1,10 +1,10 @@
 //! The bench's wire format: what the parent ([`super::driver`]) and its two rank processes
 //! ([`super::rank`]) say to each other. The parent starts each rank as `ncclwasm bench-rank`
 //! with [`RankArgs`]; a rank writes one JSON [`Msg`] per line on its stdout, and reads from its
-//! stdin the lines the parent relays (the peer's listen handle in hex, the TCP port, the
-//! connection-scale part's handles, comma-separated) and the parent's go-aheads
-//! ([`PLUGIN_DONE`], [`SCALE_DONE`]). A rank that fails says why in its last `error:` line on
-//! stderr.
+//! stdin the lines the parent relays (the peer's listen handle in hex, the TCP port, the peer's
+//! one-sided listen handle, the connection-scale part's handles, comma-separated) and the
+//! parent's go-aheads ([`PLUGIN_DONE`], [`SCALE_DONE`]). A rank that fails says why in its last
+//! `error:` line on stderr.
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -77,12 +77,26 @@ pub enum Msg {
     PluginPingPong(RoundTrips),
     /// The sender's connection after its last send through the plugin.
     Observed(Observed),
+    /// After `listen` on the library's one-sided table: its ABI version (`ncclRmaPlugin_vN`)
+    /// and the listen handle, hex, which the parent hands to the other rank — each rank
+    /// connects the group with both.
+    RmaHandle {
+        abi: u32,
+        handle: String,
+    },
+    /// The receiver's timing of one size of one-sided puts streamed to it.
+    Put(Timing),
+    /// The sender's one-sided ping-pong of one size: a put with a signal each way.
+    PutSignal(RoundTrips),
+    /// The sender's one-sided gets of one size from the receiver.
+    Get(Completions),
     /// `--single-process`: one size at one depth of matched pairs.
     Pairs(PairTiming),
     /// The CPU this rank used over one part of one size.
     Cpu(CpuUse),
-    /// This rank's requests through the plugin are all done; it closes its comms when the
-    /// parent answers [`PLUGIN_DONE`], once both ranks said so.
+    /// This rank's requests through the plugin are all done, up to here (the two-sided parts,
+    /// or one size of the one-sided part); it goes on — and closes what it is done with — when
+    /// the parent answers [`PLUGIN_DONE`], once both ranks said so as often.
     PluginDone,
     /// The receiver's TCP port for the baseline.
     TcpPort(u16),
@@ -174,12 +188,18 @@ pub enum Part {
     Tcp,
     PluginPingPong,
     TcpPingPong,
+    /// One-sided: the stream of puts.
+    Put,
+    /// One-sided: the ping-pong of puts with a signal.
+    PutSignal,
+    /// One-sided: the gets.
+    Get,
 }
 
 /// One rank's CPU (all its threads) over one part of one size: `secs` over `messages` messages,
 /// or round trips for a ping-pong. Each rank reports its own stretch: the receiver's timed
-/// stream, the sender's whole stream with its warmup; the sender's timed round trips, the
-/// receiver's every answer.
+/// stream, the sender's whole stream with its warmup (one-sided: its timed puts); the sender's
+/// timed round trips (or gets), the receiver's every answer (or every get it served).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CpuUse {
     pub part: Part,
@@ -233,19 +253,52 @@ pub struct RoundTrips {
     pub checked_bytes: u64,
 }
 
+/// The median and the mean of `times` (sorted here), seconds; `times` must not be empty.
+fn median_and_mean(times: &mut [Duration]) -> (f64, f64) {
+    times.sort_unstable();
+    let n = times.len();
+    let median = (times[(n - 1) / 2] + times[n / 2]).as_secs_f64() / 2.0;
+    let mean = times.iter().sum::<Duration>().as_secs_f64() / n as f64;
+    (median, mean)
+}
+
 impl RoundTrips {
     /// `trips` must not be empty (`--latency-iters` is at least 1).
     pub fn new(size: usize, mut trips: Vec<Duration>) -> RoundTrips {
-        trips.sort_unstable();
-        let n = trips.len();
-        let median = (trips[(n - 1) / 2] + trips[n / 2]).as_secs_f64() / 2.0;
-        let mean = trips.iter().sum::<Duration>().as_secs_f64() / n as f64;
+        let (median, mean) = median_and_mean(&mut trips);
         RoundTrips {
             size: size as u64,
-            iters: n as u32,
+            iters: trips.len() as u32,
             median_secs: median / 2.0,
             mean_secs: mean / 2.0,
             checked_bytes: 2 * size as u64,
+        }
+    }
+}
+
+/// `iters` operations of `size` bytes, each timed alone from its post to its completion by the
+/// rank that posts them: a one-sided get, whose request goes out and whose bytes come back, so
+/// the whole time is its latency (not halved as a round trip of two messages is).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Completions {
+    pub size: u64,
+    pub iters: u32,
+    pub median_secs: f64,
+    pub mean_secs: f64,
+    /// Bytes of the first operation compared with the pattern.
+    pub checked_bytes: u64,
+}
+
+impl Completions {
+    /// `times` must not be empty; the first operation's bytes were checked.
+    pub fn new(size: usize, mut times: Vec<Duration>) -> Completions {
+        let (median_secs, mean_secs) = median_and_mean(&mut times);
+        Completions {
+            size: size as u64,
+            iters: times.len() as u32,
+            median_secs,
+            mean_secs,
+            checked_bytes: size as u64,
         }
     }
 }
@@ -305,7 +358,7 @@ pub struct Footprint {
     pub fds: u64,
 }
 
-/// What the parent tells both ranks once each has reported [`Msg::PluginDone`].
+/// What the parent tells both ranks once each has reported [`Msg::PluginDone`] as often.
 pub const PLUGIN_DONE: &str = "plugin-done";
 
 /// What the parent tells both ranks once each has reported its [`Scale`]: close them now (each
@@ -341,6 +394,21 @@ pub fn expect_line(stdin: &mut impl BufRead, expected: &str) -> Result<(), Error
         )));
     }
     Ok(())
+}
+
+/// Waits, registrations and comms still open, until the parent says both ranks are done up to
+/// here, as NCCL tears a connection down only after both sides' operations completed: the
+/// peer's last writes (a clear-to-send, a get's read) may not be acknowledged yet, and closing
+/// under them fails them (RC semantics).
+pub fn plugin_done(stdin: &mut impl BufRead) -> Result<(), Error> {
+    send(&Msg::PluginDone)?;
+    expect_line(stdin, PLUGIN_DONE)
+}
+
+/// The peer's listen handle, as the parent relays it.
+pub fn read_handle(stdin: &mut impl BufRead, what: &str) -> Result<[u8; HANDLE_BYTES], Error> {
+    let line = read_line(stdin, what)?;
+    unhex(&line).ok_or_else(|| Error::run(format!("not a handle: {line:?}")))
 }
 
 /// Comma-separated, as [`RankArgs`]' lists are parsed and the bench's tables print them.
@@ -388,6 +456,15 @@ mod tests {
         assert_eq!((odd.iters, odd.checked_bytes), (3, 16));
         let even = RoundTrips::new(8, vec![us(40), us(10), us(20), us(1000)]);
         assert!((even.median_secs - 15e-6).abs() < 1e-12);
+    }
+
+    #[test]
+    fn completions_are_not_halved() {
+        let us = Duration::from_micros;
+        let gets = Completions::new(8, vec![us(30), us(10), us(20)]);
+        assert!((gets.median_secs - 20e-6).abs() < 1e-12);
+        assert!((gets.mean_secs - 20e-6).abs() < 1e-12);
+        assert_eq!((gets.iters, gets.checked_bytes), (3, 8));
     }
 
     #[test]

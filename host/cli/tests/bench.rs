@@ -1,6 +1,7 @@
 //! `ncclwasm bench` end to end: two rank processes through the built plugin library on the soft
-//! fabric's loopback machine, both tables (bandwidth and latency) next to the TCP baseline, what
-//! the sender's connection reports it ran, and the JSON shape host/cli/README.md documents.
+//! fabric's loopback machine, both tables (bandwidth and latency) next to the TCP baseline, the
+//! one-sided table through the library's RMA table, what the sender's connection reports it
+//! ran, and the JSON shape host/cli/README.md documents.
 //! Speeds are never asserted, only that every part was measured and checked; bytes are, exactly.
 
 use std::path::{Path, PathBuf};
@@ -138,6 +139,37 @@ fn both_tables_through_the_plugin_and_tcp_as_json() {
         ],
         2,
     );
+
+    // The one-sided part: a row per bandwidth size, each figure measured, the first put, round
+    // trip (both ways) and get of each size compared with the pattern.
+    let one_sided = &v["one_sided"];
+    assert!(
+        one_sided["abi"].as_u64().is_some_and(|abi| abi >= 14),
+        "{one_sided}"
+    );
+    let rows = one_sided["rows"].as_array().expect("one-sided rows");
+    let sizes: Vec<u64> = rows.iter().map(|r| r["size"].as_u64().unwrap()).collect();
+    assert_eq!(sizes, [8, 1 << 20], "{one_sided}");
+    for (row, size) in rows.iter().zip(sizes) {
+        assert_eq!(row["iters"], 2, "{row}");
+        for key in [
+            "put_gbps",
+            "put_vs_two_sided",
+            "put_signal_us",
+            "put_signal_mean_us",
+            "get_us",
+            "get_mean_us",
+            "put_cpu_us",
+            "put_signal_cpu_us",
+            "get_cpu_us",
+        ] {
+            assert!(
+                row[key].as_f64().is_some_and(|x| x > 0.0 && x.is_finite()),
+                "{key}: {row}"
+            );
+        }
+        assert_eq!(row["checked_bytes"], 4 * size, "{row}");
+    }
 
     // The connection-scale part: every one of the 16 was set up (a rank fails the run
     // otherwise), and both ranks weighed their processes before and after.
@@ -337,6 +369,9 @@ fn the_shipped_policy_plans_a_fused_device_and_the_ranks_use_it() {
         "latency     a ping-pong, one message each way",
         "  size  iters  median µs",
         "ratio       plugin median / raw TCP median",
+        "one-sided   ncclRmaPlugin_v",
+        "  size  put GB/s  vs two-sided  put+signal µs  get µs  cpu µs/op",
+        "vs          put GB/s / the bandwidth table's plugin algbw",
         "connections 4 set up at once between the ranks",
         "  rank      setup ms  close ms  RSS KiB/conn  threads/conn  fds/conn",
         "  sender  ",
@@ -344,6 +379,19 @@ fn the_shipped_policy_plans_a_fused_device_and_the_ranks_use_it() {
     ] {
         assert!(stdout.contains(needle), "{needle:?} not in:\n{stdout}");
     }
+    // The one-sided table has a row per size (one here), each starting with its size.
+    let one_sided = stdout
+        .split("one-sided   ")
+        .nth(1)
+        .expect("the one-sided table");
+    let rows: Vec<&str> = one_sided
+        .lines()
+        .skip_while(|l| !l.starts_with("  size"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("vs "))
+        .collect();
+    assert_eq!(rows.len(), 1, "{one_sided}");
+    assert!(rows[0].starts_with("  4096  "), "{one_sided}");
 }
 
 #[test]

@@ -1,8 +1,8 @@
 //! `libnccl-net-wasm.so`: the NCCL network plugin.
 //!
 //! This crate is the C edge and nothing else: it exports the `ncclNetPlugin_v8` … `_v12` tables
-//! (static data, as NCCL's loader expects), converts C arguments, writes every out-parameter on
-//! every path, catches panics, and maps errors to `ncclResult_t`. All behaviour lives in
+//! and the one-sided `ncclRmaPlugin_v14` … `_v16` (static data, as NCCL's loader expects),
+//! converts C arguments, writes every out-parameter on every path, catches panics, and maps errors to `ncclResult_t`. All behaviour lives in
 //! `ncclwasm-transport` ([`Net`](ncclwasm_transport::Net)) and the crates under it. The layouts are `ncclwasm-abi`'s, whose
 //! `load` drives a built copy of this library through those same tables, for `ncclwasm bench` and
 //! tests; [`ncclwasm_send_comm_stats`] is an extension export for such drivers.
@@ -50,7 +50,9 @@
 //! entry point: `guard`, NULL checks, handle keys), [`context`] (`init`/`finalize` and the
 //! process-wide state), [`properties`] (`devices`, `getProperties`, `makeVDevice`), [`comms`]
 //! (`listen`/`connect`/`accept`/`close*`), [`memory`] (`regMr*`, `deregMr`), [`messages`]
-//! (`isend`/`irecv`/`iflush`/`test`), and [`stats`] for the extension export.
+//! (`isend`/`irecv`/`iflush`/`test`), and [`stats`] for the extension export. The one-sided
+//! tables are `rma_v14` … `rma_v16` over the bodies of [`rma`] (`docs/architecture.md`,
+//! "One-sided traffic").
 
 mod comms;
 mod context;
@@ -63,6 +65,10 @@ mod messages;
 mod pin;
 mod profiler;
 mod properties;
+mod rma;
+mod rma_v14;
+mod rma_v15;
+mod rma_v16;
 mod stats;
 mod v10;
 mod v11;
@@ -70,6 +76,9 @@ mod v12;
 mod v8;
 mod v9;
 
+pub use rma_v14::ncclRmaPlugin_v14;
+pub use rma_v15::ncclRmaPlugin_v15;
+pub use rma_v16::ncclRmaPlugin_v16;
 pub use stats::ncclwasm_send_comm_stats;
 pub use v8::ncclNetPlugin_v8;
 pub use v9::ncclNetPlugin_v9;

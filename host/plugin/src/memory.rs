@@ -13,7 +13,7 @@ use crate::edge::{as_handle, guard, null_arg};
 use crate::handles::Held;
 
 /// NCCL's buffers, registered page-rounded.
-struct NcclMemory;
+pub(crate) struct NcclMemory;
 
 impl RegionSource for NcclMemory {
     fn memory(&self, start: u64, len: u64) -> Memory {

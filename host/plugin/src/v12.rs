@@ -3,6 +3,7 @@
 use std::ffi::{c_int, c_void};
 
 use ncclwasm_abi::*;
+use ncclwasm_transport::NetError;
 
 use crate::comms::{accept, close_listen, close_recv, close_send};
 use crate::context::{finalize, init_ctx, set_net_attr};
@@ -26,31 +27,36 @@ unsafe extern "C" fn get_properties(dev: c_int, out: *mut PropsV12) -> NcclResul
     guard("getProperties", || {
         // SAFETY: NCCL passes a valid properties struct.
         let out = unsafe { out.as_mut() }.ok_or_else(|| null_arg("props"))?;
-        let p = props(dev)?;
-        let v = props_v9(&p);
-        let (ndevs, devs) = children::<8>(&p);
-        *out = PropsV12 {
-            name: v.name,
-            pci_path: v.pci_path,
-            guid: v.guid,
-            ptr_support: v.ptr_support,
-            reg_is_global: v.reg_is_global,
-            force_flush: v.force_flush,
-            speed: v.speed,
-            port: v.port,
-            latency: v.latency,
-            max_comms: v.max_comms,
-            max_recvs: v.max_recvs,
-            net_device_type: 0,
-            net_device_version: 0,
-            vprops: VDevPropsV12 { ndevs, devs },
-            max_p2p_bytes: v.max_p2p_bytes,
-            max_coll_bytes: v.max_coll_bytes,
-            max_multi_request_size: 1,
-            rail_id: p.ids.rail,
-            plane_id: p.ids.plane,
-        };
+        *out = props_v12(dev)?;
         Ok(())
+    })
+}
+
+/// Device `dev`'s v12 properties: also what the RMA tables report (`crate::rma`).
+pub(crate) fn props_v12(dev: c_int) -> Result<PropsV12, NetError> {
+    let p = props(dev)?;
+    let v = props_v9(&p);
+    let (ndevs, devs) = children::<8>(&p);
+    Ok(PropsV12 {
+        name: v.name,
+        pci_path: v.pci_path,
+        guid: v.guid,
+        ptr_support: v.ptr_support,
+        reg_is_global: v.reg_is_global,
+        force_flush: v.force_flush,
+        speed: v.speed,
+        port: v.port,
+        latency: v.latency,
+        max_comms: v.max_comms,
+        max_recvs: v.max_recvs,
+        net_device_type: 0,
+        net_device_version: 0,
+        vprops: VDevPropsV12 { ndevs, devs },
+        max_p2p_bytes: v.max_p2p_bytes,
+        max_coll_bytes: v.max_coll_bytes,
+        max_multi_request_size: 1,
+        rail_id: p.ids.rail,
+        plane_id: p.ids.plane,
     })
 }
 

@@ -16,6 +16,7 @@
 //!   routes and bring-up).
 //! * [`fifo`]: the clear-to-send FIFO entry and ring arithmetic, the sizes FIFO.
 //! * [`request`]: the request pool, `wr_id` encoding and completion accounting.
+//! * [`rma`]: one-sided traffic (NCCL's RMA tables): slices, held signals, completions.
 //! * [`datapath`]: per-message decisions — the sender matching sends to posted receives, the
 //!   work requests of one slot, the receiver's receive and flush posting.
 //! * [`failover`]: rail failover on the data path — the design, tagged immediates, duplicate
@@ -33,6 +34,7 @@ pub mod handle;
 pub mod handshake;
 pub mod message;
 pub mod request;
+pub mod rma;
 
 mod codec;
 mod error;

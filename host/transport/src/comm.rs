@@ -204,9 +204,7 @@ impl Side {
     /// `ptrSupport` of the device this side was made on (its first endpoint's, as the device's
     /// own properties say).
     pub(crate) fn ptr_support(&self) -> u32 {
-        self.ports
-            .first()
-            .map_or(crate::PTR_HOST, |p| p.dev.gpu.ptr_support())
+        ptr_support(&self.ports)
     }
 
     /// The work requests posted on each QP of the plan so far, in plan order.
@@ -227,20 +225,7 @@ impl Side {
         len: u64,
         backing: Backing<'_>,
     ) -> Result<MemHandle, NetError> {
-        let mut handle = MemHandle {
-            addr,
-            len,
-            mrs: Vec::with_capacity(self.ports.len()),
-        };
-        for p in &self.ports {
-            let mode = RegMode {
-                relaxed_ordering: p.dev.gpu.relaxed_ordering.value,
-                data_direct: p.dev.gpu.data_direct.value.is_some(),
-            };
-            let mr = p.dev.mrs.acquire(&p.dev.pd, mode, addr, len, backing)?;
-            handle.mrs.push((Arc::clone(&p.dev), mr));
-        }
-        Ok(handle)
+        register(&self.ports, addr, len, backing)
     }
 
     /// Whether `mh` was registered on this side's devices, endpoint for endpoint.
@@ -252,6 +237,37 @@ impl Side {
                 .zip(&self.ports)
                 .all(|((dev, _), p)| Arc::ptr_eq(dev, &p.dev))
     }
+}
+
+/// Registers `[addr, addr + len)` on the device of every one of `ports`, one region each, in
+/// their order (what `regMr` makes for a communicator, and `regMrSym` for a collective one).
+pub(crate) fn register(
+    ports: &[PortCtx],
+    addr: u64,
+    len: u64,
+    backing: Backing<'_>,
+) -> Result<MemHandle, NetError> {
+    let mut handle = MemHandle {
+        addr,
+        len,
+        mrs: Vec::with_capacity(ports.len()),
+    };
+    for p in ports {
+        let mode = RegMode {
+            relaxed_ordering: p.dev.gpu.relaxed_ordering.value,
+            data_direct: p.dev.gpu.data_direct.value.is_some(),
+        };
+        let mr = p.dev.mrs.acquire(&p.dev.pd, mode, addr, len, backing)?;
+        handle.mrs.push((Arc::clone(&p.dev), mr));
+    }
+    Ok(handle)
+}
+
+/// The `NCCL_PTR_*` types a registration on `ports` accepts: the first device's, as net_ib.
+pub(crate) fn ptr_support(ports: &[PortCtx]) -> u32 {
+    ports
+        .first()
+        .map_or(crate::PTR_HOST, |p| p.dev.gpu.ptr_support())
 }
 
 /// The public methods a communicator answers from its [`Side`] (its field `side`) alone:

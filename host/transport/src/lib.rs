@@ -50,6 +50,7 @@ mod oob_pattern;
 pub mod profile;
 mod qp;
 mod recv;
+pub mod rma;
 mod send;
 mod socket;
 mod telemetry;
@@ -64,6 +65,7 @@ pub use ncclwasm_proto::{MAX_ENDPOINTS, MAX_MESSAGE_BYTES, MAX_QPS, MAX_RECVS, M
 pub use net::{CommConfig, DeviceProps, Net, NetConfig};
 pub use net_error::{ErrorClass, NetError};
 pub use recv::{RecvBuf, RecvComm};
+pub use rma::{PutSignal, RmaColl, RmaConfig, RmaCtx, RmaReq, SignalOp, SymMr};
 pub use send::{SendComm, SendStats};
 
 /// NCCL calls a communicator from its proxy service and progress threads at once.

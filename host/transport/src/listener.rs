@@ -56,6 +56,11 @@ pub struct Listener {
 }
 
 impl Listener {
+    /// The NCCL device it listens for.
+    pub fn device(&self) -> i64 {
+        i64::from(self.meter.device)
+    }
+
     pub(crate) fn new(
         listener: TcpListener,
         addr: SocketAddr,

@@ -44,10 +44,12 @@ impl RegionSource for Arc<DmaBuf> {
 }
 
 /// The access every data registration gets: written by the peer (RDMA WRITE), read by our own
-/// flush QP (RDMA READ), written locally (READ responses land in the flush buffer).
+/// flush QP and by one-sided gets (RDMA READ), written locally (READ responses land in it),
+/// and added to by one-sided signals (atomics), as NCCL's registrations since 2.29.
 pub(crate) const DATA_ACCESS: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_WRITE)
-    .union(Access::REMOTE_READ);
+    .union(Access::REMOTE_READ)
+    .union(Access::REMOTE_ATOMIC);
 
 /// Where the pages of a registration come from.
 #[derive(Clone, Copy)]

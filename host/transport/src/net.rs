@@ -325,7 +325,7 @@ impl Net {
         self.inner.devices.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn device(&self, dev: i64) -> Result<(DeviceProps, Vec<PortCtx>), NetError> {
+    pub(crate) fn device(&self, dev: i64) -> Result<(DeviceProps, Vec<PortCtx>), NetError> {
         let devices = self.devices();
         let d = usize::try_from(dev)
             .ok()

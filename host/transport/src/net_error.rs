@@ -103,6 +103,10 @@ pub enum NetError {
     /// out of range, a buffer outside its registration).
     #[error("invalid argument: {0}")]
     Argument(String),
+    /// A one-sided request whose work failed at the NIC; the message is the context's first
+    /// failure (a failed completion names the QP, the ports and the status).
+    #[error("one-sided request failed: {0}")]
+    OneSided(String),
     /// A bug in nccl-net-wasm: bookkeeping that cannot happen, or a panic caught at the edge.
     #[error(
         "internal error: {0}; this is a bug in nccl-net-wasm — please report it with the NCCL log"
@@ -150,7 +154,7 @@ impl NetError {
             | NetError::Config { .. }
             | NetError::Usage(_) => ErrorClass::InvalidUsage,
             NetError::BadDevice { .. } | NetError::Argument(_) => ErrorClass::InvalidArgument,
-            NetError::Completion { .. } => ErrorClass::Remote,
+            NetError::Completion { .. } | NetError::OneSided(_) => ErrorClass::Remote,
             NetError::Internal(_) => ErrorClass::Internal,
         }
     }

@@ -49,10 +49,12 @@ pub(crate) struct ConnQp {
     ece_required: Option<Ece>,
 }
 
-/// The access a connection's QPs grant the peer: data and FIFO writes, flush reads.
+/// The access a connection's QPs grant the peer: data and FIFO writes, flush reads, and the
+/// one-sided traffic's reads and signals (atomics), as NCCL's QPs since 2.29.
 const QP_ACCESS: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_WRITE)
-    .union(Access::REMOTE_READ);
+    .union(Access::REMOTE_READ)
+    .union(Access::REMOTE_ATOMIC);
 
 /// What [`create_all`] makes for one side of a connection.
 pub(crate) struct SideQps {

@@ -1,0 +1,254 @@
+//! One-sided traffic (the RMA tables' semantics) between three ranks, each a thread of this
+//! process with its own collective communicator, on the soft fabric: puts with INC and ADD
+//! signals where the target checks every byte as soon as its signal reaches the count, strong
+//! and weak signals over a fused device's two QPs (where a signal must wait for the other QP's
+//! slices), gets, flushes, two contexts, a buffer registered twice, bad input refused with no
+//! byte written, and contexts dropped with requests in flight.
+
+mod common;
+
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use common::deadline;
+use ncclwasm_transport::{
+    HANDLE_SIZE, Net, PutSignal, RmaColl, RmaConfig, RmaCtx, RmaReq, SignalOp, SymMr,
+};
+use ncclwasm_verbs::DmaBuf;
+
+const RANKS: usize = 3;
+const ITERS: usize = 24;
+
+/// Runs `body(rank, coll, barrier)` on `RANKS` threads, each with a collective communicator on
+/// device `dev` of `net`; `barrier` is the ranks' own (NCCL's bootstrap), for tests.
+fn ranks(net: &Net, dev: i64, body: impl Fn(usize, RmaColl, &Barrier) + Sync) {
+    let handles = Mutex::new(vec![[0u8; HANDLE_SIZE]; RANKS]);
+    let gathered = Barrier::new(RANKS);
+    std::thread::scope(|s| {
+        for rank in 0..RANKS {
+            let (handles, gathered, body) = (&handles, &gathered, &body);
+            s.spawn(move || {
+                let (mut listener, handle) = net.listen(dev).unwrap();
+                handles.lock().unwrap()[rank] = handle;
+                gathered.wait();
+                let all = handles.lock().unwrap().clone();
+                let coll = net.rma_connect(&all, rank, &mut listener, 0xfeed).unwrap();
+                drop(listener);
+                body(rank, coll, gathered);
+            });
+        }
+    });
+}
+
+fn wait(ctx: &RmaCtx, reqs: impl IntoIterator<Item = RmaReq>) {
+    let end = deadline();
+    for r in reqs {
+        while !ctx.test(r).unwrap() {
+            assert!(Instant::now() < end, "a one-sided request never completed");
+        }
+    }
+}
+
+/// A registered buffer of `len` bytes.
+fn sym(coll: &RmaColl, len: usize) -> (Arc<DmaBuf>, SymMr) {
+    let buf = DmaBuf::new(len);
+    let mr = coll.reg_mr_sym(buf.addr(), len as u64, &buf).unwrap();
+    (buf, mr)
+}
+
+fn byte(from: usize, to: usize, it: usize, i: usize) -> u8 {
+    (i as u8).wrapping_mul(13) ^ (from * 31 + to * 7 + it * 3) as u8
+}
+
+/// Every rank puts `ITERS` slices to every rank (itself included), each followed by a signal
+/// (INC on even iterations, ADD of `it + 1` on odd ones; every third strong); each target waits
+/// for each sender's signal word to reach the total and then finds every byte in place. Then
+/// each rank gets back what it put, and flushes.
+fn puts_and_signals(net: &Net, dev: i64, chunk: usize) {
+    let sum: u64 = (0..ITERS)
+        .map(|it| if it % 2 == 0 { 1 } else { it as u64 + 1 })
+        .sum();
+    ranks(net, dev, |rank, coll, barrier| {
+        let ctx = coll
+            .create_context(RmaConfig {
+                contexts: 2,
+                traffic_class: -1,
+                rank_stride: 1,
+            })
+            .unwrap();
+        if dev != 0 {
+            let plan = ctx.plan(0, rank).unwrap();
+            assert_eq!((plan.qps.len(), plan.stripe_width), (2, 2), "{plan:?}");
+        }
+        let (src, src_mr) = sym(&coll, RANKS * ITERS * chunk);
+        let (dst, dst_mr) = sym(&coll, RANKS * ITERS * chunk);
+        // The destination again: one buffer, two registrations, both usable.
+        let dst_again = coll.reg_mr_sym(dst.addr(), dst.len() as u64, &dst).unwrap();
+        let (sig, sig_mr) = sym(&coll, RANKS * 8);
+        let (got, got_mr) = sym(&coll, RANKS * ITERS * chunk);
+        let mut reqs = Vec::new();
+        for to in 0..RANKS {
+            for it in 0..ITERS {
+                let off = ((to * ITERS + it) * chunk) as u64;
+                let data: Vec<u8> = (0..chunk).map(|i| byte(rank, to, it, i)).collect();
+                src.write(off as usize, &data);
+                let op = match it % 2 {
+                    0 => SignalOp::Inc,
+                    _ => SignalOp::Add(it as u64 + 1),
+                };
+                let dst = if it % 4 == 1 { &dst_again } else { &dst_mr };
+                let at = ((rank * ITERS + it) * chunk) as u64;
+                let signal = Some(PutSignal {
+                    mr: &sig_mr,
+                    off: (rank * 8) as u64,
+                    op,
+                    strong: it % 3 == 0,
+                });
+                reqs.push(
+                    ctx.put(it % 2, &src_mr, off, chunk as u64, dst, at, to, signal)
+                        .unwrap(),
+                );
+            }
+        }
+        // The target's view: each sender's word reaches the sum only after its bytes landed.
+        let end = deadline();
+        for from in 0..RANKS {
+            while sig.load_u64_acquire(from * 8) != sum {
+                ctx.progress().unwrap();
+                assert!(
+                    Instant::now() < end,
+                    "rank {rank}: signal of {from} never arrived"
+                );
+            }
+            for it in 0..ITERS {
+                let mut b = vec![0u8; chunk];
+                dst.read((from * ITERS + it) * chunk, &mut b);
+                for (i, &v) in b.iter().enumerate() {
+                    assert_eq!(
+                        v,
+                        byte(from, rank, it, i),
+                        "rank {rank} from {from} it {it} byte {i}"
+                    );
+                }
+            }
+        }
+        wait(&ctx, reqs);
+        // Gets: read back from each rank what this rank put there.
+        let reqs: Vec<_> = (0..RANKS)
+            .flat_map(|to| (0..ITERS).map(move |it| (to, it)))
+            .map(|(to, it)| {
+                let remote = ((rank * ITERS + it) * chunk) as u64;
+                let local = ((to * ITERS + it) * chunk) as u64;
+                ctx.get(1, &dst_mr, remote, chunk as u64, &got_mr, local, to)
+                    .unwrap()
+            })
+            .collect();
+        wait(&ctx, reqs);
+        let (mut a, mut b) = (vec![0u8; got.len()], vec![0u8; src.len()]);
+        got.read(0, &mut a);
+        src.read(0, &mut b);
+        assert!(
+            a == b,
+            "rank {rank}: a get returned other bytes than were put"
+        );
+        let flushes: Vec<_> = (0..RANKS)
+            .map(|to| ctx.flush(0, &dst_mr, to).unwrap())
+            .collect();
+        wait(&ctx, flushes);
+        assert_eq!(ctx.last_error(), None);
+        // Nobody closes while a peer may still read its memory.
+        barrier.wait();
+    });
+}
+
+/// Bytes posted on each port, as a policy's telemetry reads them.
+fn port_bytes(net: &Net) -> Vec<u64> {
+    net.telemetry().ports.iter().map(|p| p.send.bytes).collect()
+}
+
+/// [`puts_and_signals`] on device 0; the per-port telemetry counts the one-sided bytes too (every
+/// put and get on device 0's port).
+#[test]
+fn puts_signals_gets_and_flushes_between_three_ranks() {
+    let net = common::net();
+    let chunk = 4096 + 13;
+    let before = port_bytes(&net);
+    puts_and_signals(&net, 0, chunk);
+    let after = port_bytes(&net);
+    let moved = (2 * RANKS * RANKS * ITERS * chunk) as u64;
+    assert!(
+        after[0] - before[0] >= moved,
+        "port 0 counted {} bytes, {moved} were put and got",
+        after[0] - before[0]
+    );
+}
+
+/// On a fused device (two ports, two QPs per connection) large puts are striped over both QPs:
+/// every signal then waits for the other QP's slice.
+#[test]
+fn striped_puts_over_a_fused_device_never_signal_early() {
+    let net = common::net();
+    let fused = net.make_vdevice(&[0, 1]).unwrap();
+    puts_and_signals(&net, i64::from(fused), (256 << 10) + 40);
+}
+
+/// The ordering a striped put's signal relies on, made visible: each target stalls the second
+/// QP of every sender's connection (the first carries the first slice and the signal), so the
+/// signal's QP runs ahead. The signal must still never be seen before both slices landed.
+#[test]
+fn a_signal_waits_for_a_stalled_slice_on_the_other_qp() {
+    let net = common::net();
+    let fused = i64::from(net.make_vdevice(&[0, 1]).unwrap());
+    let chunk = (256 << 10) + 40;
+    ranks(&net, fused, |rank, coll, barrier| {
+        let ctx = coll
+            .create_context(RmaConfig {
+                contexts: 1,
+                traffic_class: -1,
+                rank_stride: 1,
+            })
+            .unwrap();
+        let (src, src_mr) = sym(&coll, chunk);
+        let (dst, dst_mr) = sym(&coll, RANKS * chunk);
+        let (sig, sig_mr) = sym(&coll, RANKS * 8);
+        let data: Vec<u8> = (0..chunk).map(|i| byte(rank, 0, 0, i)).collect();
+        src.write(0, &data);
+        for from in 0..RANKS {
+            ctx.inject_stall(0, from, 1, Duration::from_millis(300))
+                .unwrap();
+        }
+        barrier.wait();
+        let reqs: Vec<_> = (0..RANKS)
+            .map(|to| {
+                let signal = Some(PutSignal {
+                    mr: &sig_mr,
+                    off: (rank * 8) as u64,
+                    op: SignalOp::Inc,
+                    strong: false,
+                });
+                let at = (rank * chunk) as u64;
+                ctx.put(0, &src_mr, 0, chunk as u64, &dst_mr, at, to, signal)
+                    .unwrap()
+            })
+            .collect();
+        let end = deadline();
+        for from in 0..RANKS {
+            while sig.load_u64_acquire(from * 8) != 1 {
+                ctx.progress().unwrap();
+                assert!(
+                    Instant::now() < end,
+                    "rank {rank}: signal of {from} never arrived"
+                );
+            }
+            let mut b = vec![0u8; chunk];
+            dst.read(from * chunk, &mut b);
+            let wrong = (0..chunk).filter(|&i| b[i] != byte(from, 0, 0, i)).count();
+            assert_eq!(
+                wrong, 0,
+                "rank {rank}: the signal of {from} came before its bytes"
+            );
+        }
+        wait(&ctx, reqs);
+        barrier.wait();
+    });
+}
