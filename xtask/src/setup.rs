@@ -4,7 +4,8 @@
 //! packages: `libibverbs-dev`, whose `<infiniband/verbs.h>` the layout test of `ncclwasm-ibverbs-sys`
 //! compiles against (headers only — the plugin never links libibverbs, it opens it at run time; the
 //! declarations are hand-written, so no libclang), `python3`, which runs the GPU kit's unit
-//! tests and dry run, `python3-venv`, for the environment the Python example is built in, and
+//! tests and dry run, `python3-venv`, for the environment the Python example is built in,
+//! `python3-prometheus-client`, whose parser reads the plugin's metrics file in a test, and
 //! clang-19 with wasm-ld, a WASI libc and clang's wasm32 builtins for the C example.
 //! As root the packages are installed with apt-get (that is what a fresh machine of this kind
 //! is); otherwise the exact command is printed and the task stops, rather than leaving that test
@@ -15,7 +16,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail, ensure};
 
 /// The Debian packages the workspace needs to build, and why.
-const PACKAGES: [(&str, &str); 7] = [
+const PACKAGES: [(&str, &str); 8] = [
     (
         "libibverbs-dev",
         "rdma-core headers for ibverbs-sys's layout test",
@@ -24,6 +25,10 @@ const PACKAGES: [(&str, &str); 7] = [
     (
         "python3-venv",
         "the virtual environment componentize-py builds the Python example in",
+    ),
+    (
+        "python3-prometheus-client",
+        "Prometheus' parser, which reads the plugin's metrics file in a test",
     ),
     ("clang-19", "the C example policy's compiler (wasm32)"),
     ("lld-19", "wasm-ld, which links the C example policy"),

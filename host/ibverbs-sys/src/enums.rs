@@ -11,6 +11,8 @@ macro_rules! c_enum {
             /// The enum's C representation.
             pub type Type = core::ffi::$ty;
             $(pub const $variant: Type = $value;)*
+            /// Every variant with its name as the header spells it, for logs and metrics.
+            pub const VARIANTS: &[(&str, Type)] = &[$((stringify!($variant), $value)),*];
         }
     };
 }

@@ -177,9 +177,5 @@ pub fn resolved_library(library: &str) -> Option<String> {
 
 /// This host's name, which names a captured topology.
 fn hostname() -> String {
-    file::read_to_string(Path::new("/proc/sys/kernel/hostname"), Limit::PROC)
-        .ok()
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "this-host".to_owned())
+    file::hostname().unwrap_or_else(|| "this-host".to_owned())
 }

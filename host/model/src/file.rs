@@ -172,6 +172,14 @@ pub fn read_to_string(path: &Path, limit: Limit) -> Result<String, FileError> {
     open(path, limit)?.read_to_string()
 }
 
+/// This host's name (`/proc/sys/kernel/hostname`), none where it cannot be read or is empty.
+pub fn hostname() -> Option<String> {
+    read_to_string(Path::new("/proc/sys/kernel/hostname"), Limit::PROC)
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
 impl Opened {
     /// Checks a file someone else opened (say through a cap-std directory, which must open it
     /// with `O_NONBLOCK` itself); `path` names it in errors.

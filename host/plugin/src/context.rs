@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use ncclwasm_abi::*;
 use ncclwasm_model::NetAttr;
 use ncclwasm_policy::{PolicyCache, PolicyHost};
-use ncclwasm_transport::{CommConfig, Net, NetError};
+use ncclwasm_transport::{CommConfig, Net, NetError, TelemetryFormat};
 
 use crate::edge::{as_handle, guard, key, null_arg};
 use crate::handles::Handles;
@@ -18,6 +18,8 @@ use crate::{fabric, log, pin};
 
 /// Where the plugin writes the policies' telemetry (the snapshot file format), when set.
 const ENV_TELEMETRY_FILE: &str = "NCCL_WASM_TELEMETRY_FILE";
+/// Where it writes the same counters in Prometheus' text format, when set.
+const ENV_METRICS_FILE: &str = "NCCL_WASM_METRICS_FILE";
 /// How often it rewrites it.
 const TELEMETRY_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -75,16 +77,29 @@ pub(crate) fn init_net(
         }
         let net = Net::new(fabric::config(choice, max_devs_per_nic, decisions)?)
             .map_err(|e| fabric::hint(choice, e))?;
-        if let Some(path) = std::env::var_os(ENV_TELEMETRY_FILE).filter(|p| !p.is_empty()) {
-            let path = std::path::PathBuf::from(path);
-            log::emit(
-                LOG_INFO,
-                &format!(
-                    "NET/WASM: {ENV_TELEMETRY_FILE}: writing the policies' telemetry to {} every second",
-                    path.display()
-                ),
-            );
-            net.write_telemetry(path, TELEMETRY_EVERY)?;
+        for (var, format, what) in [
+            (
+                ENV_TELEMETRY_FILE,
+                TelemetryFormat::Snapshot,
+                "the policies' telemetry",
+            ),
+            (
+                ENV_METRICS_FILE,
+                TelemetryFormat::Prometheus,
+                "Prometheus metrics",
+            ),
+        ] {
+            if let Some(path) = std::env::var_os(var).filter(|p| !p.is_empty()) {
+                let path = expand_path(&path);
+                log::emit(
+                    LOG_INFO,
+                    &format!(
+                        "NET/WASM: {var}: writing {what} to {} every second",
+                        path.display()
+                    ),
+                );
+                net.write_telemetry(path, format, TELEMETRY_EVERY)?;
+            }
         }
         *st = Some(Global { net, contexts: 0 });
     }
@@ -98,6 +113,29 @@ pub(crate) fn init_net(
         }
     }
     Ok(())
+}
+
+/// A file variable's path with `%h` (the host name up to its first dot) and `%p` (the process
+/// id) filled in, as NCCL fills in `NCCL_DEBUG_FILE`: the ranks of a node can share one
+/// setting and still write a file each.
+fn expand_path(path: &std::ffi::OsStr) -> std::path::PathBuf {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let host = ncclwasm_model::file::hostname().unwrap_or_default();
+    let host = host.split('.').next().unwrap_or_default();
+    let mut out = Vec::with_capacity(path.len());
+    let mut bytes = path.as_bytes().iter();
+    while let Some(&b) = bytes.next() {
+        match (b, bytes.as_slice().first()) {
+            (b'%', Some(b'h')) => out.extend_from_slice(host.as_bytes()),
+            (b'%', Some(b'p')) => out.extend_from_slice(std::process::id().to_string().as_bytes()),
+            _ => {
+                out.push(b);
+                continue;
+            }
+        }
+        bytes.next();
+    }
+    std::ffi::OsString::from_vec(out).into()
 }
 
 /// A v11+ per-communicator context: its id, traffic class and NCCL's latest `setNetAttr` hint
@@ -227,3 +265,25 @@ extern "C" fn unload() {
 #[used]
 #[unsafe(link_section = ".fini_array")]
 static UNLOAD: extern "C" fn() = unload;
+
+#[cfg(test)]
+mod tests {
+    use super::expand_path;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn a_file_variable_names_the_host_and_the_process() {
+        let host = ncclwasm_model::file::hostname().unwrap_or_default();
+        let short = host.split('.').next().unwrap_or_default();
+        let pid = std::process::id();
+        assert_eq!(
+            expand_path(OsStr::new("/run/m/%h-%p.prom")),
+            std::path::PathBuf::from(format!("/run/m/{short}-{pid}.prom"))
+        );
+        // Anything else stays as written, a lone % at the end too.
+        assert_eq!(
+            expand_path(OsStr::new("/a%%x/%q%")),
+            std::path::PathBuf::from("/a%%x/%q%")
+        );
+    }
+}

@@ -298,3 +298,30 @@ fn rails_and_planes_reach_v12_properties() {
     let p = v11.properties(0).unwrap();
     assert_eq!((p.rail_id, p.plane_id), (-1, -1));
 }
+
+/// `NCCL_WASM_METRICS_FILE` with NCCL's `%p`: each process writes Prometheus' text to a file
+/// of its own while the plugin is initialised, and the last `finalize` removes it.
+#[test]
+fn the_metrics_file_is_the_processes_own_and_goes_with_finalize() {
+    const TEST: &str = "the_metrics_file_is_the_processes_own_and_goes_with_finalize";
+    const VAR: &str = "NCCL_WASM_METRICS_FILE";
+    if !ncclwasm_testkit::child::enter(TEST) {
+        let scratch = ncclwasm_testkit::scratch::Scratch::new("plugin-metrics");
+        let pattern = scratch.path("rank-%p.prom");
+        in_child(TEST, &[(VAR, pattern.to_str().unwrap())]);
+        let left: Vec<_> = std::fs::read_dir(scratch.path("")).unwrap().collect();
+        assert!(left.is_empty(), "left behind: {left:?}");
+        return;
+    }
+    let pid = std::process::id().to_string();
+    let path = PathBuf::from(std::env::var(VAR).unwrap().replace("%p", &pid));
+    let mut plugin = Plugin::open(&library()).unwrap();
+    plugin.init().unwrap();
+    ncclwasm_testkit::wait_until("the metrics file", TIMEOUT, || path.is_file());
+    let text = std::fs::read_to_string(&path).unwrap();
+    let line =
+        format!("ncclwasm_port_send_bytes_total{{pid=\"{pid}\",device=\"soft_0\",port=\"1\"}} 0");
+    assert!(text.lines().any(|l| l == line), "no {line} in\n{text}");
+    drop(plugin);
+    assert!(!path.exists(), "{} outlived finalize", path.display());
+}

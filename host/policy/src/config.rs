@@ -46,6 +46,7 @@ pub const WASM_VARIABLES: &[&str] = &[
     "NCCL_WASM_SOFT_DELIVERY",
     "NCCL_WASM_SOFT_CMA",
     "NCCL_WASM_TELEMETRY_FILE",
+    "NCCL_WASM_METRICS_FILE",
     ncclwasm_default::STRICT_CONFIG,
 ];
 

@@ -48,6 +48,7 @@ pub mod oob;
 mod oob_host;
 mod oob_pattern;
 pub mod profile;
+mod prometheus;
 mod qp;
 mod recv;
 pub mod rma;
@@ -67,6 +68,7 @@ pub use net_error::{ErrorClass, NetError};
 pub use recv::{RecvBuf, RecvComm};
 pub use rma::{PutSignal, RmaColl, RmaConfig, RmaCtx, RmaReq, SignalOp, SymMr};
 pub use send::{SendComm, SendStats};
+pub use telemetry::TelemetryFormat;
 
 /// NCCL calls a communicator from its proxy service and progress threads at once.
 const _: () = {

@@ -35,7 +35,7 @@ use crate::profile::Profiler;
 use crate::qp::random_u64;
 use crate::send::{Connecting, SendComm};
 use crate::socket::Stream;
-use crate::telemetry::{FileWriter, MeterSpec, Registry};
+use crate::telemetry::{FileWriter, MeterSpec, Registry, TelemetryFormat};
 use ncclwasm_model::decide::Decisions;
 use ncclwasm_proto::MAX_QPS;
 use ncclwasm_proto::handle::ListenHandle;
@@ -142,8 +142,8 @@ struct NetInner {
     next_connect: AtomicU64,
     /// Every side's counters, for the policies' `telemetry` import.
     telemetry: Arc<Registry>,
-    /// Their file, when asked for ([`Net::write_telemetry`]).
-    telemetry_file: Mutex<Option<FileWriter>>,
+    /// Their files, one per format at most, when asked for ([`Net::write_telemetry`]).
+    telemetry_files: Mutex<Vec<FileWriter>>,
     /// NCCL's profiler ([`Net::set_profiler`]), for the communicators made from then on.
     profiler: RwLock<Option<Arc<dyn Profiler>>>,
 }
@@ -271,6 +271,7 @@ impl Net {
             data_direct_both: gpu_env.data_direct_both,
         };
         let ids: Vec<RailPlane> = decisions.rails(&sel.value, &selected);
+        telemetry.set_rails(&selected, &ids);
         let table = DeviceTable::new(&selected, &groups.value, &data_direct, &ids, env);
         let net = physical_devices(&table, &mut port_ctxs)?;
         for (i, d) in net.iter().enumerate() {
@@ -295,7 +296,7 @@ impl Net {
                 connecting: Mutex::new(HashMap::new()),
                 next_connect: AtomicU64::new(1),
                 telemetry,
-                telemetry_file: Mutex::new(None),
+                telemetry_files: Mutex::new(Vec::new()),
                 profiler: RwLock::new(None),
             }),
         })
@@ -516,16 +517,27 @@ impl Net {
         self.inner.telemetry.snapshot()
     }
 
-    /// Writes [`telemetry`](Self::telemetry) to `path` now and every `every` (as TOML, the
-    /// snapshot file format), from a thread of its own, until the context goes (or another
-    /// path is given).
-    pub fn write_telemetry(&self, path: PathBuf, every: Duration) -> Result<(), NetError> {
-        let writer = FileWriter::start(Arc::clone(&self.inner.telemetry), path, every)?;
-        *self
+    /// Writes [`telemetry`](Self::telemetry) to `path` in `format` now and every `every`, from
+    /// a thread of its own, until the context goes (or another path is given for that format).
+    pub fn write_telemetry(
+        &self,
+        path: PathBuf,
+        format: TelemetryFormat,
+        every: Duration,
+    ) -> Result<(), NetError> {
+        let mut files = self
             .inner
-            .telemetry_file
+            .telemetry_files
             .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(writer);
+            .unwrap_or_else(|p| p.into_inner());
+        // The old writer stops (and a metrics file goes) before the new one starts.
+        files.retain(|w| w.format() != format);
+        files.push(FileWriter::start(
+            Arc::clone(&self.inner.telemetry),
+            path,
+            format,
+            every,
+        )?);
         Ok(())
     }
 

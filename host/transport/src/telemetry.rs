@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
+use ncclwasm_model::device_table::{ID_UNDEF, RailPlane};
 use ncclwasm_model::telemetry::{
     ConnectionTelemetry, MAX_CHANGES, MAX_CONNECTIONS, PortTelemetry, QpTelemetry, StateChange,
     StatusCount, Telemetry, TelemetrySource, Traffic,
@@ -23,6 +24,7 @@ use ncclwasm_model::{Port, PortState};
 use ncclwasm_verbs::WcStatus;
 
 use crate::comm::Side;
+use crate::prometheus::{self, PortStatus};
 
 /// Completion statuses counted apart; a status at or above the last is counted in the last.
 const STATUSES: usize = 24;
@@ -167,6 +169,8 @@ struct Inner {
     /// What closed sides counted, per port (position in `Registry::ports`).
     retired: Vec<PortTotals>,
     changes: Vec<VecDeque<StateChange>>,
+    /// Per port: its state now and every change counted, not only the kept ones.
+    status: Vec<PortStatus>,
     /// (ms since start, bytes sent per port), oldest first.
     samples: VecDeque<(u64, Vec<u64>)>,
 }
@@ -177,6 +181,14 @@ impl Registry {
         let inner = Inner {
             retired: vec![PortTotals::default(); n],
             changes: vec![VecDeque::new(); n],
+            status: ports
+                .iter()
+                .map(|p| PortStatus {
+                    state: p.state,
+                    changes: 0,
+                    rail: None,
+                })
+                .collect(),
             samples: VecDeque::from([(0, vec![0; n])]),
             ..Inner::default()
         };
@@ -242,6 +254,25 @@ impl Registry {
             changes.pop_front();
         }
         changes.push_back(StateChange { at_ms, state });
+        let status = &mut inner.status[i];
+        status.state = state;
+        status.changes += 1;
+    }
+
+    /// The rails the policy gave the selected ports `selected` (`ids` in the same order);
+    /// an undefined rail is none.
+    pub(crate) fn set_rails(&self, selected: &[Port], ids: &[RailPlane]) {
+        let mut inner = self.inner();
+        for (p, id) in selected.iter().zip(ids) {
+            if let Some(i) = self.position(p.index) {
+                inner.status[i].rail = Some(id.rail).filter(|&r| r != ID_UNDEF);
+            }
+        }
+    }
+
+    /// Each port's state now, how often it changed and its rail, in a snapshot's port order.
+    pub(crate) fn port_status(&self) -> Vec<PortStatus> {
+        self.inner().status.clone()
     }
 
     /// Adds `side`'s counters to `totals` (by port position), and its QPs and itself to the
@@ -410,11 +441,24 @@ impl TelemetrySource for Registry {
     }
 }
 
-/// Writes the registry's snapshot to a file, whole (a temporary beside it, then a rename, so a
-/// reader never sees half of one), when started and then every interval, until dropped: the
-/// live view `ncclwasm devices --telemetry` reads, and a snapshot `policy explain` replays.
+/// What a telemetry file holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TelemetryFormat {
+    /// The snapshot file (TOML with the WIT's names): the live view `ncclwasm devices
+    /// --telemetry` reads, and a snapshot `policy explain` replays. Left in place at the end.
+    Snapshot,
+    /// Prometheus' text exposition format ([`prometheus`]), for node_exporter's textfile
+    /// collector. Removed when the writer stops, so a finished job's series do not stay.
+    Prometheus,
+}
+
+/// Writes the registry's counters to a file in a [`TelemetryFormat`], whole (a temporary
+/// beside it, then a rename, so a reader never sees half of one), when started and then every
+/// interval, until dropped.
 #[derive(Debug)]
 pub(crate) struct FileWriter {
+    path: std::path::PathBuf,
+    format: TelemetryFormat,
     stop: Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -423,8 +467,10 @@ impl FileWriter {
     pub(crate) fn start(
         registry: Arc<Registry>,
         path: std::path::PathBuf,
+        format: TelemetryFormat,
         every: std::time::Duration,
     ) -> Result<FileWriter, crate::NetError> {
+        let file = path.clone();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
@@ -434,13 +480,22 @@ impl FileWriter {
                 // line per interval.
                 let mut failing = false;
                 while !flag.load(Ordering::Acquire) {
-                    match write_file(&path, registry.snapshot().to_toml()) {
+                    let snapshot = registry.snapshot();
+                    let text = match format {
+                        TelemetryFormat::Snapshot => snapshot.to_toml(),
+                        TelemetryFormat::Prometheus => prometheus::render(
+                            &snapshot,
+                            &registry.port_status(),
+                            std::process::id(),
+                        ),
+                    };
+                    match write_file(&file, text) {
                         Err(e) if !failing => {
                             failing = true;
                             tracing::warn!(
                                 "NET/WASM: cannot write the telemetry to {}: {e} (trying again \
                                  every {} ms; said again only once it works)",
-                                path.display(),
+                                file.display(),
                                 every.as_millis()
                             );
                         }
@@ -448,7 +503,7 @@ impl FileWriter {
                             failing = false;
                             tracing::info!(
                                 "NET/WASM: writing the telemetry to {} again",
-                                path.display()
+                                file.display()
                             );
                         }
                         _ => {}
@@ -458,9 +513,15 @@ impl FileWriter {
             })
             .map_err(crate::NetError::io("starting the telemetry writer"))?;
         Ok(FileWriter {
+            path,
+            format,
             stop,
             thread: Some(thread),
         })
+    }
+
+    pub(crate) fn format(&self) -> TelemetryFormat {
+        self.format
     }
 }
 
@@ -485,6 +546,12 @@ impl Drop for FileWriter {
             t.thread().unpark();
             // It only snapshots and writes; a panic there (a bug) is not this thread's to raise.
             let _ = t.join();
+        }
+        // Only a file it made by renaming: a device or FIFO it wrote in place stays.
+        if self.format == TelemetryFormat::Prometheus
+            && std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.is_file())
+        {
+            let _ = std::fs::remove_file(&self.path);
         }
     }
 }

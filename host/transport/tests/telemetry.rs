@@ -6,6 +6,7 @@ mod common;
 
 use common::*;
 use ncclwasm_model::telemetry::Telemetry;
+use ncclwasm_transport::TelemetryFormat;
 
 #[test]
 fn the_telemetry_counts_each_connection_and_sums_each_port() {
@@ -72,8 +73,12 @@ fn the_telemetry_counts_each_connection_and_sums_each_port() {
     // rewritten while the context lives.
     let path = std::env::temp_dir().join(format!("ncclwasm-telemetry-{}.toml", std::process::id()));
     let _ = std::fs::remove_file(&path);
-    net.write_telemetry(path.clone(), std::time::Duration::from_millis(20))
-        .unwrap();
+    net.write_telemetry(
+        path.clone(),
+        TelemetryFormat::Snapshot,
+        std::time::Duration::from_millis(20),
+    )
+    .unwrap();
     let end = deadline();
     let written = loop {
         let text = std::fs::read_to_string(&path).unwrap_or_default();
@@ -129,7 +134,8 @@ fn an_unwritable_telemetry_file_is_one_warning_and_its_recovery_one_line() {
         }
     };
     let path = s.path("missing").join("telemetry.toml");
-    net.write_telemetry(path.clone(), every).unwrap();
+    net.write_telemetry(path.clone(), TelemetryFormat::Snapshot, every)
+        .unwrap();
     let warned = format!("cannot write the telemetry to {}", path.display());
     wait("the WARN", &|| logged().contains(&warned));
     std::thread::sleep(every * 10);
@@ -141,8 +147,120 @@ fn an_unwritable_telemetry_file_is_one_warning_and_its_recovery_one_line() {
     });
 
     let full = s.symlink("/dev/full", "full");
-    net.write_telemetry(full.clone(), every).unwrap();
+    net.write_telemetry(full.clone(), TelemetryFormat::Snapshot, every)
+        .unwrap();
     let warned = format!("cannot write the telemetry to {}", full.display());
     wait("the WARN for /dev/full", &|| logged().contains(&warned));
     assert!(std::fs::symlink_metadata(&full).unwrap().is_symlink());
+}
+
+/// The parser of Prometheus' own Python client (Debian's `python3-prometheus-client`, which
+/// `.ci/run` installs) reads a file, and prints each sample as `type name labels value`, labels
+/// sorted.
+const PROMETHEUS_PARSE: &str = r#"
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+for family in text_string_to_metric_families(open(sys.argv[1]).read()):
+    for s in family.samples:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+        print(family.type, s.name, labels, s.value, sep="\t")
+"#;
+
+/// `NCCL_WASM_METRICS_FILE`: the counters in Prometheus' text format, which Prometheus' own
+/// parser accepts, with the values of the snapshot; counters are `_total`; the file goes with
+/// the context.
+#[test]
+fn the_metrics_file_is_what_prometheus_reads() {
+    let scratch = ncclwasm_testkit::scratch::Scratch::new("metrics-file");
+    let net = net();
+    let (s, r) = connect(&net, 0, 0);
+    let b = bufs(&s, &r);
+    const N: usize = 8;
+    const SIZE: usize = 8192;
+    for i in 0..N {
+        one(&s, &r, &b, SIZE, SIZE, i);
+    }
+    let port = s.stats().local[0].clone();
+    let path = scratch.path("ncclwasm.prom");
+    net.write_telemetry(
+        path.clone(),
+        TelemetryFormat::Prometheus,
+        std::time::Duration::from_millis(20),
+    )
+    .unwrap();
+    let end = deadline();
+    while !path.is_file() {
+        assert!(std::time::Instant::now() < end, "no metrics file");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let t = net.telemetry();
+    let p = t
+        .ports
+        .iter()
+        .find(|p| p.device == port.device && p.port == port.port)
+        .unwrap();
+
+    let parsed = std::process::Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(PROMETHEUS_PARSE)
+        .arg(&path)
+        .output()
+        .expect("run /usr/bin/python3 (install python3-prometheus-client)");
+    let out = String::from_utf8_lossy(&parsed.stdout);
+    assert!(
+        parsed.status.success(),
+        "Prometheus' parser refused the file: {}\n{}",
+        String::from_utf8_lossy(&parsed.stderr),
+        std::fs::read_to_string(&path).unwrap_or_default()
+    );
+    let samples: Vec<[&str; 4]> = out
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            [f[0], f[1], f[2], f[3]]
+        })
+        .collect();
+    let value = |name: &str, labels: &str| -> f64 {
+        let found: Vec<_> = samples
+            .iter()
+            .filter(|s| s[1] == name && s[2] == labels)
+            .collect();
+        assert_eq!(found.len(), 1, "{name}{{{labels}}} in\n{out}");
+        found[0][3].parse().unwrap()
+    };
+    let pid = std::process::id();
+    let on_port = format!("device={},pid={pid},port={}", port.device, port.port);
+    assert_eq!(
+        value("ncclwasm_port_send_bytes_total", &on_port),
+        p.send.bytes as f64
+    );
+    assert_eq!(
+        value("ncclwasm_port_completions_total", &on_port),
+        p.completions as f64
+    );
+    assert_eq!(
+        value("ncclwasm_port_state", &format!("{on_port},state=active")),
+        1.0
+    );
+    let sending = t.connections.iter().find(|c| c.sending).unwrap();
+    let conn = format!(
+        "comm={:#018x},connection={},nccl_device=0,pid={pid},side=send",
+        sending.comm_id, sending.id
+    );
+    assert_eq!(
+        value("ncclwasm_connection_message_bytes_total", &conn),
+        (N * SIZE) as f64
+    );
+    for [kind, name, ..] in &samples {
+        assert_eq!(
+            *kind == "counter",
+            name.ends_with("_total"),
+            "{name}: {kind}"
+        );
+        assert!(name.starts_with("ncclwasm_"), "{name}");
+    }
+
+    drop((b, s, r));
+    drop(net);
+    assert!(!path.exists(), "the metrics file outlived its context");
 }

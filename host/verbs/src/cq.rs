@@ -4,7 +4,7 @@ use std::os::raw::c_int;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use ibverbs_sys::{ibv_cq, ibv_wc};
+use ibverbs_sys::{ibv_cq, ibv_wc, ibv_wc_status};
 
 use crate::device::Context;
 use crate::error::{Result, VerbsError, check, last_errno};
@@ -126,11 +126,21 @@ impl WcStatus {
         }
     }
 
-    fn from_raw(v: u32) -> WcStatus {
+    /// The status `ibv_wc_status`'s number `v` names.
+    pub fn from_raw(v: u32) -> WcStatus {
         STATUSES
             .get(v as usize)
             .copied()
             .unwrap_or(WcStatus::Other(v))
+    }
+
+    /// Its name in `<infiniband/verbs.h>` (`IBV_WC_RETRY_EXC_ERR`), what operators grep logs
+    /// and dashboards for; a number the header does not name is `IBV_WC_UNKNOWN`.
+    pub fn c_name(self) -> &'static str {
+        ibv_wc_status::VARIANTS
+            .iter()
+            .find(|(_, v)| *v == self.raw())
+            .map_or("IBV_WC_UNKNOWN", |(name, _)| name)
     }
 }
 
