@@ -168,6 +168,7 @@ fn plan(u: &mut Unstructured<'_>) -> Result<()> {
     };
     let conn = Connection {
         net_attr: None,
+        one_sided: None,
         comm_id: 1,
         traffic_class: -1,
         device: 0,

@@ -58,6 +58,7 @@ pub fn connector() -> Connector {
         comm_id: 7,
         traffic_class: -1,
         net_attr: None,
+        one_sided: None,
         device: 0,
         device_name: "mlx5_0+mlx5_1".to_owned(),
         endpoints: sides().0.clone(),
@@ -222,6 +223,7 @@ pub fn check_setup(
     };
     let conn = Connection {
         net_attr: None,
+        one_sided: None,
         comm_id: 0,
         traffic_class: -1,
         device: 0,

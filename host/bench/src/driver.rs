@@ -334,7 +334,7 @@ pub fn run(args: &Args) -> Result<String, Error> {
             None,
             &[],
             report::Connections::Sample,
-            None,
+            Default::default(),
         )?)
     } else {
         None

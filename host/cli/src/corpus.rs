@@ -20,7 +20,7 @@ pub fn corpus_report(name: &str) -> Report {
         None,
         &[8, 1 << 20],
         Connections::Sample,
-        None,
+        Default::default(),
     )
     .unwrap()
 }

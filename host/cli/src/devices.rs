@@ -127,7 +127,7 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
         None,
         &sizes,
         report::Connections::Sample,
-        None,
+        Default::default(),
     )?;
     let devices = Devices {
         fabric: live.fabric,

@@ -11,6 +11,7 @@ use clap::Args as ClapArgs;
 use ncclwasm_inspect::render::{field, json};
 use ncclwasm_inspect::report::{self, PolicyView, Report, TopologyView};
 use ncclwasm_inspect::setup::{self, ConfigArgs, MachineArgs, PolicyArg};
+use ncclwasm_model::OneSided;
 use serde::Serialize;
 
 use crate::explain::{Item, items};
@@ -41,6 +42,11 @@ pub struct Args {
     #[arg(long, value_name = "S")]
     pub config_b: Option<String>,
 
+    /// Compare the plans of one-sided traffic (NCCL's RMA tables) instead: where the sample
+    /// connection sits in its RMA communicator, as `policy explain --one-sided`
+    #[arg(long, value_name = "TOML", value_parser = crate::explain::inline_table::<OneSided>)]
+    pub one_sided: Option<OneSided>,
+
     /// Print the differences as JSON (shape in host/cli/README.md)
     #[arg(long)]
     pub json: bool,
@@ -68,7 +74,10 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
             peer.as_ref(),
             &[],
             report::Connections::Sample,
-            None,
+            report::ConnShape {
+                net_attr: None,
+                one_sided: args.one_sided,
+            },
         )?);
     }
     let diff = compare(&reports[0], &reports[1]);

@@ -6,9 +6,11 @@ mod items;
 
 use clap::Args as ClapArgs;
 use ncclwasm_inspect::render::{self, Table, field, json};
-use ncclwasm_inspect::report::{self, Connections, PortGid, Report, SourceView, VnicValue};
+use ncclwasm_inspect::report::{
+    self, ConnShape, Connections, PortGid, Report, SourceView, VnicValue,
+};
 use ncclwasm_inspect::setup::{self, ConfigArgs, DEFAULT_SIZES, MachineArgs, PolicyArg};
-use ncclwasm_model::NetAttr;
+use ncclwasm_model::{NetAttr, OneSided};
 
 use crate::fail::{Exit, Fail, Outcome};
 use connection::{connection_section, connections_section, port_events_section, striping_section};
@@ -47,8 +49,14 @@ pub struct Args {
     /// NCCL's setNetAttr hint the connections are planned with, a TOML inline table by the WIT's
     /// names, e.g. 'send = { max-concurrent-peers = 2, max-flows-per-peer = 4 }, ops = 16'
     /// [default: none given]
-    #[arg(long, value_name = "TOML", value_parser = parse_net_attr)]
+    #[arg(long, value_name = "TOML", value_parser = inline_table::<NetAttr>)]
     pub net_attr: Option<NetAttr>,
+
+    /// Plan the connections as one-sided traffic (NCCL's RMA tables): where each sits in its
+    /// RMA communicator, a TOML inline table by the WIT's names, e.g.
+    /// 'context = 1, contexts = 4, rank = 0, peer = 1, nranks = 2' [default: two-sided]
+    #[arg(long, value_name = "TOML", value_parser = inline_table::<OneSided>)]
+    pub one_sided: Option<OneSided>,
 
     #[command(flatten)]
     pub config: ConfigArgs,
@@ -58,17 +66,25 @@ pub struct Args {
     pub json: bool,
 }
 
-/// `--net-attr`: the fields of `net-attr` as the inside of a TOML inline table (`send`/`recv`
-/// tables, `ops`/`algos`/`protos`), comma-separated on one line.
-fn parse_net_attr(text: &str) -> Result<NetAttr, String> {
+/// `--net-attr`, `--one-sided`: the fields of the WIT record as the inside of a TOML inline
+/// table, comma-separated on one line (`send = { max-concurrent-peers = 2 }, ops = 16`).
+pub(crate) fn inline_table<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
-    struct Given {
-        hint: NetAttr,
+    struct Given<T> {
+        given: T,
     }
-    toml::from_str::<Given>(&format!("hint = {{ {text} }}"))
-        .map(|g| g.hint)
+    toml::from_str::<Given<T>>(&format!("given = {{ {text} }}"))
+        .map(|g| g.given)
         .map_err(|e| e.message().to_owned())
+}
+
+/// Where a one-sided connection sits, in one line.
+fn one_sided_text(o: &OneSided) -> String {
+    format!(
+        "context {} of {}, rank {} to rank {} of {}",
+        o.context, o.contexts, o.rank, o.peer, o.nranks
+    )
 }
 
 /// The hint in one line: each direction's peers and flows per peer as `min–max` (`?` where NCCL
@@ -114,7 +130,10 @@ pub fn run(args: &Args) -> Result<Outcome, Fail> {
         peer.as_ref(),
         &args.sizes,
         which,
-        args.net_attr,
+        ConnShape {
+            net_attr: args.net_attr,
+            one_sided: args.one_sided,
+        },
     )?;
     if let Some(n) = args.device
         && n as usize >= report.nccl_devices.len()

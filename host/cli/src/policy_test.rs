@@ -20,7 +20,7 @@ use ncclwasm_inspect::setup::{self, PolicyArg};
 use ncclwasm_model::file::{self, Limit};
 use ncclwasm_model::spelling;
 use ncclwasm_model::telemetry::Telemetry;
-use ncclwasm_model::{NetAttr, PortChange, Topology};
+use ncclwasm_model::{NetAttr, OneSided, PortChange, Topology};
 use serde::{Deserialize, Serialize};
 use serde_path_to_error::Segment;
 
@@ -70,6 +70,10 @@ struct Case {
     /// WIT's names: `net-attr = { send = { max-concurrent-peers = 2 } }`.
     #[serde(rename = "net-attr")]
     net_attr: Option<NetAttr>,
+    /// Plan the connection as one-sided traffic, where it sits in its RMA communicator, by the
+    /// WIT's names: `one-sided = { context = 1, contexts = 4, rank = 0, peer = 1, nranks = 2 }`.
+    #[serde(rename = "one-sided")]
+    one_sided: Option<OneSided>,
     /// What the policy's `telemetry.read` returns (default: every port idle): a snapshot file,
     /// relative to the case file, or the snapshot itself as a table.
     telemetry: Option<TelemetryGiven>,
@@ -342,7 +346,10 @@ fn run_case(
         peer.as_ref(),
         &[],
         which,
-        case.net_attr,
+        report::ConnShape {
+            net_attr: case.net_attr,
+            one_sided: case.one_sided,
+        },
     )?;
     if let Some(n) = case.device
         && report.connection.is_none()

@@ -27,11 +27,17 @@ const ALIGN: u32 = 128;
 ///   (10), which is what the plan says, so that it passes the SL check every plan gets.
 /// - ECE per `NCCL_IB_ECE_ENABLE`, timeout and retry count per `NCCL_IB_TIMEOUT` and
 ///   `NCCL_IB_RETRY_CNT` (as `ncclIbRtsQp`).
+/// - One-sided traffic (`conn.one_sided`), as NCCL's GIN proxy builds its contexts: one QP per
+///   device (`nQpsPerDev` 1), never split over QPs beyond one per device, and the RMA
+///   communicator's traffic class before `NCCL_IB_TC`.
 pub fn plan_connection(cfg: &IbConfig, conn: &Connection) -> ConnPlan {
     let nlocal = conn.local.len() as u32;
     let npeer = conn.peer.len() as u32;
     let ndevs = nlocal.max(npeer);
-    let wanted = cfg.qps_per_connection.saturating_mul(ndevs);
+    // NCCL's GIN proxy builds a one-sided context from connections of one QP per device.
+    let one_sided = conn.one_sided.is_some();
+    let per_device = if one_sided { 1 } else { cfg.qps_per_connection };
+    let wanted = per_device.saturating_mul(ndevs);
     let qps: Vec<QpPlan> = if nlocal == 0 || npeer == 0 {
         Vec::new()
     } else {
@@ -53,19 +59,22 @@ pub fn plan_connection(cfg: &IbConfig, conn: &Connection) -> ConnPlan {
         } else {
             String::new()
         };
+        let per = if one_sided {
+            "1 (one-sided: NCCL's GIN proxy uses one QP per device, whatever NCCL_IB_QPS_PER_CONNECTION says)".to_owned()
+        } else {
+            format!("NCCL_IB_QPS_PER_CONNECTION={}", cfg.qps_per_connection)
+        };
         format!(
-            "{nqps} QPs = NCCL_IB_QPS_PER_CONNECTION={} x max({nlocal} local, {npeer} peer) ports{cap}, \
-             alternating over the ports, equal weights",
-            cfg.qps_per_connection
+            "{nqps} QPs = {per} x max({nlocal} local, {npeer} peer) ports{cap}, \
+             alternating over the ports, equal weights"
         )
     });
 
-    let stripe_width = if cfg.split_data_on_qps {
-        nqps
-    } else {
-        ndevs.min(nqps)
-    };
-    why.push(if cfg.split_data_on_qps {
+    let split = cfg.split_data_on_qps && !one_sided;
+    let stripe_width = if split { nqps } else { ndevs.min(nqps) };
+    why.push(if one_sided {
+        format!("one-sided: each put or get striped over {stripe_width} QP(s), one per device")
+    } else if split {
         format!("NCCL_IB_SPLIT_DATA_ON_QPS=1: each message striped over all {stripe_width} QPs")
     } else {
         format!(
@@ -104,7 +113,13 @@ pub fn plan_connection(cfg: &IbConfig, conn: &Connection) -> ConnPlan {
 
     let class = u8::try_from(conn.traffic_class & 0xff).expect("masked to 8 bits");
     let defined = conn.traffic_class != -1;
+    // One-sided: the RMA communicator's class (its config's, else NCCL_GIN_IB_TC, which the
+    // plugin hands over as the class) comes before NCCL_IB_TC, as in NCCL's GIN proxy.
     let (tc, tc_from) = match cfg.tc {
+        _ if one_sided && defined => (
+            class,
+            "the RMA communicator's traffic class (its config's, else NCCL_GIN_IB_TC)",
+        ),
         Some(tc) => (tc, "NCCL_IB_TC"),
         None if defined => (class, "communicator traffic class"),
         None => (0, "default"),
@@ -171,6 +186,7 @@ mod tests {
         let ports = corpus(file);
         Connection {
             net_attr: None,
+            one_sided: None,
             comm_id: 7,
             traffic_class,
             device: 0,
@@ -272,6 +288,39 @@ mod tests {
         let mut mixed = conn(&c, "mixed-ib-roce.toml", 1, 1, -1);
         mixed.local.push(endpoint(&c, &ports[3]));
         assert!(!plan_connection(&c, &mixed).adaptive_routing);
+    }
+
+    /// One-sided traffic as NCCL's GIN proxy connects it: one QP per device whatever
+    /// NCCL_IB_QPS_PER_CONNECTION and NCCL_IB_SPLIT_DATA_ON_QPS say, and the RMA
+    /// communicator's class (config, else NCCL_GIN_IB_TC) before NCCL_IB_TC.
+    #[test]
+    fn one_sided_connections_get_one_qp_per_device_and_their_own_class() {
+        let c = cfg(&[
+            ("NCCL_IB_QPS_PER_CONNECTION", "4"),
+            ("NCCL_IB_SPLIT_DATA_ON_QPS", "1"),
+            ("NCCL_IB_TC", "106"),
+        ]);
+        let mut fused = conn(&c, "dual-port.toml", 2, 2, 41);
+        let two_sided = plan_connection(&c, &fused);
+        assert_eq!(
+            (two_sided.qps.len(), two_sided.stripe_width, two_sided.tc),
+            (8, 8, 106)
+        );
+        fused.one_sided = Some(ncclwasm_model::OneSided {
+            context: 1,
+            contexts: 2,
+            rank: 0,
+            peer: 1,
+            nranks: 2,
+        });
+        let plan = plan_connection(&c, &fused);
+        assert_eq!(pairs(&plan), [(0, 0), (1, 1)]);
+        assert_eq!((plan.stripe_width, plan.tc), (2, 41));
+        assert!(plan.reason.contains("one QP per device"), "{}", plan.reason);
+        ncclwasm_model::validate::check_plan(&plan, &fused, 128).unwrap();
+        // No class from the communicator: NCCL_IB_TC, as for two-sided traffic.
+        fused.traffic_class = -1;
+        assert_eq!(plan_connection(&c, &fused).tc, 106);
     }
 
     #[test]

@@ -100,6 +100,7 @@ mod tests {
         let local: Vec<_> = eth_ports(&names).iter().map(|p| p.endpoint(0)).collect();
         Connection {
             net_attr: None,
+            one_sided: None,
             comm_id: 7,
             traffic_class: -1,
             device: 0,

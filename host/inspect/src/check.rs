@@ -84,7 +84,7 @@ pub fn check(file: &Path, settings: Settings) -> Result<Checked, Error> {
         None,
         &[],
         report::Connections::Sample,
-        None,
+        Default::default(),
     )?;
     if let Some((decision, source)) = report::fallbacks(&report).first() {
         return Err(Error::Rejected(format!(

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use ncclwasm_default::IbConfig;
 use ncclwasm_model::device_table::{DeviceTable, RailPlane, TableDevice, TableEnv};
 use ncclwasm_model::{
-    ConnPlan, Connection, DeviceGroup, Endpoint, GidType, LinkLayer, NetAttr, Port, PortAnswer,
-    PortChange, PortEvent, PortEventCause, PortState, QpPlan, Topology, VnicAnswer,
+    ConnPlan, Connection, DeviceGroup, Endpoint, GidType, LinkLayer, NetAttr, OneSided, Port,
+    PortAnswer, PortChange, PortEvent, PortEventCause, PortState, QpPlan, Topology, VnicAnswer,
 };
 use ncclwasm_policy::{Decision, PolicyError, PolicyHost, PolicyId, Source};
 use serde::Serialize;
@@ -340,6 +340,18 @@ pub struct ConnectionView {
     pub port_events: Vec<PortEventView>,
     /// NCCL's `setNetAttr` hint the connection was planned with (`null`: none given).
     pub net_attr: Option<NetAttr>,
+    /// Where the connection sits in an RMA communicator when it was planned as one-sided
+    /// traffic (`null`: two-sided).
+    pub one_sided: Option<OneSided>,
+}
+
+/// What NCCL tells the plugin about a communicator beyond the machines, which every planned
+/// connection carries: its latest `setNetAttr` hint and, for one-sided traffic, where the
+/// connection sits in its RMA communicator. The default: neither (two-sided, no hint).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnShape {
+    pub net_attr: Option<NetAttr>,
+    pub one_sided: Option<OneSided>,
 }
 
 /// What the sample connection would do about one port event.
@@ -670,7 +682,7 @@ pub enum Connections {
 }
 
 /// Ask every decision, as the plugin does at start-up and on the connections `which` names,
-/// each planned with `hint` as its communicator's latest `setNetAttr` (`None`: NCCL gave none).
+/// each planned with `shape` (its communicator's latest `setNetAttr`, one-sided or not).
 pub fn evaluate(
     host: &PolicyHost,
     policy: PolicyView,
@@ -678,7 +690,7 @@ pub fn evaluate(
     peer: Option<&Topology>,
     sizes: &[u64],
     which: Connections,
-    hint: Option<NetAttr>,
+    shape: ConnShape,
 ) -> Result<Report, Error> {
     // The peer makes its own decisions first, with the same policy; plans are then held to the
     // QP limit of the local (live) ports, as in the plugin.
@@ -687,7 +699,7 @@ pub fn evaluate(
     let local_side = side(host, &local.ports())?;
     let remote = peer_side.as_ref().unwrap_or(&local_side);
     let plan = |device: Option<u32>| match (local_side.device(device), remote.device(device)) {
-        (Some(l), Some(r)) => connection(host, &local_side, l, remote, r, hint).map(Some),
+        (Some(l), Some(r)) => connection(host, &local_side, l, remote, r, shape).map(Some),
         _ => Ok(None),
     };
     let connection = match which {
@@ -755,10 +767,11 @@ fn connection(
     device: &NcclDevice,
     peer: &Side,
     peer_device: &NcclDevice,
-    hint: Option<NetAttr>,
+    shape: ConnShape,
 ) -> Result<ConnectionView, PolicyError> {
     let conn = Connection {
-        net_attr: hint,
+        net_attr: shape.net_attr,
+        one_sided: shape.one_sided,
         comm_id: 0,
         traffic_class: -1,
         device: device.device,
@@ -778,7 +791,8 @@ fn connection(
         peer: conn.peer.iter().map(endpoint_view).collect(),
         plan: plan_view(plan, &base),
         port_events,
-        net_attr: hint,
+        net_attr: shape.net_attr,
+        one_sided: shape.one_sided,
     })
 }
 

@@ -128,6 +128,22 @@ pub struct Connection {
     /// (NCCL before 2.28, or no transfer shaped yet).
     #[serde(default)]
     pub net_attr: Option<crate::NetAttr>,
+    /// Set for a connection of one-sided traffic (NCCL's RMA tables); `None`: two-sided.
+    #[serde(default)]
+    pub one_sided: Option<OneSided>,
+}
+
+/// Where a one-sided connection sits in its RMA communicator: context `context` of `contexts`
+/// (ordering holds per context, so contexts are what a policy spreads over ports), from rank
+/// `rank` to rank `peer` of `nranks`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct OneSided {
+    pub context: u32,
+    pub contexts: u32,
+    pub rank: u32,
+    pub peer: u32,
+    pub nranks: u32,
 }
 
 impl Connection {
@@ -144,6 +160,7 @@ impl Connection {
             local: vec![endpoint.clone()],
             peer: vec![endpoint],
             net_attr: None,
+            one_sided: None,
         }
     }
 }

@@ -548,6 +548,7 @@ mod tests {
     fn plan_rules() {
         let conn = Connection {
             net_attr: None,
+            one_sided: None,
             comm_id: 1,
             traffic_class: -1,
             device: 0,
@@ -581,6 +582,7 @@ mod tests {
         use crate::PortEventCause;
         let conn = Connection {
             net_attr: None,
+            one_sided: None,
             comm_id: 1,
             traffic_class: -1,
             device: 0,

@@ -214,6 +214,7 @@ pub(crate) fn init_ctx(
                 comm_id,
                 traffic_class: tc,
                 net_attr: None,
+                one_sided: None,
             }),
         })?;
         if let Err(e) = init_net(logger, profiler, max_devs, true) {

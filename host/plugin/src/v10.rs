@@ -33,6 +33,7 @@ unsafe extern "C" fn connect(
             comm_id: 0,
             traffic_class: tc,
             net_attr: None,
+            one_sided: None,
         })
     })
 }

@@ -109,6 +109,13 @@ pub(crate) fn connection(c: &m::Connection) -> t::Connection {
             algos: a.algos,
             protos: a.protos,
         }),
+        one_sided: c.one_sided.map(|o| t::OneSided {
+            context: o.context,
+            contexts: o.contexts,
+            rank: o.rank,
+            peer: o.peer,
+            nranks: o.nranks,
+        }),
     }
 }
 

@@ -139,14 +139,6 @@ fn compare(
         }
         if let Some(g) = gid_index.filter(|g| port.gids.iter().any(|x| x.index == *g)) {
             let conn = connection(port, g);
-            // A plan from a policy is a patch merged over the built-in plan, and the merged
-            // reason says which fields the policy set: compare everything but the reason.
-            let unreasoned = |d: Result<Decision<ConnPlan>, PolicyError>| {
-                d.map(|mut d| {
-                    d.value.reason.clear();
-                    d
-                })
-            };
             same(
                 &at(&format!("plan-connection {}", port.device)),
                 unreasoned(native.plan_connection(&conn)),
@@ -169,6 +161,7 @@ fn compare(
         .collect();
     let conn = Connection {
         net_attr: None,
+        one_sided: None,
         comm_id: 1,
         traffic_class: -1,
         device: 0,
@@ -176,6 +169,27 @@ fn compare(
         peer: local.clone(),
         local,
     };
+    // The same fused connection carrying one context of one-sided traffic (where a port was
+    // selected).
+    let one_sided = Connection {
+        one_sided: Some(ncclwasm_model::OneSided {
+            context: 1,
+            contexts: 2,
+            rank: 0,
+            peer: 1,
+            nranks: 2,
+        }),
+        traffic_class: 41,
+        ..conn.clone()
+    };
+    if !conn.local.is_empty() {
+        same(
+            &at("plan-connection one-sided"),
+            unreasoned(native.plan_connection(&one_sided)),
+            unreasoned(wasm.plan_connection(&one_sided)),
+            failures,
+        );
+    }
     if let Ok(plan) = native.plan_connection(&conn) {
         let n = conn.local.len();
         for failed in 0..n as u32 {
@@ -241,4 +255,15 @@ fn builtin_and_wasm_nccl_default_agree_on_the_corpus() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// A plan from a policy is a patch merged over the built-in plan, and the merged reason says
+/// which fields the policy set: plans are compared on everything but the reason.
+fn unreasoned(
+    d: Result<Decision<ConnPlan>, PolicyError>,
+) -> Result<Decision<ConnPlan>, PolicyError> {
+    d.map(|mut d| {
+        d.value.reason.clear();
+        d
+    })
 }

@@ -97,6 +97,7 @@ fn connection(port: &Port, gid_index: u32) -> Connection {
     let endpoint = port.endpoint(gid_index);
     Connection {
         net_attr: None,
+        one_sided: None,
         comm_id: 0xc0ffee,
         traffic_class: -1,
         device: port.index,

@@ -111,6 +111,9 @@ struct Lane {
     completed: Vec<u64>,
     /// Where the next unstriped operation goes.
     next: usize,
+    /// A completion of the lane failed: its QP is in error and flushes what it holds, so a
+    /// held signal can no longer know its data landed, and is never posted.
+    failed: bool,
 }
 
 impl Lane {
@@ -159,6 +162,7 @@ impl<S: Copy> Book<S> {
                     posted: vec![0; n],
                     completed: vec![0; n],
                     next: 0,
+                    failed: false,
                 })
                 .collect(),
             slots: Vec::new(),
@@ -298,6 +302,7 @@ impl<S: Copy> Book<S> {
         s.pending = s.pending.saturating_sub(1);
         s.failed |= !ok;
         let l = &mut self.lanes[lane];
+        l.failed |= !ok;
         match l.completed.get_mut(qp) {
             Some(c) => *c += 1,
             None => {
@@ -310,12 +315,24 @@ impl<S: Copy> Book<S> {
     }
 
     /// Held signals whose QPs have now completed what they waited for, to post now, in the
-    /// order they were asked for (each one counted as posted).
+    /// order they were asked for (each one counted as posted). A held signal of a lane with a
+    /// failed completion is dropped instead, and its request fails: its data may not have
+    /// landed, and a signal must never say it did.
     pub fn released(&mut self) -> Vec<SignalPost<S>> {
         let mut out = Vec::new();
-        let lanes = &mut self.lanes;
+        let (lanes, slots) = (&mut self.lanes, &mut self.slots);
         self.held.retain(|h| {
             let l = &mut lanes[h.lane];
+            if l.failed {
+                if let Some(s) = slots
+                    .get_mut(h.req.slot as usize)
+                    .filter(|s| s.live && s.generation == h.req.generation)
+                {
+                    s.pending = s.pending.saturating_sub(1);
+                    s.failed = true;
+                }
+                return false;
+            }
             if h.after.iter().any(|&(q, n)| l.completed[q] < n) {
                 return true;
             }

@@ -49,6 +49,7 @@ fn connect(policy: Arc<PolicyHost>) -> Conn {
         comm_id: 0xbe9c,
         traffic_class: -1,
         net_attr: None,
+        one_sided: None,
     };
     let (mut s, mut r) = (None, None);
     while s.is_none() || r.is_none() {

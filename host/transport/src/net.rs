@@ -22,7 +22,7 @@ use ncclwasm_model::device_table::{
     DeviceTable, RailPlane, TableDevice, TableEnv, data_direct_name,
 };
 use ncclwasm_model::telemetry::{Telemetry, TelemetrySource};
-use ncclwasm_model::{LinkLayer, NetAttr, Port, PortState, VnicAnswer};
+use ncclwasm_model::{LinkLayer, NetAttr, OneSided, Port, PortState, VnicAnswer};
 use ncclwasm_verbs::Fabric;
 
 use crate::device::{DevCtx, EventThread, PortCtx};
@@ -69,6 +69,8 @@ pub struct CommConfig {
     pub traffic_class: i32,
     /// NCCL's latest `setNetAttr` hint for the communicator, handed to the plan.
     pub net_attr: Option<NetAttr>,
+    /// For a connection of one-sided traffic, where it sits in its RMA communicator.
+    pub one_sided: Option<OneSided>,
 }
 
 impl Default for CommConfig {
@@ -77,6 +79,7 @@ impl Default for CommConfig {
             comm_id: 0,
             traffic_class: -1,
             net_attr: None,
+            one_sided: None,
         }
     }
 }
@@ -476,6 +479,7 @@ impl Net {
                     comm_id: comm.comm_id,
                     traffic_class: comm.traffic_class,
                     net_attr: comm.net_attr,
+                    one_sided: comm.one_sided,
                     device: dev as u32,
                     device_name: props.name.clone(),
                     endpoints: ports.iter().map(|p| p.endpoint.clone()).collect(),

@@ -3,7 +3,8 @@
 //! signals where the target checks every byte as soon as its signal reaches the count, strong
 //! and weak signals over a fused device's two QPs (where a signal must wait for the other QP's
 //! slices), gets, flushes, two contexts, a buffer registered twice, bad input refused with no
-//! byte written, and contexts dropped with requests in flight.
+//! byte written, contexts dropped with requests in flight, and the policy placing each
+//! context's connections (rail-aligned, and the built-in's one QP per port).
 
 mod common;
 
@@ -251,4 +252,79 @@ fn a_signal_waits_for_a_stalled_slice_on_the_other_qp() {
         wait(&ctx, reqs);
         barrier.wait();
     });
+}
+
+/// On device `fused` of both soft ports, two contexts: asserts each connection's local ports
+/// are `want(context)`, then every rank puts to the next on each context and checks what
+/// arrived — the placement carries traffic, not only a plan.
+fn contexts_on_a_fused_device(want: fn(usize) -> Vec<u32>) {
+    let net = common::net();
+    let fused = i64::from(net.make_vdevice(&[0, 1]).unwrap());
+    const LEN: usize = 64 << 10;
+    ranks(&net, fused, |rank, coll, barrier| {
+        let ctx = coll
+            .create_context(RmaConfig {
+                contexts: 2,
+                traffic_class: -1,
+                rank_stride: 1,
+            })
+            .unwrap();
+        for c in 0..2 {
+            for peer in 0..RANKS {
+                let plan = ctx.plan(c, peer).unwrap();
+                let locals: Vec<u32> = plan.qps.iter().map(|q| q.local).collect();
+                assert_eq!(locals, want(c), "context {c} to {peer}: {}", plan.reason);
+            }
+        }
+        let (src, src_mr) = sym(&coll, 2 * LEN);
+        let (dst, dst_mr) = sym(&coll, 2 * LEN);
+        for c in 0..2 {
+            let data: Vec<u8> = (0..LEN).map(|i| byte(rank, c, 0, i)).collect();
+            src.write(c * LEN, &data);
+        }
+        barrier.wait();
+        let to = (rank + 1) % RANKS;
+        let reqs: Vec<_> = (0..2)
+            .map(|c| {
+                let at = (c * LEN) as u64;
+                ctx.put(c, &src_mr, at, LEN as u64, &dst_mr, at, to, None)
+                    .unwrap()
+            })
+            .collect();
+        wait(&ctx, reqs);
+        barrier.wait();
+        let from = (rank + RANKS - 1) % RANKS;
+        for c in 0..2 {
+            let mut b = vec![0u8; LEN];
+            dst.read(c * LEN, &mut b);
+            assert!(
+                (0..LEN).all(|i| b[i] == byte(from, c, 0, i)),
+                "rank {rank}: context {c}'s put from {from} differs"
+            );
+        }
+        barrier.wait();
+    });
+}
+
+/// The policy places one-sided traffic: rail-aligned gives each context of a fused device one
+/// QP on a port of its own (contexts spread over the rails).
+#[test]
+fn rail_aligned_gives_each_context_its_own_port() {
+    const TEST: &str = "rail_aligned_gives_each_context_its_own_port";
+    let policy = ncclwasm_testkit::guest("rail-aligned");
+    if common::rerun_with_env(TEST, &[("NCCL_WASM_POLICY", policy.to_str().unwrap())]) {
+        return;
+    }
+    contexts_on_a_fused_device(|c| vec![c as u32]);
+}
+
+/// The built-in default connects one-sided traffic as NCCL's GIN proxy does: one QP per port
+/// of the device, whatever NCCL_IB_QPS_PER_CONNECTION says.
+#[test]
+fn the_builtin_gives_one_sided_traffic_one_qp_per_port() {
+    const TEST: &str = "the_builtin_gives_one_sided_traffic_one_qp_per_port";
+    if common::rerun_with_env(TEST, &[("NCCL_IB_QPS_PER_CONNECTION", "3")]) {
+        return;
+    }
+    contexts_on_a_fused_device(|_| vec![0, 1]);
 }

@@ -34,6 +34,7 @@ const CFG: CommConfig = CommConfig {
     comm_id: 0x5747,
     traffic_class: -1,
     net_attr: None,
+    one_sided: None,
 };
 
 /// What the accepting thread saw.

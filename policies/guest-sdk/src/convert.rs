@@ -105,6 +105,13 @@ impl From<wit::Connection> for model::Connection {
             local: c.local.into_iter().map(Into::into).collect(),
             peer: c.peer.into_iter().map(Into::into).collect(),
             net_attr: c.net_attr.map(Into::into),
+            one_sided: c.one_sided.map(|o| model::OneSided {
+                context: o.context,
+                contexts: o.contexts,
+                rank: o.rank,
+                peer: o.peer,
+                nranks: o.nranks,
+            }),
         }
     }
 }
@@ -471,9 +478,21 @@ mod tests {
                 algos: Some(1 << 1),
                 protos: None,
             }),
+            one_sided: Some(wit::OneSided {
+                context: 1,
+                contexts: 4,
+                rank: 2,
+                peer: 0,
+                nranks: 3,
+            }),
         }
         .into();
         assert_eq!((c.comm_id, c.traffic_class, c.device), (0xfeed, -1, 3));
+        assert_eq!(
+            c.one_sided
+                .map(|o| (o.context, o.contexts, o.rank, o.peer, o.nranks)),
+            Some((1, 4, 2, 0, 3))
+        );
         let hint = c.net_attr.expect("the hint crosses");
         assert_eq!(
             (hint.send.max_flows_per_peer, hint.send.min_flows_per_peer),

@@ -65,6 +65,7 @@ pub fn connection(local: Vec<Endpoint>, peer: Vec<Endpoint>) -> Connection {
         .join("+");
     Connection {
         net_attr: None,
+        one_sided: None,
         comm_id: 0x5eed,
         traffic_class: -1,
         device: 0,

@@ -20,6 +20,10 @@
 //! built-in's. No opinion when the ports share one subnet, or when `NCCL_IB_HCA` gives rails
 //! itself (`<hca>:<port>:<rail>:<plane>`: the operator's word stands).
 //!
+//! One-sided traffic (NCCL's RMA tables) is planned per context: context *c* of a fused NIC
+//! gets one QP on the *c*-th same-subnet pair (round robin), so the rails share the contexts
+//! and no put crosses rails or is split over them; NCCL's own proxy cannot use a fused NIC at all.
+//!
 //! With `wait-ms=N` it also answers port events: a failed port's rail is held for up to N ms
 //! (`wait`) rather than moving its traffic across rails, and a port that is active again carries
 //! its share once more (`fail-back`). Without it the built-in answer stands.
@@ -225,6 +229,9 @@ impl RailAligned {
         if pairs.is_empty() {
             return None;
         }
+        if let Some(o) = conn.one_sided {
+            return Some(spread_context(conn, &pairs, o.context, o.contexts));
+        }
         let rounds = (self.qps_per_pair as usize).min(MAX_QPS / pairs.len());
         let qps: Vec<QpPlan> = (0..rounds)
             .flat_map(|_| &pairs)
@@ -270,6 +277,31 @@ impl RailAligned {
             reason,
             ..PlanPatch::default()
         })
+    }
+}
+
+/// A one-sided context's plan: one QP on the same-subnet pair `context % pairs` — contexts are
+/// independent streams (ordering holds only within one), so a fused NIC's rails each carry their
+/// share of contexts, and no put is split across rails.
+fn spread_context(conn: &Connection, pairs: &[Pair], context: u32, contexts: u32) -> PlanPatch {
+    let p = &pairs[context as usize % pairs.len()];
+    let (l, r) = (&conn.local[p.local as usize], &conn.peer[p.remote as usize]);
+    PlanPatch {
+        stripe_width: Some(1),
+        qps: Some(vec![QpPlan {
+            local: p.local,
+            remote: p.remote,
+            weight: 1,
+        }]),
+        reason: format!(
+            "one-sided context {context} of {contexts}: 1 QP on {}↔{} {} (contexts spread over \
+             {} same-subnet pair(s))",
+            l.device,
+            r.device,
+            p.subnet,
+            pairs.len()
+        ),
+        ..PlanPatch::default()
     }
 }
 
@@ -334,6 +366,40 @@ mod tests {
             "1 QP(s) per pair, 2 per message, none across rails; \
              rails (local[↔peer] subnet): mlx5_0 10.0.0.0/24, mlx5_2 10.0.2.0/24"
         );
+    }
+
+    /// One-sided contexts of a fused NIC take the rails in turn, one QP each, never across;
+    /// the merged plan passes the host's checks.
+    #[test]
+    fn one_sided_contexts_spread_over_the_rails() {
+        let ports = topology("roce-8nic");
+        let local = vec![roce_v4(&ports, "mlx5_0"), roce_v4(&ports, "mlx5_2")];
+        let peer = vec![roce_v4(&ports, "mlx5_2"), roce_v4(&ports, "mlx5_0")];
+        let mut conn = connection(local, peer);
+        let mut on = |context| {
+            conn.one_sided = Some(ncclwasm_guest::model::OneSided {
+                context,
+                contexts: 3,
+                rank: 0,
+                peer: 1,
+                nranks: 2,
+            });
+            let patch = rails(2).plan(&conn).unwrap();
+            let reason = patch.reason.clone();
+            let base = ncclwasm_default::plan_connection(&IbConfig::default(), &conn);
+            let plan = patch.apply(base);
+            check_plan(&plan, &conn, 128).unwrap();
+            assert_eq!((plan.qps.len(), plan.stripe_width), (1, 1), "{reason}");
+            ((plan.qps[0].local, plan.qps[0].remote), reason)
+        };
+        let (first, reason) = on(0);
+        assert_eq!(first, (0, 1));
+        assert!(
+            reason.starts_with("one-sided context 0 of 3: 1 QP on mlx5_0↔mlx5_0 10.0.0.0/24"),
+            "{reason}"
+        );
+        assert_eq!(on(1).0, (1, 0));
+        assert_eq!(on(2).0, (0, 1));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use ncclwasm_inspect::render::{self, Table, field};
 use ncclwasm_inspect::report::{self, Report};
 use ncclwasm_model::{PortAnswer, PortChange};
 
-use super::{Reasons, hint_text, source_lines, why};
+use super::{Reasons, hint_text, one_sided_text, source_lines, why};
 
 pub(super) fn connection_section(c: &report::ConnectionView) -> String {
     let plan = &c.plan.decided;
@@ -25,6 +25,9 @@ pub(super) fn connection_section(c: &report::ConnectionView) -> String {
     out += &field("  source", &plan.source.text);
     if let Some(hint) = &c.net_attr {
         out += &field("  hint", &format!("setNetAttr: {}", hint_text(hint)));
+    }
+    if let Some(o) = &c.one_sided {
+        out += &field("  one-sided", &one_sided_text(o));
     }
     let mut t = Table::new(2, &["qp", "local", "gid", "remote", "gid", "weight"]);
     for (i, qp) in plan.value.qps.iter().enumerate() {

@@ -69,7 +69,7 @@ const PLAN_ROWS: [(&str, &[&str], &[&str]); 6] = [
     (
         "stripe width",
         &["stripe-width"],
-        &["NCCL_IB_SPLIT_DATA_ON_QPS"],
+        &["NCCL_IB_SPLIT_DATA_ON_QPS", "each put or get striped"],
     ),
     ("align", &["align"], &["aligned to"]),
     (
@@ -205,6 +205,11 @@ mod tests {
     use ncclwasm_policy::{Hook, PolicyId};
 
     fn base() -> ConnPlan {
+        plan(None)
+    }
+
+    /// The built-in plan of mlx5_0 to the peer's first two ports, one-sided or not.
+    fn plan(one_sided: Option<ncclwasm_model::OneSided>) -> ConnPlan {
         let ports = Topology::load(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../../topologies/dgx-h100.toml"
@@ -215,6 +220,7 @@ mod tests {
         let ends: Vec<Endpoint> = ports[..2].iter().map(|p| p.endpoint(0)).collect();
         let conn = Connection {
             net_attr: None,
+            one_sided,
             comm_id: 0,
             traffic_class: -1,
             device: 0,
@@ -280,15 +286,24 @@ mod tests {
 
     #[test]
     fn plan_rows_cover_every_builtin_clause() {
-        let rows = plan_rows(&plan_view(
-            Decision {
-                reason: base().reason,
-                value: base(),
-                source: Source::Builtin,
-            },
-            &base(),
-        ));
-        assert!(rows.iter().all(|r| r.label != "also"), "{rows:?}");
+        let one_sided = ncclwasm_model::OneSided {
+            context: 0,
+            contexts: 1,
+            rank: 0,
+            peer: 1,
+            nranks: 2,
+        };
+        for base in [base(), plan(Some(one_sided))] {
+            let rows = plan_rows(&plan_view(
+                Decision {
+                    reason: base.reason.clone(),
+                    value: base.clone(),
+                    source: Source::Builtin,
+                },
+                &base,
+            ));
+            assert!(rows.iter().all(|r| r.label != "also"), "{rows:?}");
+        }
     }
 
     #[test]

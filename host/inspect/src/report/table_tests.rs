@@ -122,7 +122,7 @@ fn transport_and_report_tables_agree_on_the_corpus_under_every_shipped_policy() 
                 None,
                 &[],
                 Connections::Sample,
-                None,
+                Default::default(),
             )
             .unwrap();
             let report = report_table(&report.nccl_devices);

@@ -202,6 +202,7 @@ impl Acceptor {
         let local = &self.config.endpoints;
         let conn = Connection {
             net_attr: None,
+            one_sided: None,
             comm_id: 0,
             traffic_class: -1,
             device: 0,

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::mem;
 
-use ncclwasm_model::{ConnPlan, Connection, Endpoint, NetAttr};
+use ncclwasm_model::{ConnPlan, Connection, Endpoint, NetAttr, OneSided};
 use tracing::debug;
 
 use super::bring_up::{QpBringUp, bring_up, routes};
@@ -30,6 +30,8 @@ pub struct ConnectorConfig {
     pub traffic_class: i32,
     /// NCCL's latest hint for the communicator (`setNetAttr`), if any.
     pub net_attr: Option<NetAttr>,
+    /// Where the connection sits in an RMA communicator, for one-sided traffic.
+    pub one_sided: Option<OneSided>,
     /// The NCCL device index and its name.
     pub device: u32,
     pub device_name: String,
@@ -183,6 +185,7 @@ impl Connector {
                     let c = &self.config;
                     let conn = Connection {
                         net_attr: c.net_attr,
+                        one_sided: c.one_sided,
                         comm_id: c.comm_id,
                         traffic_class: c.traffic_class,
                         device: c.device,

@@ -16,6 +16,7 @@ pub(crate) fn connector(n_eps: usize) -> Connector {
         comm_id: 77,
         traffic_class: -1,
         net_attr: None,
+        one_sided: None,
         device: 0,
         device_name: "mlx5_0+mlx5_1".to_owned(),
         endpoints: (0..n_eps)
@@ -408,6 +409,7 @@ fn the_plan_sees_the_communicators_hint() {
     let c = connector(2);
     let mut c = Connector::new(ConnectorConfig {
         net_attr: Some(hint),
+        one_sided: None,
         ..c.config.clone()
     })
     .unwrap();

@@ -40,6 +40,29 @@ fn a_signal_rides_its_puts_qp_at_once_on_a_one_qp_lane() {
     assert!(book.test(p.req).is_err(), "a request is reported done once");
 }
 
+/// A slice that fails (its QP went to error, so the rest of it flushes) never releases the
+/// held signal: the data may not be there, and the request fails.
+#[test]
+fn a_failed_slice_drops_its_held_signal_and_fails_the_request() {
+    let mut book = Book::new([2]);
+    let p = book
+        .transfer(
+            0,
+            10_000,
+            OVER_TWO,
+            Some(Signal {
+                strong: false,
+                target: 1,
+            }),
+        )
+        .unwrap();
+    assert!(p.signal.is_none(), "held behind the other QP's slice");
+    book.complete(p.slices[0].wr_id, true).unwrap();
+    book.complete(p.slices[1].wr_id, false).unwrap();
+    assert!(book.released().is_empty(), "a signal after a failed slice");
+    assert_eq!(book.test(p.req).unwrap(), Some(false));
+}
+
 #[test]
 fn a_striped_put_holds_its_signal_until_every_slice_completed() {
     let mut book = Book::new([2]);

@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use ncclwasm_model::OneSided;
 use ncclwasm_proto::MAX_ENDPOINTS;
 use ncclwasm_proto::rma::{self, Book, Posts, Signal, SignalPost, Slice, Striping};
 use ncclwasm_verbs::{Access, Remote, SendOp, SendWr, Sge, WcStatus};
@@ -112,11 +113,6 @@ impl RmaCtx {
         let contexts = config.contexts as usize;
         let (mut listener, handle) = coll.net.listen(coll.dev)?;
         let handles = coll.ring.all_gather(&handle)?;
-        let comm = CommConfig {
-            comm_id: coll.comm_id,
-            traffic_class: config.traffic_class,
-            net_attr: None,
-        };
         let mut lanes: Vec<Option<Lane>> = (0..contexts * nranks).map(|_| None).collect();
         let mut accepted: Vec<Option<RecvComm>> = (0..contexts * nranks).map(|_| None).collect();
         for c in 0..contexts {
@@ -128,6 +124,18 @@ impl RmaCtx {
                 const H: usize = crate::HANDLE_SIZE;
                 let mut h = [0u8; H];
                 h.copy_from_slice(&handles[to * H..(to + 1) * H]);
+                let comm = CommConfig {
+                    comm_id: coll.comm_id,
+                    traffic_class: config.traffic_class,
+                    net_attr: None,
+                    one_sided: Some(OneSided {
+                        context: c as u32,
+                        contexts: config.contexts,
+                        rank: rank as u32,
+                        peer: to as u32,
+                        nranks: nranks as u32,
+                    }),
+                };
                 let (send, recv) = pair(&coll.net, coll.dev, &h, &mut listener, comm, &|| {
                     format!("context {c}: connecting rank {rank} to rank {to}")
                 })?;
@@ -174,6 +182,7 @@ impl RmaCtx {
     ) -> Result<RmaReq, NetError> {
         let i = &*self.inner;
         let lane = i.lane(context, rank)?;
+        i.alive()?;
         i.mine(&[src, dst])?;
         let from = src.at(i.rank, src_off, size, "put source")?;
         let to = dst.at(rank, dst_off, size, "put destination")?;
@@ -233,6 +242,7 @@ impl RmaCtx {
     ) -> Result<RmaReq, NetError> {
         let i = &*self.inner;
         let lane = i.lane(context, rank)?;
+        i.alive()?;
         i.mine(&[remote, local])?;
         let from = remote.at(rank, remote_off, size, "get source")?;
         let to = local.at(i.rank, local_off, size, "get destination")?;
@@ -253,6 +263,7 @@ impl RmaCtx {
     pub fn flush(&self, context: usize, mr: &SymMr, rank: usize) -> Result<RmaReq, NetError> {
         let i = &*self.inner;
         let lane_index = i.lane(context, rank)?;
+        i.alive()?;
         i.mine(&[mr])?;
         let p = mr.peers[rank];
         if p.len == 0 {
@@ -379,6 +390,23 @@ impl CtxInner {
             )));
         }
         Ok(l)
+    }
+
+    /// Refuses new work once a work request of the set failed: a QP in error flushes what it
+    /// held, so nothing posted now could be ordered after the work it follows (a strong
+    /// signal would announce puts that never landed). NCCL then reads `queryLastError`.
+    fn alive(&self) -> Result<(), NetError> {
+        match self
+            .failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            Some(e) => Err(NetError::OneSided(format!(
+                "the context set failed earlier, so it takes no new work: {e}"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Refuses registrations of another collective communicator.

@@ -203,6 +203,7 @@ pub fn connect_through(
         comm_id: 0xc0ffee,
         traffic_class: -1,
         net_attr: None,
+        one_sided: None,
     };
     let (mut s, mut r) = (None, None);
     let end = deadline();
