@@ -19,6 +19,7 @@ pub const LOG_WARN: c_int = 2;
 pub const LOG_INFO: c_int = 3;
 pub const LOG_TRACE: c_int = 5;
 /// `ncclDebugLogSubSys` flags.
+pub const NCCL_INIT: c_ulong = 0x1;
 pub const NCCL_NET: c_ulong = 0x10;
 pub const NCCL_ALL: c_ulong = !0;
 

@@ -2,7 +2,7 @@
 //! lines read and collected, the lines one rank has for the other relayed, both reaped — a rank
 //! that dies or stalls fails the run with one line, never a hang.
 
-use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
+use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -57,7 +57,7 @@ pub struct Ranks {
     /// go there.
     stdins: Vec<ChildStdin>,
     events: mpsc::Receiver<(usize, Option<Msg>)>,
-    /// Each rank's stderr, read to the end.
+    /// Each rank's stderr, read to the end (and relayed line by line under `NCCL_DEBUG`).
     errors: Vec<Option<std::thread::JoinHandle<String>>>,
 }
 
@@ -95,6 +95,14 @@ impl Ranks {
         let exe = std::env::current_exe()
             .map_err(|e| Error::run(format!("cannot re-run this binary: {e}")))?;
         let (tx, events) = mpsc::channel();
+        // With NCCL_DEBUG set the ranks' plugin prints what NCCL would (its logger is NULL
+        // here), and the operator sees it as it comes, each line under its rank's name.
+        let relay = env
+            .iter()
+            .find(|(k, _)| k == "NCCL_DEBUG")
+            .map_or(std::env::var_os("NCCL_DEBUG").is_some(), |(_, v)| {
+                v.is_some()
+            });
         let mut ranks = Ranks {
             names: children.iter().map(|(name, _)| *name).collect(),
             children: Vec::new(),
@@ -118,7 +126,8 @@ impl Ranks {
                 .spawn()
                 .map_err(|e| Error::run(format!("cannot start a rank: {e}")))?;
             let stdout = child.stdout.take().expect("piped");
-            let mut stderr = child.stderr.take().expect("piped");
+            let stderr = child.stderr.take().expect("piped");
+            let name = ranks.names[i];
             ranks.stdins.push(child.stdin.take().expect("piped"));
             ranks.children.push(child);
             let tx = tx.clone();
@@ -137,7 +146,14 @@ impl Ranks {
             });
             ranks.errors.push(Some(std::thread::spawn(move || {
                 let mut text = String::new();
-                let _ = stderr.read_to_string(&mut text);
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    if relay {
+                        eprintln!("[rank {i} {name}] {line}");
+                    }
+                    text.push_str(&line);
+                    text.push('\n');
+                }
                 text
             })));
         }
@@ -183,7 +199,7 @@ impl Ranks {
         let warn = text
             .lines()
             .rev()
-            .find_map(|l| l.strip_prefix("WARN "))
+            .find_map(|l| Some(l.split_once(" NCCL WARN ")?.1))
             .map_or(String::new(), |w| format!(" [{w}]"));
         match (line, status) {
             (Some(l), _) => Error::run(format!("bench rank {i} ({name}) failed: {l}{warn}")),

@@ -543,3 +543,80 @@ fn single_process_pairs_through_this_plugin_and_another() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// With NCCL_DEBUG=INFO the ranks' plugin lines reach the operator as NCCL prints them, each
+/// under its rank's name: here the hot swap of the policy file while the ranks stream — both
+/// ranks publish the new version, and say which one it replaced.
+#[test]
+fn nccl_debug_shows_the_ranks_plugin_lines_and_a_hot_swap() {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+
+    let scratch = ncclwasm_testkit::scratch::Scratch::new("bench-debug-swap");
+    let guests = target_dir().join("../guests");
+    let live = scratch.path("live.wasm");
+    std::fs::copy(guests.join("nccl-default.wasm"), &live).expect("cargo xtask guests first");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ncclwasm"))
+        .arg("bench")
+        // A stream long enough to outlast the swap; the test ends it once both ranks swapped.
+        .args(["--sizes", "8", "--iters", "100000000", "--warmup", "0"])
+        .args(["--plugin", plugin().to_str().unwrap()])
+        .arg("--policy")
+        .arg(&live)
+        .env("NCCL_WASM_FABRIC", "soft")
+        .env("NCCL_DEBUG", "INFO")
+        .env("NCCL_WASM_POLICY_RELOAD_MS", "20")
+        .env_remove("NCCL_DEBUG_SUBSYS")
+        .env_remove("NCCL_WASM_TOPOLOGY")
+        .env_remove("NCCL_NET_PLUGIN")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        // Its own process group, so the test can end the bench and both ranks at once.
+        .process_group(0)
+        .spawn()
+        .expect("ncclwasm runs");
+    let group = child.id();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    // Each rank's first line with every part of `parts`, within a bound for a hang.
+    let mut wait_for = |parts: &[&str]| {
+        let mut ranks = [false; 2];
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while !ranks.iter().all(|&r| r) {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            let line = lines.recv_timeout(left).unwrap_or_else(|_| {
+                panic!("no {parts:?} from both ranks in:\n{}", seen.join("\n"))
+            });
+            for (r, done) in ranks.iter_mut().enumerate() {
+                if line.starts_with(&format!("[rank {r} "))
+                    && line.contains(" NCCL INFO NET/WASM")
+                    && parts.iter().all(|p| line.contains(p))
+                {
+                    *done = true;
+                }
+            }
+            seen.push(line);
+        }
+    };
+    wait_for(&[
+        "policy nccl-default@",
+        "published (was the built-in default)",
+    ]);
+    let staged = scratch.path("staged.wasm");
+    std::fs::copy(guests.join("rail-aligned.wasm"), &staged).unwrap();
+    std::fs::rename(&staged, &live).unwrap();
+    wait_for(&["policy rail-aligned@", "published (was nccl-default@"]);
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{group}")])
+        .status();
+    let _ = child.wait();
+}

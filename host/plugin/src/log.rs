@@ -1,14 +1,20 @@
 //! tracing → NCCL's logger. Every event of the plugin (and of the transport, the policy engine
 //! and the verbs layer under it) at INFO or above becomes one call of NCCL's variadic logger,
 //! with `"%s"` as the format so no text of ours is ever interpreted. WARN goes to all
-//! subsystems (as NCCL's WARN macro), INFO to `NET`, so `NCCL_DEBUG=INFO
-//! NCCL_DEBUG_SUBSYS=NET` shows the policy's decisions and one line per connection. DEBUG and
+//! subsystems (as NCCL's WARN macro), INFO to `INIT` and `NET` (as net_ib's device lines), so
+//! `NCCL_DEBUG=INFO` shows the policy's decisions and one line per connection, and
+//! `NCCL_DEBUG_SUBSYS=NET` keeps them among NCCL's own. DEBUG and
 //! TRACE events (a connection plan's full reason among them) become NCCL TRACE lines, and only
 //! when `NCCL_DEBUG=TRACE` asks for them: otherwise their call sites stay disabled and cost
 //! nothing. Each call hands NCCL the Rust source file and line of the event, which NCCL prints
 //! beside WARN and TRACE lines.
+//!
+//! Without a logger (a harness passing NULL, as `ncclwasm bench`'s ranks do; NCCL never does)
+//! the plugin prints to stderr what NCCL would print for the same `NCCL_DEBUG` and
+//! `NCCL_DEBUG_SUBSYS` (`host:pid:tid NCCL INFO …`), and a WARN always, so a failure there is
+//! never silent.
 
-use std::ffi::{CString, c_int};
+use std::ffi::{CString, c_int, c_ulong};
 use std::fmt::Write as _;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,7 +24,7 @@ use tracing::{Event, Level, Metadata, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::prelude::*;
 
-use ncclwasm_abi::{LOG_INFO, LOG_TRACE, LOG_WARN, Logger, NCCL_ALL, NCCL_NET};
+use ncclwasm_abi::{LOG_INFO, LOG_TRACE, LOG_WARN, Logger, NCCL_ALL, NCCL_INIT, NCCL_NET};
 
 /// The logger NCCL gave the last `init` (0 = none: events are dropped).
 static LOGGER: AtomicUsize = AtomicUsize::new(0);
@@ -65,20 +71,19 @@ pub(crate) fn emit(level: c_int, line: &str) {
     emit_at(level, at.file(), at.line(), line);
 }
 
-/// Hands one line to NCCL, located at `file`:`line_no`. Without a logger (test harnesses and the
-/// bench pass NULL; NCCL never does) a WARN still reaches stderr, so a failure there is never
-/// silent.
+/// Hands one line to NCCL, located at `file`:`line_no`; without a logger, to stderr as NCCL
+/// would print it (module docs).
 pub(crate) fn emit_at(level: c_int, file: &str, line_no: u32, line: &str) {
-    let Some(log) = logger() else {
-        if level == LOG_WARN {
-            eprintln!("WARN {line}");
-        }
-        return;
-    };
     let flags = if level == LOG_WARN {
         NCCL_ALL
     } else {
-        NCCL_NET
+        NCCL_INIT | NCCL_NET
+    };
+    let Some(log) = logger() else {
+        if level == LOG_WARN || stderr_filter().shows(level, flags) {
+            eprintln!("{}", stderr_line(level, line));
+        }
+        return;
     };
     let text = CString::new(line.replace('\0', " ")).unwrap_or_default();
     let file = CString::new(file.replace('\0', " ")).unwrap_or_default();
@@ -95,6 +100,101 @@ pub(crate) fn emit_at(level: c_int, file: &str, line_no: u32, line: &str) {
             text.as_ptr(),
         )
     };
+}
+
+/// What NCCL prints: `NCCL_DEBUG`'s level (VERSION 1, WARN 2, INFO 3, ABORT 4, TRACE 5; unset
+/// 0) and `NCCL_DEBUG_SUBSYS`'s mask of subsystems.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Filter {
+    level: c_int,
+    mask: c_ulong,
+}
+
+impl Filter {
+    /// As NCCL reads the two variables: names case-insensitive, comma-separated, a leading `^`
+    /// for all but those named; default subsystems INIT, BOOTSTRAP and ENV.
+    fn parse(debug: Option<&str>, subsys: Option<&str>) -> Filter {
+        const LEVELS: [&str; 5] = ["VERSION", "WARN", "INFO", "ABORT", "TRACE"];
+        const SUBSYSTEMS: [&str; 16] = [
+            "INIT",
+            "COLL",
+            "P2P",
+            "SHM",
+            "NET",
+            "GRAPH",
+            "TUNING",
+            "ENV",
+            "ALLOC",
+            "CALL",
+            "PROXY",
+            "NVLS",
+            "BOOTSTRAP",
+            "REG",
+            "PROFILE",
+            "RAS",
+        ];
+        let level = debug.map_or(0, |d| {
+            LEVELS
+                .iter()
+                .position(|l| l.eq_ignore_ascii_case(d.trim()))
+                .map_or(0, |i| i as c_int + 1)
+        });
+        let bit = |name: &str| -> c_ulong {
+            if name.eq_ignore_ascii_case("ALL") {
+                return NCCL_ALL;
+            }
+            SUBSYSTEMS
+                .iter()
+                .position(|s| s.eq_ignore_ascii_case(name))
+                .map_or(0, |i| 1 << i)
+        };
+        let mask = match subsys {
+            None => bit("INIT") | bit("BOOTSTRAP") | bit("ENV"),
+            Some(list) => {
+                let (invert, list) = match list.strip_prefix('^') {
+                    Some(rest) => (true, rest),
+                    None => (false, list),
+                };
+                let named = list.split(',').map(|n| bit(n.trim())).fold(0, |a, b| a | b);
+                if invert { !named } else { named }
+            }
+        };
+        Filter { level, mask }
+    }
+
+    fn shows(self, level: c_int, flags: c_ulong) -> bool {
+        level <= self.level && flags & self.mask != 0
+    }
+}
+
+/// The process's [`Filter`], read once as NCCL reads its variables.
+fn stderr_filter() -> Filter {
+    static FILTER: OnceLock<Filter> = OnceLock::new();
+    *FILTER.get_or_init(|| {
+        let var = |k: &str| std::env::var(k).ok();
+        Filter::parse(
+            var("NCCL_DEBUG").as_deref(),
+            var("NCCL_DEBUG_SUBSYS").as_deref(),
+        )
+    })
+}
+
+/// `line` as NCCL prints one: `host:pid:tid NCCL INFO …` (NCCL adds the CUDA device in
+/// brackets, which a plugin does not know).
+fn stderr_line(level: c_int, line: &str) -> String {
+    static HOST: OnceLock<String> = OnceLock::new();
+    let host = HOST.get_or_init(|| {
+        let name = ncclwasm_model::file::hostname().unwrap_or_default();
+        name.split('.').next().unwrap_or_default().to_owned()
+    });
+    // SAFETY: gettid has no preconditions and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    let what = match level {
+        LOG_WARN => "WARN",
+        LOG_INFO => "INFO",
+        _ => "TRACE",
+    };
+    format!("{host}:{}:{tid} NCCL {what} {line}", std::process::id())
 }
 
 /// Collects an event's message and fields into one line.
@@ -143,5 +243,30 @@ impl<S: Subscriber> Layer<S> for NcclLayer {
             meta.line().unwrap_or(0),
             &line.0,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// NCCL's reading of NCCL_DEBUG and NCCL_DEBUG_SUBSYS: INFO lines (INIT|NET) show with
+    /// INFO whatever the subsystems unless NET and INIT are both left out; WARN shows from
+    /// WARN up; nothing without NCCL_DEBUG.
+    #[test]
+    fn lines_show_as_nccl_would_show_them() {
+        let info = NCCL_INIT | NCCL_NET;
+        let shows = |debug, subsys, level, flags| Filter::parse(debug, subsys).shows(level, flags);
+        assert!(shows(Some("INFO"), None, LOG_INFO, info));
+        assert!(shows(Some("info"), Some("NET"), LOG_INFO, info));
+        assert!(!shows(Some("INFO"), Some("COLL,P2P"), LOG_INFO, info));
+        assert!(!shows(Some("INFO"), Some("^INIT,NET"), LOG_INFO, info));
+        assert!(shows(Some("INFO"), Some("^INIT"), LOG_INFO, info));
+        assert!(shows(Some("TRACE"), Some("ALL"), LOG_TRACE, NCCL_NET));
+        assert!(!shows(Some("INFO"), None, LOG_TRACE, info));
+        assert!(shows(Some("WARN"), None, LOG_WARN, NCCL_ALL));
+        assert!(!shows(Some("WARN"), None, LOG_INFO, info));
+        assert!(!shows(None, None, LOG_WARN, NCCL_ALL));
+        assert!(!shows(Some("bogus"), None, LOG_WARN, NCCL_ALL));
     }
 }
