@@ -328,3 +328,72 @@ fn the_builtin_gives_one_sided_traffic_one_qp_per_port() {
     }
     contexts_on_a_fused_device(|_| vec![0, 1]);
 }
+
+/// A port failure under one-sided traffic: rank 0 cuts the second QP of its fused connection to
+/// rank 1 and puts a striped put with a signal. The slice on the cut QP fails, the one on the
+/// other QP lands; the signal (held behind both slices) must never be posted, so rank 1's
+/// signal word stays 0. The request fails, the context reports why, and takes no new work.
+#[test]
+fn a_failed_slice_fails_the_put_and_its_signal_never_lands() {
+    let net = common::net();
+    let fused = i64::from(net.make_vdevice(&[0, 1]).unwrap());
+    let chunk = (256 << 10) + 40;
+    ranks(&net, fused, |rank, coll, barrier| {
+        let ctx = coll
+            .create_context(RmaConfig {
+                contexts: 1,
+                traffic_class: -1,
+                rank_stride: 1,
+            })
+            .unwrap();
+        let (_src, src_mr) = sym(&coll, chunk);
+        let (_dst, dst_mr) = sym(&coll, chunk);
+        let (sig, sig_mr) = sym(&coll, 8);
+        barrier.wait();
+        if rank == 0 {
+            assert_eq!(ctx.plan(0, 1).unwrap().qps.len(), 2);
+            // Connections open at a QP's first work request: one small put on each QP (small
+            // ones take the QPs in turn), then the cut.
+            let warm: Vec<_> = (0..2)
+                .map(|_| ctx.put(0, &src_mr, 0, 8, &dst_mr, 0, 1, None).unwrap())
+                .collect();
+            wait(&ctx, warm);
+            ctx.inject_cut(0, 1, 1).unwrap();
+            let signal = Some(PutSignal {
+                mr: &sig_mr,
+                off: 0,
+                op: SignalOp::Inc,
+                strong: false,
+            });
+            let req = ctx
+                .put(0, &src_mr, 0, chunk as u64, &dst_mr, 0, 1, signal)
+                .unwrap();
+            // Done once every work request of it completed, the signal's included had it been
+            // posted: after this, a posted signal would have landed.
+            let end = deadline();
+            let failed = loop {
+                match ctx.test(req) {
+                    Ok(true) => break None,
+                    Ok(false) => assert!(Instant::now() < end, "the put never finished"),
+                    Err(e) => break Some(e.to_string()),
+                }
+            };
+            let why = failed.expect("a put with a failed slice fails");
+            let last = ctx.last_error().expect("the context reports the failure");
+            assert!(!last.is_empty(), "{why}");
+            let again = ctx
+                .put(0, &src_mr, 0, 8, &dst_mr, 0, 2, None)
+                .unwrap_err()
+                .to_string();
+            assert!(again.contains("failed earlier"), "{again}");
+        }
+        barrier.wait();
+        if rank == 1 {
+            assert_eq!(
+                sig.load_u64_acquire(0),
+                0,
+                "a signal announced a failed put"
+            );
+        }
+    });
+}

@@ -355,6 +355,21 @@ impl RmaCtx {
         r.inject_stall(qp, d)
     }
 
+    /// Fault injection (tests): the QP `qp` of `context`'s connection from this rank to
+    /// `rank` loses its connections without a goodbye (a cable cut), so its work fails.
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_cut(&self, context: usize, rank: usize, qp: usize) -> Result<(), NetError> {
+        let i = &*self.inner;
+        let l = i.lane(context, rank)?;
+        let lane = i.lanes[l].as_ref().ok_or_else(gone)?;
+        let qps = lane.send.side.qps();
+        let q = qps
+            .get(qp)
+            .ok_or_else(|| NetError::Argument(format!("QP {qp} of {}", qps.len())))?;
+        q.qp.inject_cut()
+            .map_err(NetError::verbs(|| "cutting a QP".into()))
+    }
+
     /// The plan of context `context`'s connection to `rank` (who decided it, its QPs).
     pub fn plan(&self, context: usize, rank: usize) -> Result<&ncclwasm_model::ConnPlan, NetError> {
         let i = &*self.inner;
