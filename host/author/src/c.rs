@@ -131,12 +131,15 @@ fn clang() -> Result<PathBuf, Error> {
 }
 
 /// One reactor-less link: no `_start` (nothing calls it) and no C runtime start files, so the
-/// module exports only the world's functions. `CFLAGS` (split on spaces) come last.
+/// module exports only the world's functions. Line tables (and the name section wasm-ld keeps)
+/// let the host's WARN for a trap name the function and the `policy.c` line it happened at.
+/// `CFLAGS` (split on spaces) come last.
 fn link(clang: &Path, dir: &Path, inputs: &[PathBuf], out: &Path) -> Result<(), Error> {
     let mut cmd = Command::new(clang);
     cmd.args([
         "--target=wasm32-wasi",
         "-O2",
+        "-gline-tables-only",
         "-nostartfiles",
         "-Wl,--no-entry",
     ])

@@ -29,6 +29,8 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use ncclwasm_model::private_dir;
 use ncclwasm_model::telemetry::TelemetrySource;
 
+// A wasmtime error as one line: policy errors end up in single WARN lines and CLI output.
+use crate::backtrace::{self, one_line};
 use crate::{ENV_CACHE_DIR, FailureCause, Hook, PolicyCache, PolicyError, Settings};
 
 /// The generated bindings of world `ncclwasm:policy/policy`.
@@ -256,11 +258,6 @@ fn link(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     Ok(())
 }
 
-/// A wasmtime error as one line (policy errors end up in single WARN lines and CLI output).
-pub(crate) fn one_line(e: &wasmtime::Error) -> String {
-    format!("{e:#}").replace('\n', " ")
-}
-
 /// Advances the engine's epoch every tick; stopped and joined when the engine is dropped.
 struct Ticker {
     stop: Arc<AtomicBool>,
@@ -385,8 +382,12 @@ impl PolicyEngine {
             .epoch_interruption(true)
             // Not needed by policies, and async support makes every call several times dearer.
             .concurrency_support(false)
-            // Faults are reported in one line; a backtrace would cost ~10 µs per trap for nothing.
-            .wasm_backtrace_max_frames(None);
+            // A fault's line says where in the policy it happened (`backtrace::one_line`); the
+            // capture costs ~10 µs per trap, against the fresh instance every trap costs anyway.
+            .wasm_backtrace_max_frames(Some(backtrace::CAPTURED_FRAMES))
+            // Keep the component's DWARF, when it has any, for file:line in that line. It is
+            // read only when a trap is reported; compiling merely copies its sections.
+            .wasm_backtrace_details(wasmtime::WasmBacktraceDetails::Enable);
         let disk_cache = disk_cache(&settings.cache);
         config.cache(disk_cache.clone());
         let engine = wasmtime::Engine::new(&config).map_err(engine_err)?;
@@ -783,13 +784,19 @@ impl Pool {
             let mb = self.engine.memory_mb;
             (
                 FailureCause::OutOfMemory,
-                format!("the guest wanted more than NCCL_WASM_POLICY_MEMORY_MB={mb} MiB"),
+                format!(
+                    "the guest wanted more than NCCL_WASM_POLICY_MEMORY_MB={mb} MiB{}",
+                    backtrace::at(e)
+                ),
             )
         } else if e.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
             let ms = self.engine.timeout.as_millis();
             (
                 FailureCause::Timeout,
-                format!("still running after NCCL_WASM_POLICY_TIMEOUT_MS={ms} ms; interrupted"),
+                format!(
+                    "still running after NCCL_WASM_POLICY_TIMEOUT_MS={ms} ms; interrupted{}",
+                    backtrace::at(e)
+                ),
             )
         } else if let Some(what) = structural_limit(e) {
             (

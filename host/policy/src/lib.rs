@@ -29,6 +29,7 @@
 //! that version taken from its pool, so concurrent callers never see half of two versions.
 #![forbid(unsafe_code)]
 
+mod backtrace;
 mod config;
 mod convert;
 mod decisions;

@@ -70,6 +70,14 @@ fn endless_loop_is_stopped_within_the_deadline() {
         ncclwasm_default::select_gid(host.ib_config(), &ports[0])
     );
     assert_eq!(host.stats().faults[1], (FailureCause::Timeout, 2));
+    // Where it was stopped, from the name section alone (the guest profile keeps it, not line
+    // tables): the loop, or the export it was inlined into, which is named after the hook.
+    let (_, detail) = fallback(&host.select_devices(&ports).unwrap().source);
+    let at = detail.split_once("; interrupted, in ").map(|(_, at)| at);
+    assert!(
+        at.is_some_and(|at| at.contains("select-devices") || at.contains("select_devices")),
+        "{detail}"
+    );
     assert!(
         logged().contains("hostile-loop@1 failed in select-devices: timeout"),
         "{}",
@@ -98,7 +106,15 @@ fn memory_bomb_is_capped() {
         d.value,
         ncclwasm_default::select_devices(host.ib_config(), &ports)
     );
-    assert!(detail.contains("NCCL_WASM_POLICY_MEMORY_MB=32"), "{detail}");
+    // The growth was refused in wasi-libc's allocator (`sbrk`); the line names the policy's
+    // frame below it.
+    let at = detail
+        .split_once("NCCL_WASM_POLICY_MEMORY_MB=32 MiB, in ")
+        .map(|(_, at)| at);
+    assert!(
+        at.is_some_and(|at| at.starts_with("select-devices") || at.contains("select_devices")),
+        "{detail}"
+    );
     assert!(logged().contains("hostile-bomb@1 failed in select-devices: out of memory"));
     // Again: the faulted store was dropped, its memory returned, a fresh one made.
     assert_eq!(
@@ -122,8 +138,28 @@ fn traps_fall_back_and_the_next_call_gets_a_fresh_instance() {
     let (cause, detail) = fallback(&host.select_devices(&ports).unwrap().source);
     assert_eq!(cause, FailureCause::Trap);
     assert!(detail.contains("unreachable"), "{detail}");
+    // Where: the policy's own function first (past std's abort), with the file:line its line
+    // tables give, in one line of a few frames.
+    let at = detail
+        .split_once(", in ")
+        .unwrap_or_else(|| panic!("no location in {detail:?}"))
+        .1;
+    assert!(
+        at.starts_with("select_devices (") && at.contains("/hostile/trap/src/lib.rs:19:"),
+        "{detail}"
+    );
+    assert!(
+        !detail.contains('\n') && at.matches(" ← ").count() <= 2,
+        "{detail}"
+    );
     let gid = host.select_gid(&ports[0]).unwrap();
-    assert_eq!(fallback(&gid.source).0, FailureCause::Trap);
+    let (cause, detail) = fallback(&gid.source);
+    assert_eq!(cause, FailureCause::Trap);
+    // A panic (`panic = "abort"`) is the same trap, reported past the panic machinery.
+    assert!(
+        detail.contains(", in select_gid (") && detail.contains("/hostile/trap/src/lib.rs:23:"),
+        "{detail}"
+    );
     assert_eq!(
         gid.value,
         ncclwasm_default::select_gid(host.ib_config(), &ports[0])
