@@ -103,6 +103,7 @@ impl Ranks {
             .map_or(std::env::var_os("NCCL_DEBUG").is_some(), |(_, v)| {
                 v.is_some()
             });
+        let tty = std::io::stderr().is_terminal();
         let mut ranks = Ranks {
             names: children.iter().map(|(name, _)| *name).collect(),
             children: Vec::new(),
@@ -149,7 +150,9 @@ impl Ranks {
                 for line in BufReader::new(stderr).lines() {
                     let Ok(line) = line else { break };
                     if relay {
-                        eprintln!("[rank {i} {name}] {line}");
+                        // On a terminal, over the progress line rather than after it.
+                        let clear = if tty { "\r\x1b[K" } else { "" };
+                        eprintln!("{clear}[rank {i} {name}] {line}");
                     }
                     text.push_str(&line);
                     text.push('\n');

@@ -556,6 +556,19 @@ fn nccl_debug_shows_the_ranks_plugin_lines_and_a_hot_swap() {
     let guests = target_dir().join("../guests");
     let live = scratch.path("live.wasm");
     std::fs::copy(guests.join("nccl-default.wasm"), &live).expect("cargo xtask guests first");
+    // Both versions compiled into the test's own cache first, as `policy check` does for an
+    // operator: the ranks then load each in milliseconds, however slow a debug build compiles
+    // on a loaded machine, and the stream never stalls behind a compile.
+    let cache = scratch.dir("cache");
+    for policy in ["nccl-default", "rail-aligned"] {
+        let check = Command::new(env!("CARGO_BIN_EXE_ncclwasm"))
+            .args(["policy", "check"])
+            .arg(guests.join(format!("{policy}.wasm")))
+            .env("NCCL_WASM_POLICY_CACHE_DIR", &cache)
+            .output()
+            .unwrap();
+        assert!(check.status.success(), "{check:?}");
+    }
     let mut child = Command::new(env!("CARGO_BIN_EXE_ncclwasm"))
         .arg("bench")
         // A stream long enough to outlast the swap; the test ends it once both ranks swapped.
@@ -566,6 +579,7 @@ fn nccl_debug_shows_the_ranks_plugin_lines_and_a_hot_swap() {
         .env("NCCL_WASM_FABRIC", "soft")
         .env("NCCL_DEBUG", "INFO")
         .env("NCCL_WASM_POLICY_RELOAD_MS", "20")
+        .env("NCCL_WASM_POLICY_CACHE_DIR", &cache)
         .env_remove("NCCL_DEBUG_SUBSYS")
         .env_remove("NCCL_WASM_TOPOLOGY")
         .env_remove("NCCL_NET_PLUGIN")

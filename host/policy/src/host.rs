@@ -347,15 +347,21 @@ impl PolicyHost {
             warned: Mutex::new(HashSet::new()),
             settings,
         });
+        let mut loaded = None;
         if let Some(path) = &shared.settings.policy {
             match shared.swap_path(path) {
-                Ok(_) => {}
+                Ok(id) => loaded = Some(id.sha256.clone()),
                 Err(e) if shared.settings.failure == FailureMode::Closed => return Err(e),
                 Err(_) => {} // WARNed by `publish`; the built-in default decides.
             }
         }
         let watcher = match (&shared.settings.policy, shared.settings.reload) {
-            (Some(path), Some(every)) => Some(Watcher::start(shared.clone(), path.clone(), every)?),
+            (Some(path), Some(every)) => Some(Watcher::start(
+                shared.clone(),
+                path.clone(),
+                every,
+                loaded.as_deref(),
+            )?),
             _ => None,
         };
         Ok(PolicyHost {
@@ -671,7 +677,7 @@ impl Shared {
     /// Compile, instantiate, `init`, and try every hook on the live topology.
     fn load(&self, bytes: &[u8], origin: &str) -> Result<Loaded, PolicyError> {
         let prepared = self.engine.prepare(bytes, origin)?;
-        let sha256: String = prepared.sha.iter().map(|b| format!("{b:02x}")).collect();
+        let sha256 = crate::watch::hex(&prepared.sha);
         let compilation = prepared.compilation.clone();
         let pool = Pool::new(
             Arc::clone(&self.engine),

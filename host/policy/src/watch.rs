@@ -79,8 +79,9 @@ struct Poll {
 }
 
 impl Poll {
-    /// What is at `path` now counts as seen (the host just loaded it, or just refused it).
-    fn new(path: PathBuf) -> Poll {
+    /// What is at `path` now counts as seen (the host just loaded it, or just refused it) —
+    /// unless its sha256 is not `loaded`, the one the host loaded.
+    fn new(path: PathBuf, loaded: Option<&str>) -> Poll {
         let origin = path.display().to_string();
         let mut poll = Poll {
             path,
@@ -93,10 +94,10 @@ impl Poll {
             Ok((identity, o.read()?))
         }) {
             Ok((identity, bytes)) => {
-                poll.seen = Some(Seen {
-                    identity,
-                    sha: Sha256::digest(&bytes).into(),
-                });
+                let sha: [u8; 32] = Sha256::digest(&bytes).into();
+                if loaded.is_none_or(|l| l == hex(&sha)) {
+                    poll.seen = Some(Seen { identity, sha });
+                }
             }
             Err(e) => poll.refused = Some(e.to_string()),
         }
@@ -144,16 +145,19 @@ pub(crate) struct Watcher {
 }
 
 impl Watcher {
-    /// Start watching `path` for `owner`. What is there now counts as seen (the owner just
-    /// loaded it).
+    /// Start watching `path` for `owner`, which just loaded the file of sha256 `loaded` (hex)
+    /// from it, or failed to. What is there now counts as seen, unless it is no longer what the
+    /// owner loaded: a file replaced between the owner's load and this start is loaded at the
+    /// first poll, not taken for the one being served.
     pub(crate) fn start(
         owner: Arc<dyn Publish>,
         path: PathBuf,
         every: Duration,
+        loaded: Option<&str>,
     ) -> Result<Watcher, PolicyError> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
-        let mut poll = Poll::new(path);
+        let mut poll = Poll::new(path, loaded);
         let thread = std::thread::Builder::new()
             .name("ncclwasm-watch".into())
             .spawn(move || run(&flag, every, || poll.step(&*owner)))
@@ -165,6 +169,11 @@ impl Watcher {
             thread: Some(thread),
         })
     }
+}
+
+/// A sha256 as the policy's id shows it: lowercase hex.
+pub(crate) fn hex(sha: &[u8; 32]) -> String {
+    sha.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Calls `step` every `every` until `stop`. A panic in a step is WARNed and the loop goes on:
@@ -220,6 +229,38 @@ mod tests {
             stop.store(true, Ordering::Release);
         });
         assert_eq!(steps.load(Ordering::Relaxed), 3, "went on after two panics");
+    }
+
+    /// Records what the watcher hands over.
+    #[derive(Default)]
+    struct Owner(std::sync::Mutex<Vec<Vec<u8>>>);
+
+    impl Publish for Owner {
+        fn changed(&self, bytes: &[u8], _: &str) {
+            self.0.lock().unwrap().push(bytes.to_vec());
+        }
+        fn refused(&self, e: PolicyError, _: &str) {
+            panic!("refused: {e}");
+        }
+    }
+
+    /// The file the host loaded is seen; one replaced before the watcher started is not taken
+    /// for it, and is handed over at the first poll.
+    #[test]
+    fn a_file_replaced_before_the_watcher_started_is_loaded_at_the_first_poll() {
+        let s = ncclwasm_testkit::scratch::Scratch::new("watch-race");
+        let path = s.write("p.wasm", b"old");
+        let old = hex(&Sha256::digest(b"old").into());
+        let owner = Owner::default();
+        let mut same = Poll::new(path.clone(), Some(&old));
+        same.step(&owner);
+        assert!(owner.0.lock().unwrap().is_empty(), "the loaded file again");
+        s.write("p.wasm", b"new");
+        let mut late = Poll::new(path, Some(&old));
+        late.step(&owner);
+        assert_eq!(*owner.0.lock().unwrap(), [b"new".to_vec()]);
+        late.step(&owner);
+        assert_eq!(owner.0.lock().unwrap().len(), 1, "handed over once");
     }
 
     #[test]
