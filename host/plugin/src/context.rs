@@ -120,8 +120,7 @@ pub(crate) fn init_net(
 /// setting and still write a file each.
 fn expand_path(path: &std::ffi::OsStr) -> std::path::PathBuf {
     use std::os::unix::ffi::{OsStrExt, OsStringExt};
-    let host = ncclwasm_model::file::hostname().unwrap_or_default();
-    let host = host.split('.').next().unwrap_or_default();
+    let host = log::short_host();
     let mut out = Vec::with_capacity(path.len());
     let mut bytes = path.as_bytes().iter();
     while let Some(&b) = bytes.next() {
@@ -274,8 +273,7 @@ mod tests {
 
     #[test]
     fn a_file_variable_names_the_host_and_the_process() {
-        let host = ncclwasm_model::file::hostname().unwrap_or_default();
-        let short = host.split('.').next().unwrap_or_default();
+        let short = crate::log::short_host();
         let pid = std::process::id();
         assert_eq!(
             expand_path(OsStr::new("/run/m/%h-%p.prom")),

@@ -179,14 +179,17 @@ fn stderr_filter() -> Filter {
     })
 }
 
+/// This host's name up to its first dot, as NCCL prints it in log lines and fills in `%h`.
+pub(crate) fn short_host() -> String {
+    let name = ncclwasm_model::file::hostname().unwrap_or_default();
+    name.split('.').next().unwrap_or_default().to_owned()
+}
+
 /// `line` as NCCL prints one: `host:pid:tid NCCL INFO …` (NCCL adds the CUDA device in
 /// brackets, which a plugin does not know).
 fn stderr_line(level: c_int, line: &str) -> String {
     static HOST: OnceLock<String> = OnceLock::new();
-    let host = HOST.get_or_init(|| {
-        let name = ncclwasm_model::file::hostname().unwrap_or_default();
-        name.split('.').next().unwrap_or_default().to_owned()
-    });
+    let host = HOST.get_or_init(short_host);
     // SAFETY: gettid has no preconditions and cannot fail.
     let tid = unsafe { libc::gettid() };
     let what = match level {
