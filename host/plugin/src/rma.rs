@@ -296,10 +296,10 @@ fn index(v: c_int, what: &str) -> Result<usize, NetError> {
     usize::try_from(v).map_err(|_| NetError::Argument(format!("{what} {v}")))
 }
 
-/// `iput`; `optFlags` (v15+) needs nothing: each request is posted at once, which is what
-/// aggregating would allow us to defer.
+/// `iput`, in v14's shape (v15+ add `optFlags`, which needs nothing: each request is posted at
+/// once, which is what aggregating would allow us to defer).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn iput(
+pub(crate) unsafe extern "C" fn iput(
     rma_ctx: *mut c_void,
     context: c_int,
     src_off: u64,
@@ -331,7 +331,7 @@ pub(crate) fn iput(
 /// `iputSignal`: the put, then the signal (`NCCL_NET_SIGNAL_OP_INC` or `_ADD`); a size of 0
 /// is a signal alone (the source and destination may then be NULL).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn iput_signal(
+pub(crate) unsafe extern "C" fn iput_signal(
     rma_ctx: *mut c_void,
     context: c_int,
     src_off: u64,
@@ -390,7 +390,7 @@ pub(crate) fn iput_signal(
 
 /// `iget`; `optFlags` as for [`iput`].
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn iget(
+pub(crate) unsafe extern "C" fn iget(
     rma_ctx: *mut c_void,
     context: c_int,
     remote_off: u64,

@@ -1,67 +1,11 @@
 //! `ncclRmaPlugin_v14` (NCCL 2.30): the first one-sided table NCCL looks for in the net plugin's
 //! library.
 
-use std::ffi::{c_int, c_void};
-
 use ncclwasm_abi::*;
 
 use crate::context::finalize;
 use crate::properties::devices;
 use crate::rma;
-
-unsafe extern "C" fn iput(
-    rma_ctx: *mut c_void,
-    context: c_int,
-    src_off: u64,
-    src: *mut c_void,
-    size: usize,
-    dst_off: u64,
-    dst: *mut c_void,
-    rank: u32,
-    request: *mut *mut c_void,
-) -> NcclResult {
-    rma::iput(
-        rma_ctx, context, src_off, src, size, dst_off, dst, rank, request,
-    )
-}
-
-unsafe extern "C" fn iput_signal(
-    rma_ctx: *mut c_void,
-    context: c_int,
-    src_off: u64,
-    src: *mut c_void,
-    size: usize,
-    dst_off: u64,
-    dst: *mut c_void,
-    rank: u32,
-    signal_off: u64,
-    signal: *mut c_void,
-    value: u64,
-    op: u32,
-    strong: bool,
-    request: *mut *mut c_void,
-) -> NcclResult {
-    rma::iput_signal(
-        rma_ctx, context, src_off, src, size, dst_off, dst, rank, signal_off, signal, value, op,
-        strong, request,
-    )
-}
-
-unsafe extern "C" fn iget(
-    rma_ctx: *mut c_void,
-    context: c_int,
-    remote_off: u64,
-    remote: *mut c_void,
-    size: usize,
-    local_off: u64,
-    local: *mut c_void,
-    rank: u32,
-    request: *mut *mut c_void,
-) -> NcclResult {
-    rma::iget(
-        rma_ctx, context, remote_off, remote, size, local_off, local, rank, request,
-    )
-}
 
 #[unsafe(no_mangle)]
 pub static ncclRmaPlugin_v14: RmaV14 = RmaV14 {
@@ -78,9 +22,10 @@ pub static ncclRmaPlugin_v14: RmaV14 = RmaV14 {
     destroy_context: Some(rma::destroy_context),
     close_coll: Some(rma::close_coll),
     close_listen: Some(crate::comms::close_listen),
-    iput: Some(iput),
-    iput_signal: Some(iput_signal),
-    iget: Some(iget),
+    // v14's shape is the bodies' own.
+    iput: Some(rma::iput),
+    iput_signal: Some(rma::iput_signal),
+    iget: Some(rma::iget),
     iflush: Some(rma::iflush),
     test: Some(rma::test),
     rma_progress: Some(rma::rma_progress),

@@ -22,9 +22,12 @@ pub(crate) unsafe extern "C" fn iput(
     _opt_flags: u32,
     request: *mut *mut c_void,
 ) -> NcclResult {
-    rma::iput(
-        rma_ctx, context, src_off, src, size, dst_off, dst, rank, request,
-    )
+    // SAFETY: NCCL's arguments, as it passes them to v14's entry point.
+    unsafe {
+        rma::iput(
+            rma_ctx, context, src_off, src, size, dst_off, dst, rank, request,
+        )
+    }
 }
 
 pub(crate) unsafe extern "C" fn iput_signal(
@@ -44,10 +47,13 @@ pub(crate) unsafe extern "C" fn iput_signal(
     _opt_flags: u32,
     request: *mut *mut c_void,
 ) -> NcclResult {
-    rma::iput_signal(
-        rma_ctx, context, src_off, src, size, dst_off, dst, rank, signal_off, signal, value, op,
-        strong, request,
-    )
+    // SAFETY: NCCL's arguments, as it passes them to v14's entry point.
+    unsafe {
+        rma::iput_signal(
+            rma_ctx, context, src_off, src, size, dst_off, dst, rank, signal_off, signal, value,
+            op, strong, request,
+        )
+    }
 }
 
 pub(crate) unsafe extern "C" fn iget(
@@ -62,9 +68,12 @@ pub(crate) unsafe extern "C" fn iget(
     _opt_flags: u32,
     request: *mut *mut c_void,
 ) -> NcclResult {
-    rma::iget(
-        rma_ctx, context, remote_off, remote, size, local_off, local, rank, request,
-    )
+    // SAFETY: NCCL's arguments, as it passes them to v14's entry point.
+    unsafe {
+        rma::iget(
+            rma_ctx, context, remote_off, remote, size, local_off, local, rank, request,
+        )
+    }
 }
 
 #[unsafe(no_mangle)]
