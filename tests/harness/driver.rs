@@ -91,6 +91,42 @@ fn every_abi_version_across_two_processes() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// aws-ofi-nccl's `inflight_close`, unsynchronised, through the harness's `inflight-close`
+/// mode: ten rounds in which the receiver posts receives, deregisters and closes at once and
+/// the sender then sends into them — each isend gets a request, and both sides close with
+/// requests in flight. With the built-in decisions and with the shipped nccl-default policy.
+#[test]
+fn closing_with_receives_in_flight_unsynchronised() {
+    let out = std::env::temp_dir().join(format!("ncclwasm-harness-close-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    let (lib, exe) = build(&out);
+    let policy = ncclwasm_testkit::guest("nccl-default");
+    for (what, policy) in [("the built-in", None), ("nccl-default.wasm", Some(&policy))] {
+        let mut cmd = Command::new(&exe);
+        cmd.arg(&lib)
+            .arg(NET.newest.to_string())
+            .arg("inflight-close")
+            .env("NCCL_WASM_FABRIC", "soft")
+            .env("HARNESS_PTR", "5")
+            .env("HARNESS_QUIET", "1")
+            .env_remove("NCCL_WASM_TOPOLOGY")
+            .env_remove("NCCL_IB_HCA");
+        match policy {
+            Some(p) => cmd.env("NCCL_WASM_POLICY", p),
+            None => cmd.env_remove("NCCL_WASM_POLICY"),
+        };
+        let run = cmd.output().expect("run the harness");
+        let stdout = String::from_utf8_lossy(&run.stdout);
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(
+            run.status.success() && stdout.contains("OK (inflight-close)"),
+            "inflight-close with {what} failed ({}):\n{stdout}\n{stderr}",
+            run.status
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// Runs `harness` (the harness, or a launcher with it as first argument) on `lib` as v12 on the
 /// soft fabric, with the environment `harness` already has for its policy, and asserts it
 /// passed; returns its stderr (NCCL's log).

@@ -8,7 +8,7 @@
  * twice stands in for a dma-buf and its CPU mapping; the sender fills one mapping and sends from
  * the other, the receiver receives into one and checks every byte through the other.
  *
- * usage: harness <plugin.so> <version 8..12> [expect-init-failure]
+ * usage: harness <plugin.so> <version 8..12> [expect-init-failure | inflight-close]
  * Environment: HARNESS_PTR = the ptrSupport every device must report (default 1, host only);
  * HARNESS_FLUSH = 1 when iflush must issue a flush, 0 when it must not (default 0).
  * exit 0 and "harness vN: OK" on success; any failure prints why and exits 1. */
@@ -632,6 +632,85 @@ static void sender(const char *path) {
   finish(lib);
 }
 
+/* ---- inflight-close: aws-ofi-nccl's inflight_close, unsynchronised ----
+ * CLOSE_ROUNDS times over a fresh connection: the receiver posts MAX_N receives of CLOSE_BYTES,
+ * deregisters their memory and closes at once, without a word to the sender (what NCCL core
+ * does when one side of a communicator is aborted or destroyed first). The sender then sends
+ * MAX_N messages: every isend must succeed and return a request — the clear-to-send entries
+ * of receives posted before the close were written then, as a NIC writes them — and the sender
+ * deregisters and closes with those requests in flight. Whether the writes into a closed peer
+ * fail or not is never asked, as NCCL never asks after a close. */
+#define CLOSE_ROUNDS 10
+#define CLOSE_BYTES MIB
+
+static void close_receiver(const char *path) {
+  void *lib;
+  open_plugin(path, &lib);
+  do_init();
+  int n;
+  int vdev = pick_device(&n);
+  int dev = vdev >= 0 ? vdev : 0;
+  unsigned char *bufs[MAX_N];
+  for (int i = 0; i < MAX_N; i++)
+    if (posix_memalign((void **)&bufs[i], 4096, CLOSE_BYTES)) FAIL("alloc");
+  for (int round = 0; round < CLOSE_ROUNDS; round++) {
+    char handle[HANDLE];
+    memset(handle, 0, sizeof handle);
+    void *lc = do_listen(dev, handle);
+    put(to_child[1], handle, HANDLE);
+    void *rc = do_accept(lc);
+    void *mhs[MAX_N];
+    for (int i = 0; i < MAX_N; i++) {
+      mhs[i] = reg(rc, bufs[i], CLOSE_BYTES);
+      void *data[1] = {bufs[i]};
+      size_t sz[1] = {CLOSE_BYTES};
+      int tags[1] = {1};
+      irecv(rc, 1, data, sz, tags, &mhs[i], 0);
+    }
+    for (int i = 0; i < MAX_N; i++) CHECK(((int (*)(void *, void *))T->deregMr)(rc, mhs[i]));
+    CHECK(((int (*)(void *))T->closeRecv)(rc));
+    CHECK(((int (*)(void *))T->closeListen)(lc));
+  }
+  finish(lib);
+  for (int i = 0; i < MAX_N; i++) free(bufs[i]);
+}
+
+static void close_sender(const char *path) {
+  role = "send";
+  void *lib;
+  open_plugin(path, &lib);
+  do_init();
+  int n;
+  int vdev = pick_device(&n);
+  int dev = vdev >= 0 ? vdev : 1;
+  unsigned char *bufs[MAX_N];
+  for (int i = 0; i < MAX_N; i++) {
+    if (posix_memalign((void **)&bufs[i], 4096, CLOSE_BYTES)) FAIL("alloc");
+    fill(bufs[i], CLOSE_BYTES, i);
+  }
+  for (int round = 0; round < CLOSE_ROUNDS; round++) {
+    char handle[HANDLE];
+    get(to_child[0], handle, HANDLE);
+    void *sc = do_connect(dev, handle);
+    void *mhs[MAX_N];
+    for (int i = 0; i < MAX_N; i++) {
+      mhs[i] = reg(sc, bufs[i], CLOSE_BYTES);
+      time_t start = time(NULL);
+      while (!try_isend(sc, bufs[i], CLOSE_BYTES, 1, mhs[i])) {
+        if (time(NULL) - start > 30)
+          FAIL("round %d: isend %d never got a request (the receive was posted before the "
+               "close: its clear-to-send was lost or withheld)",
+               round, i);
+        spin();
+      }
+    }
+    for (int i = 0; i < MAX_N; i++) CHECK(((int (*)(void *, void *))T->deregMr)(sc, mhs[i]));
+    CHECK(((int (*)(void *))T->closeSend)(sc));
+  }
+  finish(lib);
+  for (int i = 0; i < MAX_N; i++) free(bufs[i]);
+}
+
 /* With no usable fabric (NCCL_WASM_FABRIC=auto on a host without an active RDMA port), init
  * must fail cleanly so NCCL falls back to its own transports, and the library must unload. */
 static void expect_init_failure(const char *path) {
@@ -653,14 +732,17 @@ static void expect_init_failure(const char *path) {
 
 int main(int argc, char **argv) {
   if (argc != 3 && argc != 4) {
-    fprintf(stderr, "usage: %s <plugin.so> <version 8..12> [expect-init-failure]\n", argv[0]);
+    fprintf(stderr,
+            "usage: %s <plugin.so> <version 8..12> [expect-init-failure | inflight-close]\n",
+            argv[0]);
     return 2;
   }
+  int closing = argc == 4 && strcmp(argv[3], "inflight-close") == 0;
   V = atoi(argv[2]);
   if (V < 8 || V > 12) return 2;
   if (getenv("HARNESS_PTR")) expect_ptr = atoi(getenv("HARNESS_PTR"));
   if (getenv("HARNESS_FLUSH")) expect_flush = atoi(getenv("HARNESS_FLUSH"));
-  if (argc == 4) {
+  if (argc == 4 && !closing) {
     expect_init_failure(argv[1]);
     printf("harness v%d: OK (init refused)\n", V);
     return 0;
@@ -674,16 +756,22 @@ int main(int argc, char **argv) {
     close(to_child[1]);
     close(to_parent[0]);
     threads_before = threads();
-    sender(argv[1]);
+    if (closing)
+      close_sender(argv[1]);
+    else
+      sender(argv[1]);
     _exit(0);
   }
   close(to_child[0]);
   close(to_parent[1]);
   threads_before = threads();
-  receiver(argv[1]);
+  if (closing)
+    close_receiver(argv[1]);
+  else
+    receiver(argv[1]);
   int status;
   if (waitpid(pid, &status, 0) != pid) FAIL("waitpid");
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) FAIL("the sender failed (%d)", status);
-  printf("harness v%d: OK\n", V);
+  printf("harness v%d: OK%s\n", V, closing ? " (inflight-close)" : "");
   return 0;
 }

@@ -93,10 +93,22 @@
 //! - Retry timeout: no answer within `4.096 µs·2^timeout·(retry_cnt+1)`, or a vanished peer,
 //!   completes `IBV_WC_RETRY_EXC_ERR`. The timer runs on WRs that expect an answer (signaled
 //!   WRs and READs, like the AckReq bit); a peer that stalls under unsignaled-only traffic is
-//!   noticed at the next signaled WR.
+//!   noticed at the next signaled WR. A peer that is gone (its connection ended without BYE,
+//!   or its QP no longer admits us) is no different: the WR fails when the budget since it
+//!   was sent has passed, as a NIC's retries into a destroyed QP run out (in-process delivery,
+//!   for benches, fails it at once).
+//! - A peer's QP going away — destroyed, failed, its process dead, cut off — raises nothing on
+//!   this QP, as on RC hardware: no async event and no state change until this QP's own work
+//!   finds nobody there (above). A responder whose requester vanished just stops serving that
+//!   connection; what it placed and acknowledged stays placed. Before a responder refuses a
+//!   request (taking both QPs to ERR) it waits, bounded, until what its own requester posted
+//!   earlier was placed: a NIC delivers a posted WR within a microsecond, long before a request
+//!   that depends on it comes back, and a thread hand-off or connection setup here must not
+//!   turn that order around.
 //! - Acknowledged work is never failed afterwards: the responder acknowledges every request it
 //!   placed, signaled or not (signaled ones at once, the rest coalesced into one ACK before it
-//!   waits for more), and `destroy_qp` closes in order — the sender waits (≤ 500 ms) for its
+//!   waits for more), and `destroy_qp` closes in order — what was posted before it still goes
+//!   out (a NIC had sent it), to a peer that still admits us — the sender waits (≤ 500 ms) for its
 //!   acknowledgements and says BYE, the peer's responder closes that connection, the ack reader
 //!   reads to its end (≤ 200 ms more). A peer whose QP went away this way only fails work that
 //!   was never placed, as with a NIC, so closing after every byte arrived fails nothing on

@@ -1217,7 +1217,7 @@ fn idle_sockets_on_a_qp_port_do_not_stop_a_legitimate_qp() {
 }
 
 #[test]
-fn stalled_peer_times_out_and_cut_connection_is_fatal() {
+fn stalled_peer_times_out_and_a_cut_fails_each_sides_next_work() {
     let (a, b) = (Node::new(0), Node::new(1));
     // timeout 13 ≈ 34 ms, retry_cnt 1: ≈ 67 ms budget, far below the stall.
     connect(&a, &b, 1, 13, 1, 7);
@@ -1266,13 +1266,130 @@ fn stalled_peer_times_out_and_cut_connection_is_fatal() {
         0
     );
     assert_eq!(a.wait(1)[0].status, ibv_wc_status::IBV_WC_SUCCESS);
+    assert_eq!(
+        b.wait(1)[0].status,
+        ibv_wc_status::IBV_WC_SUCCESS,
+        "the receive"
+    );
     // SAFETY: live QP.
     unsafe { fault::cut_connection(a.qp) };
+    // Each side learns of the cut from its own next work request, as on RC hardware.
+    let write =
+        |n: &Node, wr_id| n.post_send(wr_id, ibv_wr_opcode::IBV_WR_RDMA_WRITE, None, 0, 0, true);
+    assert_eq!(write(&a, 2), 0);
+    assert_eq!(a.wait(1)[0].status, ibv_wc_status::IBV_WC_RETRY_EXC_ERR);
+    assert_eq!(a.state(), ibv_qp_state::IBV_QPS_ERR);
     assert_eq!(
-        b.next_event().map(|e| e.0),
-        Some(ibv_event_type::IBV_EVENT_QP_FATAL)
+        b.state(),
+        ibv_qp_state::IBV_QPS_RTS,
+        "b has not sent anything"
     );
+    assert_eq!(write(&b, 3), 0);
+    assert_eq!(b.wait(1)[0].status, ibv_wc_status::IBV_WC_RETRY_EXC_ERR);
     assert_eq!(b.state(), ibv_qp_state::IBV_QPS_ERR);
+    let quiet = Duration::from_millis(100);
+    assert_eq!(
+        next_event(a.ctx, quiet),
+        None,
+        "a responder never hears of the cut"
+    );
+    assert_eq!(
+        next_event(b.ctx, quiet),
+        None,
+        "a responder never hears of the cut"
+    );
+}
+
+/// What was posted before `destroy_qp` goes out, as from a NIC that had the doorbell long
+/// before the destroy: here the QP never sent before, so its connection opens only after the
+/// destroy began. A receiver posting its clear-to-send and closing at once relies on it.
+#[test]
+fn work_posted_right_before_destroy_still_lands() {
+    let (a, b) = pair();
+    assert_eq!(b.post_recv(1, None), 0);
+    assert_eq!(
+        a.post_send(
+            7,
+            ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+            None,
+            0,
+            0,
+            false
+        ),
+        0
+    );
+    drop(a);
+    let got = b.wait(1);
+    assert_eq!(got[0].status, ibv_wc_status::IBV_WC_SUCCESS);
+    assert_eq!(got[0].imm, 7u32.to_be());
+}
+
+/// A peer QP that goes away — destroyed in order, or failed — raises nothing on its partner
+/// (a fatal event there is what made NCCL's sender fail after an unsynchronised close, where
+/// a NIC stays silent); the partner's next work request finds nobody there, and what the peer
+/// acknowledged before it went stays placed.
+#[test]
+fn a_vanished_peer_is_silent_until_the_next_work_request() {
+    for destroyed in [true, false] {
+        let (a, b) = pair();
+        let mut dst = vec![0u8; 64];
+        let dmr = b.reg(&mut dst, LOCAL_WRITE | REMOTE_WRITE);
+        let mut src = vec![7u8; 64];
+        let smr = a.reg(&mut src, LOCAL_WRITE);
+        assert_eq!(
+            a.post_send(
+                1,
+                ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                Some((&src, mr_keys(smr).0)),
+                dst.as_ptr() as u64,
+                mr_keys(dmr).1,
+                true
+            ),
+            0
+        );
+        assert_eq!(a.wait(1)[0].status, ibv_wc_status::IBV_WC_SUCCESS);
+        assert_eq!(dst, [7u8; 64], "placed before the peer went");
+        // Both directions in use: `a`'s responder serves `b`'s requester too.
+        assert_eq!(
+            b.post_send(9, ibv_wr_opcode::IBV_WR_RDMA_WRITE, None, 0, 0, true),
+            0
+        );
+        assert_eq!(b.wait(1)[0].status, ibv_wc_status::IBV_WC_SUCCESS);
+        let b = match destroyed {
+            true => {
+                drop(b);
+                None
+            }
+            false => {
+                // SAFETY: live QP.
+                unsafe { fault::cut_connection(b.qp) };
+                Some(b)
+            }
+        };
+        let quiet = Duration::from_millis(100);
+        assert_eq!(next_event(a.ctx, quiet), None, "destroyed: {destroyed}");
+        assert_eq!(
+            a.state(),
+            ibv_qp_state::IBV_QPS_RTS,
+            "destroyed: {destroyed}"
+        );
+        assert_eq!(
+            a.post_send(
+                2,
+                ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                Some((&src, mr_keys(smr).0)),
+                dst.as_ptr() as u64,
+                mr_keys(dmr).1,
+                true
+            ),
+            0
+        );
+        assert_eq!(a.wait(1)[0].status, ibv_wc_status::IBV_WC_RETRY_EXC_ERR);
+        assert_eq!(a.state(), ibv_qp_state::IBV_QPS_ERR);
+        dereg(smr);
+        dereg(dmr);
+        drop(b);
+    }
 }
 
 #[test]

@@ -108,6 +108,22 @@ pub fn run(mut cmd: Command, test: &str) -> Output {
     out
 }
 
+/// Runs the test `test` again in a child process with `vars` set — how one test gets its own
+/// environment without touching the parent's. Returns `true` in the parent (the child ran the
+/// test and passed), `false` in the child, which then runs the test body.
+pub fn rerun_with_env(test: &str, vars: &[(&str, &str)]) -> bool {
+    if enter(test) {
+        return false;
+    }
+    let mut child = command(test);
+    child.envs(vars.iter().copied());
+    let out = run(child, test);
+    // Shown with this test's own output (captured by libtest unless it fails or --nocapture).
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    true
+}
+
 /// Protocol lines between [`relay`]ed children start with this; libtest's own output does not.
 pub const TAG: &str = "@@";
 

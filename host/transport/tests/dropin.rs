@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{connect, in_child, net, rerun_with_env};
+use common::{connect, in_child, net};
 
 /// Two soft ports on the loopback address; only `soft_0` has a GID at index 2.
 const TWO_TABLES: &str = r#"name = "two-tables"
@@ -38,7 +38,7 @@ gids = [
 fn an_hca_list_that_selects_nothing_gives_a_context_with_no_device() {
     const TEST: &str = "an_hca_list_that_selects_nothing_gives_a_context_with_no_device";
     for hca in ["mlx5_9", "^"] {
-        if rerun_with_env(TEST, &[("NCCL_IB_HCA", hca)]) {
+        if ncclwasm_testkit::child::rerun_with_env(TEST, &[("NCCL_IB_HCA", hca)]) {
             continue;
         }
         assert!(in_child());
@@ -54,7 +54,7 @@ fn a_gid_index_some_ports_lack_fails_only_their_connections() {
     let scratch = ncclwasm_testkit::scratch::Scratch::new("dropin-gid");
     let topology = scratch.write("two-tables.toml", TWO_TABLES.as_bytes());
     let topology = topology.to_str().expect("a UTF-8 temp path");
-    if rerun_with_env(
+    if ncclwasm_testkit::child::rerun_with_env(
         TEST,
         &[("NCCL_WASM_TOPOLOGY", topology), ("NCCL_IB_GID_INDEX", "2")],
     ) {
@@ -100,7 +100,7 @@ fn devices_are_named_and_numbered_as_net_ib_reports_them() {
     for (file, _) in cases {
         let path = ncclwasm_testkit::topology(file);
         let path = path.to_str().expect("a UTF-8 path");
-        if rerun_with_env(TEST, &[("NCCL_WASM_TOPOLOGY", path)]) {
+        if ncclwasm_testkit::child::rerun_with_env(TEST, &[("NCCL_WASM_TOPOLOGY", path)]) {
             continue;
         }
         // The child: the case its environment names.
@@ -131,7 +131,7 @@ fn a_vnic_reports_its_first_childs_max_comms() {
     const TEST: &str = "a_vnic_reports_its_first_childs_max_comms";
     let path = ncclwasm_testkit::topology("pf-vf.toml");
     let path = path.to_str().expect("a UTF-8 path");
-    if rerun_with_env(TEST, &[("NCCL_WASM_TOPOLOGY", path)]) {
+    if ncclwasm_testkit::child::rerun_with_env(TEST, &[("NCCL_WASM_TOPOLOGY", path)]) {
         return;
     }
     let net = net();

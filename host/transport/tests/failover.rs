@@ -77,7 +77,7 @@ fn fused_in_child(
     let path = policy.map(|p| ncclwasm_testkit::guest(p).to_string_lossy().into_owned());
     let mut all = vars.to_vec();
     all.extend(path.as_deref().map(|p| ("NCCL_WASM_POLICY", p)));
-    if rerun_with_env(test, &all) {
+    if ncclwasm_testkit::child::rerun_with_env(test, &all) {
         return None;
     }
     capture_logs(tracing_subscriber::filter::LevelFilter::INFO);
@@ -511,7 +511,7 @@ fn a_move_then_a_hold_resumes_and_fails_back() {
         ("NCCL_IB_RESILIENCY_PORT_RECOVERY", "1"),
         ("NCCL_IB_QPS_PER_CONNECTION", "2"),
     ];
-    if rerun_with_env("a_move_then_a_hold_resumes_and_fails_back", &vars) {
+    if ncclwasm_testkit::child::rerun_with_env("a_move_then_a_hold_resumes_and_fails_back", &vars) {
         return;
     }
     capture_logs(tracing_subscriber::filter::LevelFilter::INFO);
@@ -555,4 +555,111 @@ fn a_move_then_a_hold_resumes_and_fails_back() {
     );
     println!("{c:?}");
     port_0_carries_a_stream(&s, &r, &b, "fail-back");
+}
+
+/// The sender's port fails and comes back while the receiver's ports stay up: a machine of
+/// four soft devices, the sender fused over the first two, the receiver over the last two, and
+/// only the sender's first device loses its port. The policy holds the port (`wait`); a large
+/// message has slices in flight on it, which the receiver's stalled QPs never place. The
+/// receiver's QPs then see nothing (RC hardware tells a responder nothing when its requester
+/// goes away) and it writes no clear-to-send meanwhile, so nothing of its own fails: only the
+/// sender's rejoin on the kept handshake socket tells it of the resume — it must read it at
+/// once, fail the QPs it names (which ends their stall, placing nothing) and answer, so the
+/// sender can write the lost slices again on the re-created QPs.
+#[test]
+fn a_receiver_whose_ports_are_up_answers_the_senders_rejoin() {
+    let test = "a_receiver_whose_ports_are_up_answers_the_senders_rejoin";
+    let scratch = (!in_child()).then(|| ncclwasm_testkit::scratch::Scratch::new("four"));
+    let topology = scratch.as_ref().map_or_else(String::new, |s| {
+        let devices: String = (0..4)
+            .map(|d| {
+                format!(
+                    "[[devices]]\nname = \"soft_{d}\"\nprovider = \"soft\"\n\
+                     guid = \"0x02005e000000010{d}\"\n\n[[devices.ports]]\nport = 1\n\
+                     link-layer = \"ethernet\"\nspeed-mbps = 100000\nwidth = 4\nmtu = 4096\n\
+                     address = \"127.0.0.1\"\n\n"
+                )
+            })
+            .collect();
+        let text = format!("name = \"four\"\n\n{devices}");
+        s.write("four.toml", text.as_bytes())
+            .to_string_lossy()
+            .into_owned()
+    });
+    let policy = ncclwasm_testkit::guest("rail-aligned");
+    let vars = [
+        ("NCCL_WASM_TOPOLOGY", topology.as_str()),
+        ("NCCL_WASM_POLICY", &*policy.to_string_lossy()),
+        ("NCCL_WASM_POLICY_CONFIG", "wait-ms=10000"),
+        ("NCCL_IB_QPS_PER_CONNECTION", "2"),
+    ];
+    if ncclwasm_testkit::child::rerun_with_env(test, &vars) {
+        return;
+    }
+    capture_logs(tracing_subscriber::filter::LevelFilter::INFO);
+    let net = net();
+    let sdev = i64::from(net.make_vdevice(&[0, 1]).unwrap());
+    let rdev = i64::from(net.make_vdevice(&[2, 3]).unwrap());
+    let (s, r) = connect(&net, sdev, rdev);
+    prepared_over_both_ports(&s.stats());
+    let b = buffers(&s, &r);
+    // Every QP has its connections before the failure.
+    port_0_carries_a_stream(&s, &r, &b, "start");
+    let on_port_0: Vec<usize> = (0..s.plan().qps.len())
+        .filter(|&q| s.plan().qps[q].local == 0)
+        .collect();
+    let size = 20 * MIB;
+    let rreq = r
+        .irecv(&[RecvBuf {
+            addr: b.recv.addr(),
+            size: size as u64,
+            tag: 1,
+            mr: Some(&b.rmr),
+        }])
+        .unwrap();
+    for &q in &on_port_0 {
+        r.inject_stall(q, Duration::from_secs(3600)).unwrap();
+    }
+    let before = s.stats().posted;
+    let sreq = isend(&s, b.send.addr(), size as u64, 1, &b.smr);
+    let posted = s.stats().posted;
+    assert!(
+        on_port_0.iter().any(|&q| posted[q] > before[q]),
+        "no slice on port 0: {before:?} then {posted:?}"
+    );
+    let first = s.stats().local[0].device.clone();
+    assert_eq!(first, "soft_0");
+    let dev = device(&first);
+    assert!(dev.inject_port_down(1).unwrap());
+    let end = Instant::now() + Duration::from_secs(20);
+    while s.stats().failover.unwrap().waits == 0 {
+        assert!(
+            s.test(sreq).unwrap().is_none(),
+            "sent whole with slices lost"
+        );
+        assert!(
+            r.test(rreq).unwrap().is_none(),
+            "received whole with slices lost"
+        );
+        assert!(Instant::now() < end, "the sender never held the port");
+    }
+    assert!(dev.inject_port_up(1).unwrap());
+    let (mut sent, mut received) = (false, false);
+    while !(sent && received) {
+        sent = sent || s.test(sreq).unwrap().is_some();
+        received = received || r.test(rreq).unwrap().is_some();
+        assert!(
+            Instant::now() < end,
+            "the receiver never answered the sender's rejoin:\n{}",
+            logged()
+        );
+    }
+    let (mut want, mut got) = (vec![0u8; size], vec![0u8; size]);
+    b.send.read(0, &mut want);
+    b.recv.read(0, &mut got);
+    assert!(got == want, "the message arrived altered");
+    let c = s.stats().failover.unwrap();
+    assert_eq!((c.waits, c.resumes), (1, 1), "{c:?}");
+    log_line(&["NET/WASM", "failed at the sender (its rejoin names it)"]);
+    port_0_carries_a_stream(&s, &r, &b, "resume");
 }

@@ -85,7 +85,7 @@ fn gdr_flush_disable_turns_flushing_off() {
         ("NCCL_IB_GDR_FLUSH_DISABLE", "1"),
         ("NCCL_IB_PCI_RELAXED_ORDERING", "0"),
     ];
-    if rerun_with_env("gdr_flush_disable_turns_flushing_off", &vars) {
+    if ncclwasm_testkit::child::rerun_with_env("gdr_flush_disable_turns_flushing_off", &vars) {
         return;
     }
     let net = net();
@@ -103,7 +103,7 @@ fn gdr_flush_disable_turns_flushing_off() {
 
 #[test]
 fn invalid_gpu_variables_are_refused_by_name() {
-    if rerun_with_env(
+    if ncclwasm_testkit::child::rerun_with_env(
         "invalid_gpu_variables_are_refused_by_name",
         &[("NCCL_IB_PCI_RELAXED_ORDERING", "5")],
     ) {

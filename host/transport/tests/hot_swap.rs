@@ -35,7 +35,7 @@ fn swapping_the_policy_file_changes_only_new_connections() {
         ("NCCL_WASM_POLICY", live_str.as_str()),
         ("NCCL_WASM_POLICY_RELOAD_MS", "20"),
     ];
-    if rerun_with_env(
+    if ncclwasm_testkit::child::rerun_with_env(
         "swapping_the_policy_file_changes_only_new_connections",
         &vars,
     ) {

@@ -218,7 +218,7 @@ fn a_connection_logs_one_short_info_line_per_side() {
     const TEST: &str = "a_connection_logs_one_short_info_line_per_side";
     let policy = ncclwasm_testkit::guest("nccl-default");
     let policy = policy.to_str().expect("a UTF-8 path");
-    if rerun_with_env(TEST, &[("NCCL_WASM_POLICY", policy)]) {
+    if ncclwasm_testkit::child::rerun_with_env(TEST, &[("NCCL_WASM_POLICY", policy)]) {
         return;
     }
     capture_logs(tracing_subscriber::filter::LevelFilter::DEBUG);

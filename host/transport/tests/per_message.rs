@@ -183,7 +183,8 @@ fn work_requests_per_message_are_the_references() {
 /// one QP and striped over two, and allocates nothing per message either.
 #[test]
 fn in_process_delivery_carries_the_same_messages() {
-    if rerun_with_env("in_process_delivery_carries_the_same_messages", &[]) {
+    if ncclwasm_testkit::child::rerun_with_env("in_process_delivery_carries_the_same_messages", &[])
+    {
         return;
     }
     ncclwasm_soft::set_delivery(Delivery::InProcess);

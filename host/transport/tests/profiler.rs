@@ -217,7 +217,7 @@ fn a_failover_and_its_fail_back_are_reported_to_the_profiler() {
         ("NCCL_IB_RESILIENCY_PORT_FAILOVER", "1"),
         ("NCCL_IB_RESILIENCY_PORT_RECOVERY", "1"),
     ];
-    if rerun_with_env(
+    if ncclwasm_testkit::child::rerun_with_env(
         "a_failover_and_its_fail_back_are_reported_to_the_profiler",
         &vars,
     ) {
@@ -258,7 +258,7 @@ fn a_held_port_and_its_resume_are_reported_to_the_profiler() {
         ("NCCL_WASM_POLICY", policy.to_str().expect("a UTF-8 path")),
         ("NCCL_WASM_POLICY_CONFIG", "wait-ms=10000"),
     ];
-    if rerun_with_env(
+    if ncclwasm_testkit::child::rerun_with_env(
         "a_held_port_and_its_resume_are_reported_to_the_profiler",
         &vars,
     ) {

@@ -14,7 +14,7 @@ fn every_size_striped_over_eight_qps_with_the_adaptive_routing_split() {
         ("NCCL_IB_ADAPTIVE_ROUTING", "1"),
         ("NCCL_IB_AR_THRESHOLD", "0"),
     ];
-    if rerun_with_env(
+    if ncclwasm_testkit::child::rerun_with_env(
         "every_size_striped_over_eight_qps_with_the_adaptive_routing_split",
         &vars,
     ) {

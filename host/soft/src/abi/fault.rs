@@ -62,9 +62,10 @@ pub unsafe fn port_up(context: *mut ibv_context, port: u8) -> bool {
     true
 }
 
-/// Breaks both TCP connections of `qp` without the orderly goodbye: the requester side fails
-/// outstanding work with `IBV_WC_RETRY_EXC_ERR`, the responder sides raise
-/// `IBV_EVENT_QP_FATAL`, both QPs end in ERR.
+/// Cuts `qp` off from its peer QP for good, without the orderly goodbye (a crashed peer, a
+/// pulled cable): the work either QP has outstanding or posts next fails with
+/// `IBV_WC_RETRY_EXC_ERR` and takes that QP to ERR; no asynchronous event, as on RC hardware,
+/// where a responder never hears that its requester went away.
 ///
 /// # Safety
 /// `qp` must be a live soft QP.

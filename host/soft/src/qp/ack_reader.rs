@@ -84,6 +84,40 @@ impl Qp {
         }
     }
 
+    /// After the peer's end of the connection vanished: fails the oldest WR sent and not
+    /// acknowledged with `IBV_WC_RETRY_EXC_ERR` once the retry budget has passed since it was
+    /// sent (or since the peer was last heard), looking every `tick`; returns at once when
+    /// nothing is outstanding (the next WR connects anew) or the QP moved on (reset, ERR,
+    /// destroy). With no budget (`timeout` 0) the retries never end, as on a NIC.
+    fn retries_run_out(&self, epoch: u64, tick: Duration) {
+        loop {
+            let mut st = self.lock();
+            if st.epoch != epoch || st.destroying.is_some() {
+                return;
+            }
+            let cursor = st.send_cursor;
+            let heard = st.last_heard;
+            let Some((seq, sent)) = st
+                .sq
+                .iter()
+                .find(|w| !w.acked && w.seq < cursor)
+                .map(|w| (w.seq, w.sent_at.unwrap_or(heard).max(heard)))
+            else {
+                return;
+            };
+            if Self::retry_budget(&st.attrs).is_some_and(|b| sent.elapsed() > b) {
+                self.fail(
+                    &mut st,
+                    Some((seq, ibv_wc_status::IBV_WC_RETRY_EXC_ERR)),
+                    None,
+                );
+                return;
+            }
+            drop(st);
+            std::thread::sleep(tick);
+        }
+    }
+
     pub(super) fn ack_loop(self: Arc<Self>, conn: Arc<Conn>) {
         let epoch = conn.epoch;
         let tick = {
@@ -136,27 +170,19 @@ impl Qp {
                     if st.epoch != epoch || st.destroying.is_some() {
                         return;
                     }
-                    let cursor = st.send_cursor;
-                    match st
-                        .sq
-                        .iter()
-                        .find(|w| !w.acked && w.seq < cursor)
-                        .map(|w| w.seq)
-                    {
-                        // The peer vanished with work outstanding: the retries would exhaust.
-                        Some(seq) => self.fail(
-                            &mut st,
-                            Some((seq, ibv_wc_status::IBV_WC_RETRY_EXC_ERR)),
-                            None,
-                        ),
-                        // Nothing outstanding (the peer QP was destroyed): like hardware, notice
-                        // only when the next WR finds nobody there.
-                        None => {
-                            if st.req_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
-                                st.req_conn = None;
-                            }
-                        }
+                    // The peer vanished. Its end is gone for good: later WRs connect anew
+                    // (and find nobody there), and what is outstanding fails when its retries
+                    // would have run out — as on a NIC, which hears nothing either.
+                    if st.req_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
+                        st.req_conn = None;
                     }
+                    // Nobody pulls from the sources of pulled WRs over it any more: a
+                    // `dereg_mr` of them need not wait for the retries.
+                    for w in &mut st.sq {
+                        w.pinned = None;
+                    }
+                    drop(st);
+                    self.retries_run_out(epoch, tick);
                     return;
                 }
             };

@@ -39,7 +39,7 @@ const UNBOUNDED_REPLY_WAIT: Duration = Duration::from_secs(2);
 pub(super) enum ConnectFail {
     /// The QP was reset, destroyed or failed meanwhile: nothing to report.
     Stale,
-    /// Refused or no answer before the retry budget ran out.
+    /// Refused, or no answer, until the retry budget ran out.
     Exhausted,
 }
 
@@ -64,14 +64,23 @@ impl Qp {
         let target = SocketAddr::new(remote, (dest_qpn >> 8) as u16);
         let deadline = budget.map(|b| Instant::now() + b);
         let mut backoff = Duration::from_millis(1);
+        // Refused: nobody there admits us (the peer QP is gone, failed or cut off). A NIC's
+        // packets to it go unanswered until the retries run out, so the attempt ends then, not
+        // at once — without knocking again.
+        let mut refused = false;
         loop {
             {
                 let st = self.lock();
-                if st.epoch != epoch || st.destroying.is_some() {
+                refused |= st.severed;
+                // Being destroyed, a QP sends on what was posted only to a peer still there.
+                if st.epoch != epoch
+                    || st.requester_stopped()
+                    || (refused && st.destroying.is_some())
+                {
                     return Err(ConnectFail::Stale);
                 }
             }
-            if self.ctx.dev.port_active(port) {
+            if self.ctx.dev.port_active(port) && !refused {
                 match self.try_connect(target, local, dest_qpn, proof, deadline) {
                     Ok(Some((stream, pulls))) => {
                         let name = &self.ctx.dev.desc.name;
@@ -83,7 +92,7 @@ impl Qp {
                         });
                     }
                     Ok(None) => {}
-                    Err(()) => return Err(ConnectFail::Exhausted),
+                    Err(()) => refused = true,
                 }
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -177,7 +186,8 @@ impl Qp {
             }
             ibv_qp_state::IBV_QPS_RTR | ibv_qp_state::IBV_QPS_RTS => {
                 let expected = st.remote.map(|r| r.to_canonical());
-                if !self.accepts(&st, proof)
+                if st.severed
+                    || !self.accepts(&st, proof)
                     || st.attrs.dest_qpn != src_qpn
                     || expected != Some(peer.to_canonical())
                     || st.resp_conn.is_some()

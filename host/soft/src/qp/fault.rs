@@ -10,9 +10,13 @@ use ibverbs_sys::ibv_wc_status;
 use super::Qp;
 
 impl Qp {
-    /// Fault injection: breaks both connections of this QP without a BYE, like a cable pull.
+    /// Fault injection: cuts this QP off from its peer for good, like a crashed peer or a
+    /// cable pulled between them: both connections end without a BYE and neither end may
+    /// connect again, so what either has outstanding or posts next fails as its retries would
+    /// (`IBV_WC_RETRY_EXC_ERR`); neither responder notices anything, as on RC hardware.
     pub(crate) fn cut(&self) {
-        let st = self.lock();
+        let mut st = self.lock();
+        st.severed = true;
         for c in [&st.req_conn, &st.resp_conn].into_iter().flatten() {
             c.kill();
         }

@@ -149,7 +149,7 @@ impl Qp {
     /// queue's order: the holder looks again after each WR.
     pub(super) fn deliver_pending(&self, peer: &Weak<Qp>) {
         loop {
-            let epoch = {
+            let (epoch, severed) = {
                 let mut st = self.lock();
                 if st.tx_busy
                     || st.send_cursor >= st.next_seq
@@ -158,12 +158,12 @@ impl Qp {
                     return;
                 }
                 st.tx_busy = true;
-                st.epoch
+                (st.epoch, st.severed)
             };
-            match peer.upgrade() {
+            match peer.upgrade().filter(|_| !severed) {
                 Some(p) => self.deliver(epoch, &p),
                 None => {
-                    // The peer QP is gone: as a peer that never answers.
+                    // The peer QP is gone or cut off: as a peer that never answers.
                     let mut st = self.lock();
                     let first = st.sq.iter().find(|w| !w.acked).map(|w| w.seq);
                     self.fail(
@@ -218,6 +218,7 @@ impl Qp {
                 st.state,
                 ibv_qp_state::IBV_QPS_RTR | ibv_qp_state::IBV_QPS_RTS
             ) && st.destroying.is_none()
+                && !st.severed
                 && st.attrs.dest_qpn == src_qpn;
             if !ready {
                 return Err(ibv_wc_status::IBV_WC_RETRY_EXC_ERR);

@@ -70,8 +70,9 @@ pub(crate) const MAX_MSG: u64 = 1 << 31;
 /// Largest inline payload a QP may ask for (`max_inline_data`).
 pub(crate) const MAX_INLINE: u32 = 1024;
 
-/// How long a QP being destroyed waits for the acknowledgement of what it already sent before
-/// it says BYE: a live peer answers within a round trip; a stalled one is not waited for longer.
+/// How long a QP being destroyed goes on sending what was posted before the destroy and waits
+/// for the acknowledgement of what it sent before it says BYE: a live peer answers within a
+/// round trip; a stalled one is not waited for longer.
 const DRAIN_ACKS: Duration = Duration::from_millis(500);
 /// How long a QP being destroyed keeps reading its outgoing connection after BYE, waiting for
 /// the peer's end of it (closing with unread bytes would reset the connection).
@@ -121,6 +122,21 @@ struct St {
     expected_seq: u64,
     resp_conn: Option<Arc<Conn>>,
     stall_until: Option<Instant>,
+    /// Fault injection cut the link to the peer QP for good (`fault::cut`): neither end
+    /// reaches the other any more, so the next work request of either fails as its retries
+    /// would. Cleared by RESET.
+    severed: bool,
+}
+
+impl St {
+    /// Whether the QP's requester has stopped for good: destroyed, and past [`DRAIN_ACKS`].
+    /// Until then a QP being destroyed still connects and sends what was posted before: a NIC
+    /// has sent a work request long before a `destroy_qp` that follows its doorbell reaches
+    /// it, and a peer may already count on it (the clear-to-send of a receive posted just
+    /// before a close).
+    pub(super) fn requester_stopped(&self) -> bool {
+        self.destroying.is_some_and(|t| t.elapsed() >= DRAIN_ACKS)
+    }
 }
 
 /// One RC queue pair.
@@ -206,6 +222,7 @@ impl Qp {
                 expected_seq: 0,
                 resp_conn: None,
                 stall_until: None,
+                severed: false,
             }),
             cv: Condvar::new(),
             threads: Mutex::new(Vec::new()),

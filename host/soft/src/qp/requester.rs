@@ -185,18 +185,20 @@ impl Qp {
             let job = {
                 let mut st = self.lock();
                 loop {
-                    if let Some(since) = st.destroying {
+                    let now = Instant::now();
+                    let paused = st.rnr_resume.filter(|t| *t > now);
+                    let sendable = st.state == ibv_qp_state::IBV_QPS_RTS
+                        && paused.is_none()
+                        && st.send_cursor < st.next_seq
+                        && !matches!(st.peer, PeerPath::Local(_));
+                    if let Some(since) = st.destroying
+                        && (!sendable || st.requester_stopped())
+                    {
                         drop(st);
                         self.say_bye(since);
                         return;
                     }
-                    let now = Instant::now();
-                    let paused = st.rnr_resume.filter(|t| *t > now);
-                    if st.state == ibv_qp_state::IBV_QPS_RTS
-                        && paused.is_none()
-                        && st.send_cursor < st.next_seq
-                        && !matches!(st.peer, PeerPath::Local(_))
-                    {
+                    if sendable {
                         match &st.req_conn {
                             None => break Job::Connect(st.epoch),
                             Some(c) if !st.tx_busy && self.may_send(&st) => {
@@ -207,10 +209,16 @@ impl Qp {
                             Some(_) => {}
                         }
                     }
-                    st = match paused {
+                    // Being destroyed, the wait ends with the drain at the latest.
+                    let until = match (paused, st.destroying) {
+                        (Some(t), _) => Some(t),
+                        (None, Some(since)) => Some(since + DRAIN_ACKS),
+                        (None, None) => None,
+                    };
+                    st = match until {
                         Some(t) => {
                             self.cv
-                                .wait_timeout(st, t - now)
+                                .wait_timeout(st, t.saturating_duration_since(now))
                                 .unwrap_or_else(|e| e.into_inner())
                                 .0
                         }
@@ -223,7 +231,7 @@ impl Qp {
                     Ok(conn) => {
                         let conn = Arc::new(conn);
                         let mut st = self.lock();
-                        if st.epoch != epoch || st.destroying.is_some() {
+                        if st.epoch != epoch || st.requester_stopped() {
                             conn.kill();
                             continue;
                         }
@@ -253,9 +261,10 @@ impl Qp {
     }
 
     /// The orderly end of the outgoing connection, as a NIC's transport layer ends it: wait
-    /// (at most [`DRAIN_ACKS`]) until everything sent is acknowledged, then BYE and close the
-    /// writing side; the ack reader reads on until the peer closes its side. Work posted but
-    /// not sent yet is not started (destroying a QP discards it).
+    /// (at most [`DRAIN_ACKS`] after the destroy began) until everything sent is acknowledged,
+    /// then BYE and close the writing side; the ack reader reads on until the peer closes its
+    /// side. The sender loop comes here once what was posted before the destroy is sent, or
+    /// when that time is up: work still not sent then is discarded.
     fn say_bye(&self, since: Instant) {
         let mut st = self.lock();
         loop {
@@ -360,7 +369,7 @@ impl Qp {
         }
         let abort = || {
             let st = self.lock();
-            st.destroying.is_some() || st.epoch != epoch
+            st.requester_stopped() || st.epoch != epoch
         };
         let sent = wire::send_all(conn.fd(), &mut iov, &abort, try_first);
         // The iovecs borrow the guards, which may be held on now.

@@ -6,16 +6,16 @@
 //! Separate because it is the target side of a QP, with its own connection and thread; its
 //! checks and placement ([`Qp::place`]) are also what an in-process delivery runs.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::sync::{Arc, MutexGuard};
+use std::time::{Duration, Instant};
 
-use ibverbs_sys::{ibv_event_type, ibv_wc_opcode, ibv_wc_status};
+use ibverbs_sys::{ibv_event_type, ibv_qp_state, ibv_wc_opcode, ibv_wc_status};
 use smallvec::SmallVec;
 
 use super::in_process::MemLink;
 use super::pull::Source;
-use super::{Conn, Qp, RecvWqe};
+use super::{Conn, DRAIN_ACKS, Qp, RecvWqe, St};
 use crate::abi::memory::{AtomicOp, Dst, Src};
 use crate::event::Wc;
 use crate::mr::{LOCAL_WRITE, MrGuard, REMOTE_ATOMIC, REMOTE_READ, REMOTE_WRITE};
@@ -86,6 +86,9 @@ impl Qp {
     /// Refuses `req`: NAKs it (over TCP, after draining its payload; in process, by telling the
     /// requester), and moves this QP to ERR with `event`.
     fn refuse(&self, link: &Link<'_>, req: &Request, nak: Nak, event: Option<ibv_event_type>) {
+        if let Link::Tcp(_) | Link::Pulled(..) = link {
+            drop(self.posted_placed(self.lock(), link.epoch()));
+        }
         match link {
             Link::Tcp(conn) | Link::Pulled(conn, _) => {
                 let _ = wire::drain(conn.fd(), req.payload_on_wire());
@@ -106,6 +109,35 @@ impl Qp {
         if st.epoch == link.epoch() {
             self.fail(&mut st, None, event);
         }
+    }
+
+    /// Waits (at most [`DRAIN_ACKS`]) until every WR this QP's requester has posted so far
+    /// was placed at the peer (acknowledged), before the responder refuses a request — which
+    /// takes both QPs to ERR. A NIC sends a posted WR within a microsecond, and a request that
+    /// depends on it arrives a round trip later at the earliest: a receiver's clear-to-send on
+    /// one QP lets the sender write into a buffer the receiver has deregistered since, over
+    /// another QP whose own clear-to-send entries a NIC delivered long before. Here they may
+    /// still wait for a thread or a connection; refusing first would lose them.
+    fn posted_placed<'a>(&'a self, mut st: MutexGuard<'a, St>, epoch: u64) -> MutexGuard<'a, St> {
+        let posted = st.next_seq;
+        let end = Instant::now() + DRAIN_ACKS;
+        while st.epoch == epoch
+            && st.state == ibv_qp_state::IBV_QPS_RTS
+            && !st.requester_stopped()
+            && st.sq.iter().any(|w| w.seq < posted && !w.acked)
+        {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            // Nobody signals an acknowledgement: look again every millisecond, on an error path.
+            st = self
+                .cv
+                .wait_timeout(st, left.min(Duration::from_millis(1)))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        st
     }
 
     /// ACKs everything up to `seq` (placed, not yet acknowledged); `false` = stop.
@@ -158,12 +190,8 @@ impl Qp {
             let req = match wire::read_exact::<REQ_LEN>(fd, false) {
                 Ok(b) => Request::decode(&b),
                 Err(_) => {
-                    // EOF without BYE: the requester vanished (cut, crash): a fatal QP error,
-                    // unless this QP is being destroyed (its destroy shut the reading side).
-                    let mut st = self.lock();
-                    if st.epoch == conn.epoch && st.destroying.is_none() {
-                        self.fail(&mut st, None, Some(ibv_event_type::IBV_EVENT_QP_FATAL));
-                    }
+                    // EOF without BYE: the requester vanished (cut, crash, its QP failed).
+                    self.closed(&Link::Tcp(&conn));
                     return;
                 }
             };
@@ -202,12 +230,7 @@ impl Qp {
                 if let Some(seq) = unacked {
                     self.ack(&conn, seq);
                 }
-                let mut st = self.lock();
-                if st.resp_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
-                    st.resp_conn = None;
-                }
-                drop(st);
-                conn.kill();
+                self.closed(&Link::Tcp(&conn));
                 return;
             }
             let (access, recv) = {
@@ -560,11 +583,24 @@ impl Qp {
         sent || self.closed(link)
     }
 
-    /// The connection broke mid-request: a fatal error unless we are going away anyway.
+    /// The requester's connection ended: after BYE, or without (a crash, a cut, its QP
+    /// failed), maybe mid-request. A responder on RC hardware notices nothing when its
+    /// requester goes away — no event, no state change; its own requests find out, by their
+    /// retries — so this one only lets the connection go (a requester that comes back may
+    /// connect again) and drops what was half received, which nobody acknowledged. Always
+    /// `false`: stop serving it.
     fn closed(&self, link: &Link<'_>) -> bool {
-        let mut st = self.lock();
-        if st.epoch == link.epoch() && st.destroying.is_none() {
-            self.fail(&mut st, None, Some(ibv_event_type::IBV_EVENT_QP_FATAL));
+        if let Link::Tcp(conn) | Link::Pulled(conn, _) = link {
+            let mut st = self.lock();
+            if st
+                .resp_conn
+                .as_ref()
+                .is_some_and(|c| std::ptr::eq(c.as_ref(), *conn))
+            {
+                st.resp_conn = None;
+            }
+            drop(st);
+            conn.kill();
         }
         false
     }

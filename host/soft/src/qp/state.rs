@@ -201,6 +201,7 @@ impl Qp {
                 st.attrs = Attrs::default();
                 st.remote = None;
                 st.peer = PeerPath::Unresolved;
+                st.severed = false;
                 st.state = IBV_QPS_RESET;
             }
             IBV_QPS_ERR => self.fail(&mut st, None, None),

@@ -14,6 +14,8 @@
 pub(crate) mod recv;
 pub(crate) mod send;
 
+use std::time::{Duration, Instant};
+
 use ncclwasm_model::{
     ConnPlan, Connection, PortAnswer, PortChange, PortEvent, PortEventCause, PortState,
 };
@@ -107,14 +109,35 @@ pub(crate) fn cause_text(cause: PortEventCause) -> &'static str {
 pub(crate) struct ControlLink {
     stream: Stream,
     control: Control,
+    /// When a side that has no reason to expect a message reads the socket next ([`due`]).
+    ///
+    /// [`due`]: Self::due
+    next_look: Instant,
 }
+
+/// How often a receiver with every QP up looks for a rejoin: often enough that the sender's
+/// fail-back or resume is answered at once, seldom enough that the system call costs nothing
+/// next to the progress calls NCCL makes meanwhile.
+const LOOK_EVERY: Duration = Duration::from_millis(1);
 
 impl ControlLink {
     pub(crate) fn new(stream: Stream) -> Self {
         ControlLink {
             stream,
             control: Control::default(),
+            next_look: Instant::now(),
         }
+    }
+
+    /// Whether it is time to look at the socket again (at most every [`LOOK_EVERY`]): one
+    /// clock read otherwise.
+    pub(crate) fn due(&mut self) -> bool {
+        let now = Instant::now();
+        if now < self.next_look {
+            return false;
+        }
+        self.next_look = now + LOOK_EVERY;
+        true
     }
 
     /// Sends what is queued, reads what arrived, and returns the next complete message.

@@ -49,6 +49,11 @@ impl RecvComm {
         }
         self.side.poll_each(self.side.all(), |d, wc: &Completion| {
             let Some(q) = self.side.qp_index(wc.qp_num) else {
+                // What a failed QP flushed, polled only after it was re-created (a rejoin can
+                // follow its failure within one call).
+                if wc.status == WcStatus::WrFlushErr {
+                    return Ok(());
+                }
                 // A flush QP's: as on any connection.
                 return self.side.account(receiver.requests(), d, wc);
             };
@@ -85,44 +90,63 @@ impl RecvComm {
         failed.sort_unstable();
         failed.dedup();
         for q in failed {
-            if receiver.is_failed(q) {
-                // Its fatal event stays recorded until the QP is replaced.
-                continue;
-            }
-            let rewrites = receiver
-                .qp_failed(q)
-                .map_err(NetError::protocol("dropping a failed QP"))?;
-            // Its responder must place nothing the sender wrote before the failure and wrote
-            // again elsewhere since, and its CTS writes must not land late either.
-            fence(&self.side.qps(), [q])?;
-            match receiver.cts_qp() {
-                Some(first) => tracing::info!(
-                    "NET/WASM: {}: QP {} failed; the sender moves or holds its traffic; {} CTS \
-                     entr(ies) written again, CTS now through QP {}",
-                    self.side.desc,
-                    self.side.qps()[q].qp.qpn(),
-                    rewrites.len(),
-                    self.side.qps()[first].qp.qpn()
-                ),
-                None => tracing::info!(
-                    "NET/WASM: {}: QP {} failed, the last one; CTS entries wait for the first \
-                     QP the sender re-creates",
-                    self.side.desc,
-                    self.side.qps()[q].qp.qpn()
-                ),
-            }
-            for cts in &rewrites {
-                self.post_cts(cts)?;
-            }
+            self.drop_failed(receiver, q, "failed")?;
         }
-        // A rejoin can only follow a failure: the socket is read only then.
-        if receiver.any_failed()
-            && let Some(control) = &self.control
-        {
+        // The sender's rejoins. Read whether or not a QP failed here: when only the sender's
+        // port failed, this side's QPs stay up until their own work times out (a NIC's retries
+        // take 4.3 s × 7 with NCCL's defaults), and the sender waits for our halves meanwhile.
+        if let Some(control) = &self.control {
             let (link, _) = &mut *crate::comm::lock_state(control)?;
-            if let Some(m) = link.poll()? {
+            if (receiver.any_failed() || link.due())
+                && let Some(m) = link.poll()?
+            {
+                for &q in &m.indices {
+                    let q = q as usize;
+                    if q < self.setup.routes.len() {
+                        self.drop_failed(
+                            receiver,
+                            q,
+                            "failed at the sender (its rejoin names it)",
+                        )?;
+                    }
+                }
                 self.rejoin(receiver, link, &m)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Drops plan QP `q` (`what` happened to it): its completions count nothing from now on, it
+    /// places nothing more, and the CTS entries in flight are written again through a QP that
+    /// works. Nothing when it was dropped already.
+    fn drop_failed(&self, receiver: &mut Receiver, q: usize, what: &str) -> Result<(), NetError> {
+        if receiver.is_failed(q) {
+            // Its fatal event stays recorded until the QP is replaced.
+            return Ok(());
+        }
+        let rewrites = receiver
+            .qp_failed(q)
+            .map_err(NetError::protocol("dropping a failed QP"))?;
+        // Its responder must place nothing the sender wrote before the failure and wrote
+        // again elsewhere since, and its CTS writes must not land late either.
+        fence(&self.side.qps(), [q])?;
+        let qpn = self.side.qps()[q].qp.qpn();
+        match receiver.cts_qp() {
+            Some(first) => tracing::info!(
+                "NET/WASM: {}: QP {qpn} {what}; the sender moves or holds its traffic; {} CTS \
+                 entr(ies) written again, CTS now through QP {}",
+                self.side.desc,
+                rewrites.len(),
+                self.side.qps()[first].qp.qpn()
+            ),
+            None => tracing::info!(
+                "NET/WASM: {}: QP {qpn} {what}, the last one; CTS entries wait for the first \
+                 QP the sender re-creates",
+                self.side.desc,
+            ),
+        }
+        for cts in &rewrites {
+            self.post_cts(cts)?;
         }
         Ok(())
     }
@@ -139,16 +163,23 @@ impl RecvComm {
         let ups = rejoin_bring_up(&s.plan, &s.routes, &s.local, &s.peer, m, s.plan.fifo_tc)
             .map_err(NetError::protocol("fail-back"))?;
         let mut halves = Vec::with_capacity(ups.len());
-        let mut rewrites = Vec::new();
+        let mut fresh = Vec::with_capacity(ups.len());
         for b in &ups {
             let ep = b.route.local;
             let port = &self.side.ports[ep];
             let (q, l) = qp::create(port, &self.side.cqs[ep], true, false)?;
             q.bring_up(port, b)?;
             prefill(&q, receiver.prefill())?;
-            drop(self.side.replace_qp(b.qp, q));
-            rewrites.extend(receiver.qp_rejoined(b.qp));
             halves.push(half(&l, ep));
+            fresh.push((b.qp, q));
+        }
+        // Every fresh QP exists before a failed one is destroyed, so none takes the number of
+        // one it replaces: completions are told apart by QP number, and a failed QP's flushed
+        // ones may still be queued (it may have failed in this very call).
+        let mut rewrites = Vec::new();
+        for (i, q) in fresh {
+            drop(self.side.replace_qp(i, q));
+            rewrites.extend(receiver.qp_rejoined(i));
         }
         link.send(&Message::Rejoined(Rejoin {
             indices: m.indices.clone(),

@@ -378,23 +378,7 @@ pub fn sizes_suite(s: &SendComm, r: &RecvComm, b: &Bufs) {
     one(s, r, b, 3 * MIB, MIB + 3, 0);
 }
 
-/// Whether this process is the child of [`rerun_with_env`].
+/// Whether this process is the child of `ncclwasm_testkit::child::rerun_with_env`.
 pub fn in_child() -> bool {
     ncclwasm_testkit::child::is_child()
-}
-
-/// Runs the test `test` again in a child process with `vars` set — how one test gets its own
-/// environment without touching the parent's. Returns `true` in the parent (the child ran the
-/// test and passed), `false` in the child, which then runs the test body.
-pub fn rerun_with_env(test: &str, vars: &[(&str, &str)]) -> bool {
-    if ncclwasm_testkit::child::enter(test) {
-        return false;
-    }
-    let mut child = ncclwasm_testkit::child::command(test);
-    child.envs(vars.iter().copied());
-    let out = ncclwasm_testkit::child::run(child, test);
-    // Shown with this test's own output (captured by libtest unless it fails or --nocapture).
-    print!("{}", String::from_utf8_lossy(&out.stdout));
-    eprint!("{}", String::from_utf8_lossy(&out.stderr));
-    true
 }
