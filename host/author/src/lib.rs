@@ -13,9 +13,14 @@
 //! | C | clang with wasm32 support, wasm-ld, a WASI libc (Debian: `clang-19 lld-19 wasi-libc libclang-rt-19-dev-wasm32`) | yes: bindings and component encoding run in-process ([`c`]) |
 //! | Python | componentize-py (PyPI) in `.venv/` or on `PATH` | once installed |
 //! | JavaScript | Node.js, npm; componentize-js (npm) | once `npm install` ran |
+//!
+//! [`progress`] shows the long steps of those callers (a cold build, the first compile of a big
+//! component, the packing of the tarball) as cargo and pip do: it lives here, with the two
+//! callers' shared steps, so the CLI and `xtask` show progress alike.
 #![forbid(unsafe_code)]
 
 mod c;
+pub mod progress;
 mod scaffold;
 mod toolchain;
 
