@@ -68,6 +68,12 @@ impl Step {
         Step::start_on(Box::new(stderr), terminal, what, why)
     }
 
+    /// A step run by a tool that draws its own progress on stderr (cargo's bar, npm's): the
+    /// start and end lines only, so no spinner is drawn over the tool's output.
+    pub fn around_tool(what: &str, why: Option<&str>) -> Step {
+        Step::start_on(Box::new(std::io::stderr()), false, what, why)
+    }
+
     /// [`Step::start`] on any output, told whether it is a terminal (tests write to a buffer).
     pub fn start_on(
         out: Box<dyn Write + Send>,
