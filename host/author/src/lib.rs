@@ -172,15 +172,15 @@ fn long_build_in(lang: Lang, dir: &Path, cargo_target: Option<PathBuf>) -> Optio
                  later builds take seconds",
             )
         }
-        Lang::Python => Some(
-            "componentize-py puts CPython into the component (17.5 MiB), about 30 s on 2 cores",
-        ),
+        Lang::Python => {
+            Some("componentize-py puts CPython into the component (17.5 MiB), 5-30 s on 2 cores")
+        }
         Lang::Js if !dir.join("node_modules").is_dir() => Some(
-            "npm installs componentize-js first (once, from the registry), then it puts \
-             SpiderMonkey into the component (11.6 MiB), about 20 s on 2 cores",
+            "npm installs componentize-js first (once, from the registry, about 30 s), then it \
+             puts SpiderMonkey into the component (11.6 MiB), 5-20 s on 2 cores",
         ),
         Lang::Js => Some(
-            "componentize-js puts SpiderMonkey into the component (11.6 MiB), about 20 s on 2 cores",
+            "componentize-js puts SpiderMonkey into the component (11.6 MiB), 5-20 s on 2 cores",
         ),
         Lang::C => None,
     }

@@ -99,12 +99,13 @@ pub fn run_build(args: &BuildArgs) -> Result<Outcome, Fail> {
     };
     let lang = Lang::detect(&args.dir).map_err(Fail::trouble)?;
     // The toolchains draw their own progress (cargo's bar) on the terminal: lines only.
-    let step = ncclwasm_author::long_build(lang, &args.dir).map(|why| {
-        Step::around_tool(
-            &format!("building {} ({lang})", args.dir.display()),
-            Some(why),
-        )
-    });
+    let name = args.dir.canonicalize().unwrap_or_else(|_| args.dir.clone());
+    let name = name
+        .file_name()
+        .unwrap_or(name.as_os_str())
+        .to_string_lossy();
+    let step = ncclwasm_author::long_build(lang, &args.dir)
+        .map(|why| Step::around_tool(&format!("building {name} ({lang})"), Some(why)));
     let out = ncclwasm_author::build(&args.dir, &options).map_err(Fail::trouble)?;
     if let Some(step) = step {
         step.finish(&format!("built {}", out.display()));
