@@ -168,7 +168,7 @@ fn long_build_in(lang: Lang, dir: &Path, cargo_target: Option<PathBuf>) -> Optio
             let target = cargo_target.unwrap_or_else(|| dir.join("target"));
             let built = target.join(toolchain::WASM_TARGET).join("release");
             (!built.is_dir()).then_some(
-                "the first build compiles the SDK and its dependencies, about 3 min on 2 cores; \
+                "the first build compiles the SDK and its dependencies, 1-3 min on 2 cores; \
                  later builds take seconds",
             )
         }

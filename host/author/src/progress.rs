@@ -200,7 +200,7 @@ pub fn elapsed(d: Duration) -> String {
         format!("{secs:.1} s")
     } else if secs < 60.0 {
         format!("{secs:.0} s")
-    } else if whole % 60 == 0 {
+    } else if whole.is_multiple_of(60) {
         format!("{} min", whole / 60)
     } else {
         format!("{} min {:02} s", whole / 60, whole % 60)
