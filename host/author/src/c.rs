@@ -300,5 +300,40 @@ mod tests {
         );
         assert_eq!(link.len(), 2, "{link:?}");
         std::fs::remove_dir_all(&dir).unwrap();
+        readme_names_are_in(&header);
+    }
+
+    /// Every name the C template's README lists (in backticks; `X_*` for the names starting
+    /// with `X_`) is one `build/policy.h` defines, so the list an author reads before a first
+    /// build stays the generator's.
+    fn readme_names_are_in(header: &str) {
+        let readme = include_str!("../templates/c/README.md");
+        let prefixes = [
+            "policy_",
+            "ncclwasm_policy_",
+            "NCCLWASM_POLICY_",
+            "exports_policy_",
+        ];
+        let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        let defined = |name: &str| {
+            header.match_indices(name).any(|(at, _)| {
+                !header[..at].ends_with(is_name) && !header[at + name.len()..].starts_with(is_name)
+            })
+        };
+        let mut checked = 0;
+        for quoted in readme.split('`').skip(1).step_by(2) {
+            if !prefixes.iter().any(|p| quoted.starts_with(p)) || quoted.contains('<') {
+                continue;
+            }
+            // The name a call or a pattern starts with: `policy_log(level, &string)`, `X_*`.
+            let name = &quoted[..quoted.find(|c| !is_name(c)).unwrap_or(quoted.len())];
+            checked += 1;
+            if quoted[name.len()..].starts_with('*') {
+                assert!(header.contains(name), "{quoted}: none in policy.h");
+            } else {
+                assert!(defined(name), "{quoted}: not in policy.h");
+            }
+        }
+        assert!(checked > 60, "the README's list of names: {checked}");
     }
 }

@@ -13,9 +13,14 @@
 //! | C | clang with wasm32 support, wasm-ld, a WASI libc (Debian: `clang-19 lld-19 wasi-libc libclang-rt-19-dev-wasm32`) | yes: bindings and component encoding run in-process ([`c`]) |
 //! | Python | componentize-py (PyPI) in `.venv/` or on `PATH` | once installed |
 //! | JavaScript | Node.js, npm; componentize-js (npm) | once `npm install` ran |
+//!
+//! [`progress`] shows the long steps of those callers (a cold build, the first compile of a big
+//! component, the packing of the tarball) as cargo and pip do: it lives here, with the two
+//! callers' shared steps, so the CLI and `xtask` show progress alike.
 #![forbid(unsafe_code)]
 
 mod c;
+pub mod progress;
 mod scaffold;
 mod toolchain;
 
@@ -146,6 +151,41 @@ pub fn build(dir: &Path, options: &BuildOptions) -> Result<PathBuf, Error> {
     Ok(out)
 }
 
+/// Why building the project in `dir` will take long, to say before it starts; `None` when it
+/// will not (C, a Rust project built before). The figures are a 2-core machine's.
+pub fn long_build(lang: Lang, dir: &Path) -> Option<&'static str> {
+    long_build_in(
+        lang,
+        dir,
+        std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from),
+    )
+}
+
+/// [`long_build`] with cargo's target directory given (`CARGO_TARGET_DIR`, else `dir/target`).
+fn long_build_in(lang: Lang, dir: &Path, cargo_target: Option<PathBuf>) -> Option<&'static str> {
+    match lang {
+        Lang::Rust => {
+            let target = cargo_target.unwrap_or_else(|| dir.join("target"));
+            let built = target.join(toolchain::WASM_TARGET).join("release");
+            (!built.is_dir()).then_some(
+                "the first build compiles the SDK and its dependencies, 1-3 min on 2 cores; \
+                 later builds take seconds",
+            )
+        }
+        Lang::Python => {
+            Some("componentize-py puts CPython into the component (17.5 MiB), 5-30 s on 2 cores")
+        }
+        Lang::Js if !dir.join("node_modules").is_dir() => Some(
+            "npm installs componentize-js first (once, from the registry, about 30 s), then it \
+             puts SpiderMonkey into the component (11.6 MiB), 5-20 s on 2 cores",
+        ),
+        Lang::Js => Some(
+            "componentize-js puts SpiderMonkey into the component (11.6 MiB), 5-20 s on 2 cores",
+        ),
+        Lang::C => None,
+    }
+}
+
 /// A project is named after its directory (the scaffold names the package the same).
 fn project_name(dir: &Path) -> Result<String, Error> {
     let dir = dir.canonicalize().map_err(|e| Error::io(dir, e))?;
@@ -192,6 +232,26 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Rust project is long to build until its first build is there; C never is.
+    #[test]
+    fn long_builds_are_told_apart_from_quick_ones() {
+        let dir = std::env::temp_dir().join(format!("ncclwasm-long-build-{}", std::process::id()));
+        let built = dir.join("target/wasm32-wasip2/release");
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(
+            long_build_in(Lang::Rust, &dir, None)
+                .unwrap()
+                .contains("first build")
+        );
+        std::fs::create_dir_all(&built).unwrap();
+        assert_eq!(long_build_in(Lang::Rust, &dir, None), None);
+        let elsewhere = Some(dir.join("elsewhere"));
+        assert!(long_build_in(Lang::Rust, &dir, elsewhere).is_some());
+        assert!(long_build(Lang::Js, &dir).unwrap().contains("npm installs"));
+        assert_eq!(long_build(Lang::C, &dir), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn languages_parse_by_name() {

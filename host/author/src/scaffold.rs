@@ -147,6 +147,10 @@ fn templates(lang: Lang) -> &'static [(&'static str, &'static str)] {
         ],
         Lang::Python => &[
             ("app.py", include_str!("../templates/python/app.py")),
+            (
+                "ncclwasm_guest.py",
+                include_str!("../templates/python/ncclwasm_guest.py"),
+            ),
             ("requirements.txt", "componentize-py==0.25.1\n"),
             ("README.md", include_str!("../templates/python/README.md")),
             (".gitignore", "/.venv\n__pycache__/\n/*.wasm\n"),
@@ -155,6 +159,10 @@ fn templates(lang: Lang) -> &'static [(&'static str, &'static str)] {
             ("package.json", include_str!("../templates/js/package.json")),
             ("build.mjs", include_str!("../templates/js/build.mjs")),
             ("policy.js", include_str!("../templates/js/policy.js")),
+            (
+                "ncclwasm_guest.js",
+                include_str!("../templates/js/ncclwasm_guest.js"),
+            ),
             ("README.md", include_str!("../templates/js/README.md")),
             (".gitignore", "/node_modules\n/*.wasm\n"),
         ],
@@ -276,14 +284,16 @@ fn stubs(lang: Lang, chosen: &[Hook]) -> String {
                 hook.name()
             )
         };
-        out.push(stub(lang, hook, &note));
+        out.push(stub(lang, hook, &note, declared));
     }
     let sep = if lang == Lang::Rust { "\n" } else { "\n\n" };
     out.join(sep).trim_end().to_owned()
 }
 
-/// One hook's stub, answering "no opinion", with `note` as its comment.
-fn stub(lang: Lang, hook: Hook, note: &str) -> String {
+/// One hook's stub, answering "no opinion", with `note` as its comment and, for a hook the
+/// policy declares, what its first answer looks like ([`example`]).
+fn stub(lang: Lang, hook: Hook, note: &str, declared: bool) -> String {
+    let example = if declared { example(lang, hook) } else { "" };
     let (signature, body) = match lang {
         Lang::Rust => (rust_signature(hook), "        None\n    }\n"),
         Lang::Python => (python_signature(hook), "        return None\n"),
@@ -291,10 +301,36 @@ fn stub(lang: Lang, hook: Hook, note: &str) -> String {
         Lang::C => (c_signature(hook), ""),
     };
     match lang {
-        Lang::Rust => format!("    /// {note}\n{signature}{body}"),
-        Lang::Python => format!("    # {note}\n{signature}{body}"),
-        Lang::Js => format!("// {note}\n{signature}{body}"),
+        Lang::Rust => format!("    /// {note}\n{signature}{example}{body}"),
+        Lang::Python => format!("    # {note}\n{signature}{example}{body}"),
+        Lang::Js => format!("// {note}\n{signature}{example}{body}"),
         Lang::C => format!("// {note}\n{signature}"),
+    }
+}
+
+/// Comment lines inside a stub where the answer's shape is not obvious from the signature: a
+/// plan answer names only the fields it sets (the SDKs' plan builders; the WIT record has 12),
+/// and the Rust SDK's GID gives the WIT's derived fields as methods.
+fn example(lang: Lang, hook: Hook) -> &'static str {
+    match (lang, hook) {
+        (Lang::Rust, Hook::SelectGid) => {
+            "        // In `port.gids` the WIT's `family`, `link-local`, `unconfigured` and `hi`/`lo`\n        \
+             // are methods, read from the GID's bytes: `g.family()`, `g.is_link_local()`,\n        \
+             // `g.is_unconfigured()`, `g.hi()`/`g.lo()`, and `g.addr()` (see README.md).\n"
+        }
+        (Lang::Rust, Hook::PlanConnection) => {
+            "        // e.g. Some(PlanPatch { tc: Some(106), reason: \"bulk on TC 106\".into(),\n        \
+             //     ..PlanPatch::default() }): the fields left `None` keep the built-in's values.\n"
+        }
+        (Lang::Python, Hook::PlanConnection) => {
+            "        # e.g. return conn_plan(\"bulk traffic on TC 106\", tc=106): the fields not\n        \
+             # named keep the built-in default's values (ncclwasm_guest.py lists them).\n"
+        }
+        (Lang::Js, Hook::PlanConnection) => {
+            "  // e.g. return connPlan(\"bulk traffic on TC 106\", { tc: 106 }): the fields not named\n  \
+             // keep the built-in default's values (ncclwasm_guest.js lists them).\n"
+        }
+        _ => "",
     }
 }
 
@@ -425,6 +461,39 @@ mod tests {
             "NCCLWASM_POLICY_TYPES_HOOKS_SELECT_GID | NCCLWASM_POLICY_TYPES_HOOKS_PLAN_CONNECTION"
         );
         assert_eq!(declared(Lang::C, &[]), "0");
+    }
+
+    /// The Python and JavaScript plan builders take every field of the WIT's `conn-plan`, so
+    /// a field added to the contract cannot be missing from them.
+    #[test]
+    fn plan_builders_name_every_plan_field() {
+        let mut resolve = wit_parser::Resolve::default();
+        resolve.push_str("policy.wit", WIT).unwrap();
+        let plan = resolve
+            .types
+            .iter()
+            .find(|(_, t)| t.name.as_deref() == Some("conn-plan"))
+            .expect("a conn-plan record")
+            .1;
+        let wit_parser::TypeDefKind::Record(record) = &plan.kind else {
+            panic!("conn-plan is a record");
+        };
+        let python = include_str!("../templates/python/ncclwasm_guest.py");
+        let js = include_str!("../templates/js/ncclwasm_guest.js");
+        let fields: Vec<&str> = record.fields.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(fields.len(), 12, "{fields:?}");
+        for field in fields.into_iter().filter(|f| *f != "reason") {
+            let snake = field.replace('-', "_");
+            assert!(
+                python.contains(&format!("    {snake}: Optional["))
+                    && python.contains(&format!("{snake}={snake},")),
+                "{snake} in ncclwasm_guest.py"
+            );
+            assert!(
+                js.contains(&format!("  \"{}\",\n", camel(field))),
+                "{field} in ncclwasm_guest.js"
+            );
+        }
     }
 
     /// Rust stubs only the chosen hooks (the trait has defaults); the other languages stub all,

@@ -46,17 +46,21 @@ fn describe(cmd: &Command) -> String {
         .join(" ")
 }
 
+/// The target Rust policies are built for.
+pub(crate) const WASM_TARGET: &str = "wasm32-wasip2";
+
 /// `cargo build --release --target wasm32-wasip2`; the cdylib's `.wasm` (named by cargo's own
 /// report, so a renamed package still builds) is copied to `out`. The project's profile makes
 /// it small (the scaffold's `[profile.release]`); its `.cargo/config.toml` points crates.io at
 /// the SDK's vendored sources when it came from the tarball, so this works offline.
 pub(crate) fn cargo(dir: &Path, out: &Path) -> Result<(), Error> {
-    const TARGET: &str = "wasm32-wasip2";
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.args(["build", "--release", "--target", TARGET])
+    cmd.args(["build", "--release", "--target", WASM_TARGET])
         .args(["--message-format", "json-render-diagnostics"])
         .current_dir(dir)
-        .stdout(Stdio::piped());
+        .stdout(Stdio::piped())
+        // cargo's progress and the policy's diagnostics: `output()` would capture them.
+        .stderr(Stdio::inherit());
     let hint = "install Rust with rustup, then `rustup target add wasm32-wasip2`";
     let output = cmd.output().map_err(|e| spawn_error(&cmd, e, hint))?;
     if !output.status.success() {

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args as ClapArgs;
+use ncclwasm_author::progress::Step;
 use ncclwasm_author::{BuildOptions, Lang, NewProject, Sdk};
 use ncclwasm_model::Hook;
 
@@ -96,7 +97,19 @@ pub fn run_build(args: &BuildArgs) -> Result<Outcome, Fail> {
         wit: args.wit.clone(),
         ..BuildOptions::default()
     };
+    let lang = Lang::detect(&args.dir).map_err(Fail::trouble)?;
+    // The toolchains draw their own progress (cargo's bar) on the terminal: lines only.
+    let name = args.dir.canonicalize().unwrap_or_else(|_| args.dir.clone());
+    let name = name
+        .file_name()
+        .unwrap_or(name.as_os_str())
+        .to_string_lossy();
+    let step = ncclwasm_author::long_build(lang, &args.dir)
+        .map(|why| Step::around_tool(&format!("building {name} ({lang})"), Some(why)));
     let out = ncclwasm_author::build(&args.dir, &options).map_err(Fail::trouble)?;
+    if let Some(step) = step {
+        step.finish(&format!("built {}", out.display()));
+    }
     let size = std::fs::metadata(&out).map(|m| m.len()).unwrap_or_default();
     Ok(Outcome::success(format!(
         "built {} ({size} bytes); next: ncclwasm policy check {0}\n",

@@ -2,10 +2,12 @@
 //! [`ncclwasm_inspect::check`]; exit status 1 with one line naming the cause when any step
 //! fails.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::Args as ClapArgs;
-use ncclwasm_inspect::check::{Checked, check};
+use ncclwasm_author::progress::{self, Step};
+use ncclwasm_inspect::check::{Checked, LongCompile, check, long_compile};
 use ncclwasm_inspect::render::{self, field, json};
 use ncclwasm_inspect::setup::{self, ConfigArgs};
 
@@ -26,13 +28,51 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<Outcome, Fail> {
-    let checked = check(&args.file, setup::settings(&args.config)?)?;
+    let settings = setup::settings(&args.config)?;
+    let step = long_compile(&args.file, &settings).map(|long| {
+        Step::start(
+            &format!("compiling {}", name(&args.file)),
+            Some(&why(&long)),
+        )
+    });
+    let checked = check(&args.file, settings)?;
+    if let Some(step) = step {
+        step.finish(&format!("{} {}", name(&args.file), checked.cache));
+    }
     let text = if args.json {
         json(&checked)?
     } else {
         render(&checked)
     };
     Ok(Outcome::success(text))
+}
+
+/// The file's name alone: the progress line has room for little else.
+fn name(file: &Path) -> String {
+    file.file_name()
+        .unwrap_or(file.as_os_str())
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Why the step is long, said before it starts: the size, how long on a fast and on a slow
+/// machine, once or at every load.
+fn why(long: &LongCompile) -> String {
+    // Rounded to 5 s: an estimate, not a promise.
+    let about = |d: Duration| progress::elapsed(Duration::from_secs(d.as_secs().div_ceil(5) * 5));
+    let first = format!(
+        "{} on one core, {} to {}",
+        render::bytes(long.bytes),
+        about(long.fastest),
+        about(long.slowest)
+    );
+    match &long.cache {
+        Ok(dir) => format!(
+            "{first} the first time; later loads read the compiled-policy cache in {}",
+            dir.display()
+        ),
+        Err(none) => format!("{first} at every load: no compiled-policy cache ({none})"),
+    }
 }
 
 pub fn render(c: &Checked) -> String {

@@ -787,6 +787,26 @@ fn every_shipped_policy_and_example_passes_check() {
         let j = json(&o);
         assert_eq!(j["name"], package, "{j}");
         assert!(!j["hooks"].as_array().unwrap().is_empty(), "{package}: {j}");
+        // Issue 35, point 2: a big component's compile is announced, with where it is cached,
+        // and its end reported; in a pipe as two plain lines, nothing redrawn.
+        let err = stderr(&o);
+        if ["tc-by-class", "gid-per-hca"].contains(&package) {
+            let lines: Vec<&str> = err.lines().collect();
+            assert_eq!(lines.len(), 2, "{package}: {err}");
+            assert!(
+                lines[0].starts_with(&format!("compiling {package}.wasm: "))
+                    && lines[0].contains(" MiB on one core, ")
+                    && lines[0].contains("compiled-policy cache"),
+                "{err}"
+            );
+            assert!(
+                lines[1].starts_with(&format!("{package}.wasm ")) && lines[1].ends_with(" s)"),
+                "{err}"
+            );
+            assert!(!err.contains(['\r', '\x1b']), "{err:?}");
+        } else {
+            assert!(err.is_empty(), "a small policy compiles quietly: {err}");
+        }
     }
 }
 

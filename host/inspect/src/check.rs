@@ -6,10 +6,11 @@
 //! from trouble with the settings or the engine, so a deployment script can refuse the file
 //! before it reaches a job.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use ncclwasm_model::Topology;
-use ncclwasm_policy::{CompileCache, PolicyError, PolicyHost, Settings};
+use ncclwasm_policy::{CompileCache, ENV_CACHE_DIR, PolicyError, PolicyHost, Settings};
 use serde::Serialize;
 
 use crate::Error;
@@ -65,6 +66,50 @@ pub struct Checked {
     pub cache: CompileCache,
     /// The machine the hooks were tried on.
     pub trial: String,
+}
+
+/// A policy whose load will compile for long, said before it starts: how big it is, about how
+/// long compiling takes, and where the result is kept so later loads skip it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LongCompile {
+    pub bytes: u64,
+    /// The compile's time on a fast machine and on a slow or busy one.
+    pub fastest: Duration,
+    pub slowest: Duration,
+    /// The compiled-policy cache's directory, or why there is none (off, or its directory
+    /// refused), so that every load compiles.
+    pub cache: Result<PathBuf, String>,
+}
+
+/// Cranelift's time per MiB of component on one core (the engine compiles a component on one
+/// thread), as measured: 13–15 s for the 11.6 MiB of a componentize-js policy and the 17.5 MiB
+/// of a componentize-py one on an idle 2-core machine, 75–92 s on the busy one of issue 35.
+const FAST_PER_MIB: Duration = Duration::from_millis(1_100);
+const SLOW_PER_MIB: Duration = Duration::from_millis(5_300);
+
+/// Shorter than this even on a slow machine, a compile ends about when a line saying so could
+/// be read: nothing is said.
+const LONG: Duration = Duration::from_secs(10);
+
+/// Whether loading `file` may compile for long ([`LONG`]) when the compiled-policy cache does
+/// not have it: a Python or JavaScript component carries its language's runtime, a Rust or C
+/// one compiles in well under a second. Whether the cache has it cannot be known before trying,
+/// so the answer is about the first load; `None` for a small file or one that cannot be read
+/// (the load then says why).
+pub fn long_compile(file: &Path, settings: &Settings) -> Option<LongCompile> {
+    let bytes = std::fs::metadata(file).ok()?.len();
+    let mib = bytes as f64 / f64::from(1 << 20);
+    let slowest = SLOW_PER_MIB.mul_f64(mib);
+    (slowest >= LONG).then(|| LongCompile {
+        bytes,
+        fastest: FAST_PER_MIB.mul_f64(mib),
+        slowest,
+        cache: match settings.cache.directory() {
+            Ok(Some(dir)) => Ok(dir),
+            Ok(None) => Err(format!("{ENV_CACHE_DIR}=off")),
+            Err(refused) => Err(refused),
+        },
+    })
 }
 
 /// Loads `file` as the plugin would and tries every hook on the sample machine (`doctor` runs

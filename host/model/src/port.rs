@@ -39,7 +39,9 @@ pub enum AddrFamily {
     Ipv6,
 }
 
-/// One GID table entry.
+/// One GID table entry. The WIT `gid` record's `hi`/`lo`, `family`, `link-local` and
+/// `unconfigured` are methods here ([`Gid::family`], [`Gid::is_link_local`], …), read from
+/// `raw`, so no value can disagree with the bytes it describes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Gid {
     pub index: u32,

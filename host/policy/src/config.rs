@@ -7,6 +7,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ncclwasm_model::private_dir;
+
 use crate::PolicyError;
 
 /// Component path; unset or empty = the built-in default.
@@ -95,6 +97,21 @@ pub enum PolicyCache {
     /// permissions are the operator's to choose); an unusable one is WARNed once and the engine
     /// compiles in memory, as for the default.
     Dir(PathBuf),
+}
+
+impl PolicyCache {
+    /// The directory the engine compiles through, as it opens it: `None` when the cache is off.
+    /// The per-user one is created (and checked) here; a refusal is the `Err` the engine WARNs
+    /// with before compiling in memory. Public so a tool can say up front where a long compile
+    /// will be kept (`ncclwasm policy check`).
+    pub fn directory(&self) -> Result<Option<PathBuf>, String> {
+        match self {
+            PolicyCache::Off => Ok(None),
+            PolicyCache::Dir(dir) => Ok(Some(dir.clone())),
+            PolicyCache::PerUser => private_dir::private_dir("the compiled-policy cache")
+                .map(|dir| Some(dir.join("policy-cache"))),
+        }
+    }
 }
 
 /// Everything the engine needs to know; build with [`Settings::from_env`] or start from

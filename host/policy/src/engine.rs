@@ -26,7 +26,6 @@ use wasmtime_wasi::cli::{WasiCli, WasiCliView};
 use wasmtime_wasi::random::WasiRandom;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use ncclwasm_model::private_dir;
 use ncclwasm_model::telemetry::TelemetrySource;
 
 // A wasmtime error as one line: policy errors end up in single WARN lines and CLI output.
@@ -319,18 +318,18 @@ fn disk_cache(choice: &PolicyCache) -> Option<wasmtime::Cache> {
             .with_optimized_compression_level(CACHE_COMPRESSION_LEVEL);
         wasmtime::Cache::new(cache).map_err(|e| one_line(&e))
     };
-    let (cache, hint) = match choice {
+    let (named, hint) = match choice {
         PolicyCache::Off => return None,
-        PolicyCache::Dir(dir) => (
-            open(dir).map_err(|e| format!("{ENV_CACHE_DIR}={}: {e}", dir.display())),
-            "=off silences this",
-        ),
+        PolicyCache::Dir(_) => (format!("{ENV_CACHE_DIR}="), "=off silences this"),
         PolicyCache::PerUser => (
-            private_dir::private_dir("the compiled-policy cache")
-                .map(|dir| dir.join("policy-cache"))
-                .and_then(|dir| open(&dir).map_err(|e| format!("{}: {e}", dir.display()))),
+            String::new(),
             "=DIR names another directory, =off silences this",
         ),
+    };
+    let cache = match choice.directory() {
+        Ok(None) => return None,
+        Ok(Some(dir)) => open(&dir).map_err(|e| format!("{named}{}: {e}", dir.display())),
+        Err(refused) => Err(refused),
     };
     cache
         .inspect_err(|why| {

@@ -5,6 +5,7 @@
 // decides). WIT names are camelCase here (`traffic-class` is `trafficClass`).
 
 import log from "log";
+import { connPlan } from "./ncclwasm_guest.js"; // plan-connection's answers
 
 // init(config: list<tuple<string, string>>) -> result<policy-info, string>: `config` holds the
 // job's NCCL_IB_* variables and NCCL_WASM_POLICY_CONFIG; throwing a string refuses the policy.

@@ -9,6 +9,7 @@ from typing import List, Optional, Tuple
 
 import wit_world
 from componentize_py_types import Err
+from ncclwasm_guest import conn_plan  # noqa: F401 (plan-connection's answers)
 from wit_world.imports import types
 
 
