@@ -24,7 +24,7 @@ impl Fabric {
     /// queried is skipped with a WARN, as NCCL does; no library devices means an empty list.
     /// `merge_vfs` is `NCCL_IB_MERGE_VFS` (default 1) for the PCI path rule.
     pub fn discover(self: &Arc<Self>, merge_vfs: bool) -> Vec<Port> {
-        let sysfs = Sysfs::open(&self.provider.sysfs_root);
+        let sysfs = Sysfs::open(&self.provider.sysfs);
         let mut ports = Vec::new();
         // Held across the loop: every open below shares this one read of the list.
         let _held = self.device_list();

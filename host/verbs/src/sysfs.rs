@@ -1,14 +1,18 @@
-//! Discovery extras read from a sysfs-shaped tree through cap-std (layout: [`crate::table`]).
+//! Discovery extras read from a sysfs-shaped tree (layout: [`crate::table`]).
 //!
-//! Everything is relative to a root directory opened once, so the `soft` provider's temp tree
-//! and the real `/sys` go through the same code, and nothing outside the root is ever followed
-//! (symlinks are resolved by hand, component by component, inside the capability). Every read
-//! tolerates absence: containers hide parts of sysfs and NCCL carries on without them. Every
-//! attribute goes through the model's bounded reader ([`ncclwasm_model::file`]), so a FIFO or
-//! a giant planted in a tree reads as absent instead of blocking or filling memory.
+//! Everything is relative to a root: a directory opened once and read through cap-std (the
+//! real `/sys`, or a copy named by `NCCL_WASM_SYSFS_ROOT`), or a tree a provider answers from
+//! memory ([`SysfsTree::Served`]: the soft provider's), so both go through the same questions
+//! here and nothing outside the root is ever followed (symlinks are resolved by hand, component
+//! by component, inside the capability; a served answer that leaves the root is refused). Every
+//! read tolerates absence: containers hide parts of sysfs and NCCL carries on without them.
+//! Every attribute goes through the model's bounded reader ([`ncclwasm_model::file`]), or for a
+//! served tree is held to the same cap, so a FIFO or a giant planted in a tree reads as absent
+//! instead of blocking or filling memory.
 
 use std::collections::VecDeque;
-use std::ffi::OsString;
+use std::ffi::{CString, OsString};
+use std::os::raw::c_int;
 use std::path::{Component, Path, PathBuf};
 
 use cap_std::ambient_authority;
@@ -16,31 +20,45 @@ use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 use ncclwasm_model::GidType;
 use ncclwasm_model::file::{Limit, Opened};
 
+use crate::provider::SysfsTree;
+use crate::table::SysfsReadFn;
+
 /// Symlink hops allowed while resolving one path, as the kernel's `MAXSYMLINKS`.
 const MAX_HOPS: usize = 40;
 
-/// A sysfs root; `dir` is `None` when the root cannot be opened (everything then reads unknown).
+/// A sysfs root, opened.
 #[derive(Debug)]
-pub(crate) struct Sysfs {
-    dir: Option<Dir>,
+pub(crate) enum Sysfs {
+    /// A directory; `None` when it cannot be opened (everything then reads unknown).
+    Dir(Option<Dir>),
+    /// The provider's answers.
+    Served(SysfsReadFn),
 }
 
 impl Sysfs {
-    pub(crate) fn open(root: &Path) -> Sysfs {
-        let dir = Dir::open_ambient_dir(root, ambient_authority())
-            .inspect_err(|e| tracing::debug!("sysfs root {} unreadable: {e}", root.display()))
-            .ok();
-        Sysfs { dir }
+    pub(crate) fn open(tree: &SysfsTree) -> Sysfs {
+        match tree {
+            SysfsTree::Dir(root) => Sysfs::Dir(
+                Dir::open_ambient_dir(root, ambient_authority())
+                    .inspect_err(|e| {
+                        tracing::debug!("sysfs root {} unreadable: {e}", root.display())
+                    })
+                    .ok(),
+            ),
+            SysfsTree::Served(read) => Sysfs::Served(*read),
+        }
     }
 
-    /// One attribute, trimmed, through the bounded reader: opened non-blocking inside the
-    /// capability, refused unless a regular file of at most [`Limit::SYSFS`]. A refusal is
-    /// DEBUG-logged and reads as absent, as a hidden file would (a FIFO or a giant where an
-    /// attribute should be is no attribute).
+    /// One attribute, trimmed. From a directory, through the bounded reader: opened
+    /// non-blocking inside the capability, refused unless a regular file of at most
+    /// [`Limit::SYSFS`]. A refusal is DEBUG-logged and reads as absent, as a hidden file would
+    /// (a FIFO or a giant where an attribute should be is no attribute).
     fn read(&self, rel: &str) -> Option<String> {
-        let file = self
-            .dir
-            .as_ref()?
+        let dir = match self {
+            Sysfs::Dir(dir) => dir.as_ref()?,
+            Sysfs::Served(read) => return served(*read, rel, false).map(|s| s.trim().to_owned()),
+        };
+        let file = dir
             .open_with(
                 rel,
                 OpenOptions::new()
@@ -57,7 +75,10 @@ impl Sysfs {
 
     /// Whether `rel` exists (as `access(F_OK)`), e.g. a kernel module's `version` file.
     pub(crate) fn exists(&self, rel: &str) -> bool {
-        self.dir.as_ref().is_some_and(|d| d.exists(rel))
+        match self {
+            Sysfs::Dir(dir) => dir.as_ref().is_some_and(|d| d.exists(rel)),
+            Sysfs::Served(read) => served(*read, rel, true).is_some(),
+        }
     }
 
     /// The device's PCI function directory as `/sys/devices/…` (unmerged), as the `realpath` in
@@ -116,7 +137,15 @@ impl Sysfs {
     /// Resolves every symlink in `rel` inside the root; `None` if a link is absolute, climbs
     /// above the root, loops, or any component is missing.
     fn resolve(&self, rel: &str) -> Option<PathBuf> {
-        let dir = self.dir.as_ref()?;
+        let dir = match self {
+            Sysfs::Dir(dir) => dir.as_ref()?,
+            Sysfs::Served(read) => {
+                let resolved = served(*read, rel, true)?;
+                // Inside the root, as a directory's resolution stays: relative, no `..`.
+                let parts = components(Path::new(&resolved))?;
+                return (!parts.iter().any(|c| c == "..")).then(|| parts.iter().collect());
+            }
+        };
         let mut pending: VecDeque<OsString> = components(Path::new(rel))?;
         let mut done: Vec<OsString> = Vec::new();
         let mut hops = 0;
@@ -141,6 +170,41 @@ impl Sysfs {
         }
         Some(done.iter().collect())
     }
+}
+
+/// One answer of a provider's tree ([`SysfsReadFn`]): `resolve` asks for the path with its links
+/// resolved instead of the file's text. Held to [`Limit::SYSFS`] as a file of a directory is;
+/// an answer that is not UTF-8 is no answer.
+fn served(read: SysfsReadFn, rel: &str, resolve: bool) -> Option<String> {
+    let path = CString::new(rel).ok()?;
+    let ask = |buf: &mut [u8]| {
+        // SAFETY: `path` is NUL-terminated and `buf` writable for its length (the SysfsReadFn
+        // contract); the provider's fabric outlives this call.
+        unsafe {
+            read(
+                path.as_ptr(),
+                c_int::from(resolve),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        }
+    };
+    // Attributes are short: one call on the stack answers nearly all of them.
+    let mut small = [0u8; 128];
+    let n = usize::try_from(ask(&mut small)).ok()?;
+    if n as u64 > Limit::SYSFS.cap {
+        tracing::debug!("sysfs: {rel} is {n} bytes, over the cap of an attribute");
+        return None;
+    }
+    let text = if n < small.len() {
+        small[..n].to_vec()
+    } else {
+        let mut big = vec![0u8; n + 1];
+        let again = usize::try_from(ask(&mut big)).ok()?;
+        big.truncate(again.min(n));
+        big
+    };
+    String::from_utf8(text).ok()
 }
 
 /// The normal and `..` components of a relative path; `None` for absolute ones.
@@ -187,7 +251,7 @@ mod tests {
         .unwrap();
         symlink("/etc", root.join("class/infiniband/escape")).unwrap();
 
-        let s = Sysfs::open(&root);
+        let s = Sysfs::open(&SysfsTree::Dir(root.clone()));
         assert_eq!(
             s.pci_path("mlx5_2").as_deref(),
             Some("/sys/devices/pci0000:5d/0000:5d:02.0/0000:5e:00.2")
@@ -199,7 +263,10 @@ mod tests {
         assert_eq!(s.pci_path("escape"), None);
         assert_eq!(s.pci_path("missing"), None);
         assert_eq!(s.numa_node("missing"), -1);
-        assert_eq!(Sysfs::open(&root.join("nowhere")).pci_path("mlx5_2"), None);
+        assert_eq!(
+            Sysfs::open(&SysfsTree::Dir(root.join("nowhere"))).pci_path("mlx5_2"),
+            None
+        );
         std::fs::remove_dir_all(&root).unwrap();
     }
 
@@ -222,7 +289,7 @@ mod tests {
         let root = s.root().to_owned();
         let started = Instant::now();
         let read = within(Duration::from_secs(10), move || {
-            let sys = Sysfs::open(&root);
+            let sys = Sysfs::open(&SysfsTree::Dir(root));
             (
                 sys.roce_gid_type("mlx5_0", 1, 0),
                 sys.gid_netdev("mlx5_0", 1, 0),

@@ -276,6 +276,46 @@ fn speed_code(lane_mbps: u32) -> u8 {
         .map_or(1, |c| c.1)
 }
 
+/// The soft machine's sysfs-shaped tree, answered from memory (`ncclwasm_verbs::table::
+/// SysfsReadFn`): the provider's tree in process, and `ncclwasm_verbs_sysfs_read` of the
+/// `libibverbs.so.1` stand-in.
+///
+/// # Safety
+/// `path` must be NULL or NUL-terminated, `buf` NULL or writable for `len` bytes.
+pub unsafe extern "C" fn sysfs_read(
+    path: *const c_char,
+    resolve: c_int,
+    buf: *mut c_char,
+    len: usize,
+) -> isize {
+    shield(
+        "sysfs_read",
+        || -1,
+        || {
+            if path.is_null() {
+                return -1;
+            }
+            // SAFETY: a NUL-terminated string (caller contract).
+            let Ok(rel) = unsafe { std::ffi::CStr::from_ptr(path) }.to_str() else {
+                return -1;
+            };
+            let Some(answer) = crate::sysfs::read(rel, resolve != 0) else {
+                return -1;
+            };
+            let bytes = answer.as_bytes();
+            if !buf.is_null() && len > 0 {
+                let n = bytes.len().min(len - 1);
+                // SAFETY: `buf` is writable for `len` > n bytes (caller contract).
+                unsafe {
+                    ptr::copy_nonoverlapping(bytes.as_ptr(), buf.cast::<u8>(), n);
+                    *buf.add(n) = 0;
+                }
+            }
+            isize::try_from(bytes.len()).unwrap_or(isize::MAX)
+        },
+    )
+}
+
 /// `ibv_query_gid`: the topology's GID table (empty slots are zero).
 pub unsafe extern "C" fn query_gid(
     context: *mut ibv_context,
