@@ -133,12 +133,12 @@ export_opt!(ncclwasm_soft_ibv_reg_dmabuf_mr, reg_dmabuf_mr, "IBVERBS_1.12", std:
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclwasm_verbs_sysfs_read(
     path: *const c_char,
-    resolve: c_int,
+    op: c_int,
     buf: *mut c_char,
     len: usize,
 ) -> isize {
     // SAFETY: the caller's contract is the one `sysfs_read` asks.
-    unsafe { ncclwasm_soft::sysfs_read(path, resolve, buf, len) }
+    unsafe { ncclwasm_soft::sysfs_read(path, op, buf, len) }
 }
 
 /// `ncclwasm_verbs_capabilities`: the bits of [`ncclwasm_soft::CAPABILITIES`], what the

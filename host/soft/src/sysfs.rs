@@ -20,7 +20,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use ncclwasm_model::topology::{Device, DevicePort};
-use ncclwasm_model::{GidType, LinkLayer, PortState};
+use ncclwasm_model::{Gid, GidType, LinkLayer, PortState};
 
 use super::fabric::Fabric;
 use super::ifaces::Interfaces;
@@ -83,21 +83,50 @@ fn tree() -> Option<(&'static Fabric, &'static Index)> {
     Some((fabric, INDEX.get_or_init(|| Index::new(fabric))))
 }
 
-/// One answer of the tree (the `SysfsReadFn` contract of `ncclwasm_verbs::table`): the text of
-/// the file at `rel`, or with `resolve` the path with every link resolved; `None` when `rel`
-/// does not exist (or is no file, without `resolve`).
-pub(crate) fn read(rel: &str, resolve: bool) -> Option<Cow<'static, str>> {
+/// What a reader asks of a path (the `op` of `ncclwasm_verbs::table::SysfsReadFn`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ask {
+    /// The file's text.
+    Read,
+    /// The path with every link resolved.
+    Resolve,
+    /// Every slot's file of a GID table directory, trimmed, one per line.
+    Table,
+}
+
+/// One answer of the tree (the `SysfsReadFn` contract of `ncclwasm_verbs::table`); `None` when
+/// `rel` does not exist or is not what `ask` asks for.
+pub(crate) fn read(rel: &str, ask: Ask) -> Option<Cow<'static, str>> {
     let (fabric, index) = tree()?;
-    if !resolve && let Some(answer) = device_attribute(fabric, index, rel) {
+    if ask == Ask::Read
+        && let Some(answer) = device_attribute(fabric, index, rel)
+    {
         return answer;
     }
     let path = realpath(fabric, index, rel)?;
-    if resolve {
-        return Some(path.join("/").into());
-    }
-    match node(fabric, index, &as_strs(&path))? {
-        Node::File(text) => Some(text),
-        Node::Dir | Node::Link(_) => None,
+    let path = as_strs(&path);
+    match ask {
+        Ask::Resolve => Some(path.join("/").into()),
+        Ask::Read => match node(fabric, index, &path)? {
+            Node::File(text) => Some(text),
+            Node::Dir | Node::Link(_) => None,
+        },
+        Ask::Table => {
+            let ["class", "infiniband", name, "ports", num, dir @ ..] = path.as_slice() else {
+                return None;
+            };
+            let p = port(
+                &fabric.topology.devices[device_index(fabric, index, name)?],
+                num,
+            )?;
+            let column = Column::of(dir)?;
+            let mut lines = String::with_capacity(p.gids.len() * 12);
+            for g in &p.gids {
+                lines += column.text(p, g).trim();
+                lines.push('\n');
+            }
+            Some(lines.into())
+        }
     }
 }
 
@@ -121,7 +150,7 @@ fn device_attribute(
         tail[n] = c;
         n += 1;
     }
-    let Some(&i) = index.names.get(name) else {
+    let Some(i) = device_index(fabric, index, name) else {
         return Some(None);
     };
     Some(
@@ -130,6 +159,26 @@ fn device_attribute(
             _ => None,
         },
     )
+}
+
+/// The topology index of the device called `name`. Discovery asks about one device many times
+/// in a row (once per GID slot), so the last answer is kept per thread and checked first.
+fn device_index(fabric: &Fabric, index: &Index, name: &str) -> Option<usize> {
+    thread_local! {
+        static LAST: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+    }
+    let last = LAST.get();
+    if fabric
+        .topology
+        .devices
+        .get(last)
+        .is_some_and(|d| d.name == name)
+    {
+        return Some(last);
+    }
+    let i = *index.names.get(name)?;
+    LAST.set(i);
+    Some(i)
 }
 
 fn as_strs(path: &[String]) -> Vec<&str> {
@@ -172,7 +221,7 @@ fn parts(path: &str) -> impl Iterator<Item = String> + '_ {
 /// as a kernel lays it out.
 fn node(fabric: &Fabric, index: &Index, path: &[&str]) -> Option<Node> {
     if let ["class", "infiniband", name, rest @ ..] = path {
-        let i = *index.names.get(*name)?;
+        let i = device_index(fabric, index, name)?;
         return device_node(&fabric.topology.devices[i], i, rest);
     }
     let joined = path.join("/");
@@ -207,12 +256,15 @@ fn device_node(dev: &Device, i: usize, rest: &[&str]) -> Option<Node> {
         ["node_type"] => Node::File("1: CA\n".into()),
         ["fw_ver"] => Node::File("soft-1.0\n".into()),
         ["hca_type"] => Node::File(format!("{}\n", dev.provider).into()),
-        ["ports", num, tail @ ..] => {
-            let num: u8 = decimal(num)?.try_into().ok()?;
-            port_node(dev.ports.iter().find(|p| p.port == num)?, tail)?
-        }
+        ["ports", num, tail @ ..] => port_node(port(dev, num)?, tail)?,
         _ => return None,
     })
+}
+
+/// The port of `dev` whose directory is `ports/<num>`.
+fn port<'a>(dev: &'a Device, num: &str) -> Option<&'a DevicePort> {
+    let num: u8 = decimal(num)?.try_into().ok()?;
+    dev.ports.iter().find(|p| p.port == num)
 }
 
 /// A number as the kernel names a directory entry: decimal digits, no sign, no leading zero.
@@ -246,25 +298,46 @@ fn port_node(p: &DevicePort, tail: &[&str]) -> Option<Node> {
         ),
         ["rate"] => file(format!("{} Gb/sec ({}X)\n", p.speed_mbps / 1000, p.width).into()),
         ["lid"] => file(format!("0x{:x}\n", p.lid).into()),
-        ["gids", i] => file(format!("{}\n", gid_text(&slot(i)?.raw)).into()),
-        ["gid_attrs", "types", i] => file(
-            match slot(i)?.gid_type {
+        [table @ .., i] => file(Column::of(table)?.text(p, slot(i)?)),
+    }
+}
+
+/// The directories of a port's GID table, each with one numbered file per slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Column {
+    Gids,
+    Types,
+    Ndevs,
+}
+
+impl Column {
+    /// The column whose directory is `dir` (under `ports/<p>/`).
+    fn of(dir: &[&str]) -> Option<Column> {
+        match dir {
+            ["gids"] => Some(Column::Gids),
+            ["gid_attrs", "types"] => Some(Column::Types),
+            ["gid_attrs", "ndevs"] => Some(Column::Ndevs),
+            _ => None,
+        }
+    }
+
+    /// The file of slot `g` of port `p` in this column.
+    fn text(self, p: &DevicePort, g: &Gid) -> Cow<'static, str> {
+        match self {
+            Column::Gids => format!("{}\n", gid_text(&g.raw)).into(),
+            Column::Types => match g.gid_type {
                 GidType::RoceV2 => "RoCE v2\n",
                 GidType::Ib | GidType::RoceV1 => "IB/RoCE v1\n",
                 GidType::Unknown => "",
             }
             .into(),
-        ),
-        ["gid_attrs", "ndevs", i] => {
-            let g = slot(i)?;
-            file(match p.link_layer {
+            Column::Ndevs => match p.link_layer {
                 LinkLayer::Ethernet if !g.is_unconfigured() => {
                     netdev_for(p.address).map_or(Cow::Borrowed(""), |nd| format!("{nd}\n").into())
                 }
                 _ => Cow::Borrowed(""),
-            })
+            },
         }
-        _ => None,
     }
 }
 
@@ -394,7 +467,7 @@ mod tests {
     use super::*;
 
     fn answer(rel: &str) -> Option<String> {
-        read(rel, false).map(Cow::into_owned)
+        read(rel, Ask::Read).map(Cow::into_owned)
     }
 
     /// The paths discovery reads, answered from the topology, links resolved as `realpath`.
@@ -403,12 +476,12 @@ mod tests {
         let fabric = super::super::fabric::fabric().expect("topology");
         let dev = &fabric.topology.devices[0];
         let class = format!("class/infiniband/{}", dev.name);
-        let pci = read(&format!("{class}/device"), true)
+        let pci = read(&format!("{class}/device"), Ask::Resolve)
             .expect("device link resolves")
             .into_owned();
         assert!(pci.starts_with("devices/pci0000:00/"), "{pci}");
         assert_eq!(
-            read(&format!("{class}/device/"), true).as_deref(),
+            read(&format!("{class}/device/"), Ask::Resolve).as_deref(),
             Some(pci.as_str())
         );
         assert_eq!(
@@ -424,7 +497,7 @@ mod tests {
             "`..` walks the resolved path"
         );
         assert_eq!(
-            read(&format!("{class}/device/driver"), true).as_deref(),
+            read(&format!("{class}/device/driver"), Ask::Resolve).as_deref(),
             Some(format!("bus/pci/drivers/{}_core", dev.provider).as_str())
         );
         assert_eq!(answer(&format!("{class}/device")), None, "a directory");
@@ -455,7 +528,7 @@ mod tests {
             "module/nvidia_peermem/version",
             "class/infiniband/../../etc/passwd",
         ] {
-            assert_eq!(read(absent, true), None, "{absent}");
+            assert_eq!(read(absent, Ask::Resolve), None, "{absent}");
         }
     }
 
@@ -513,7 +586,7 @@ mod tests {
         for dev in &fabric.topology.devices {
             let class = format!("class/infiniband/{}", dev.name);
             let resolved = fs::canonicalize(root.join(&class).join("device")).expect("link");
-            let served = read(&format!("{class}/device"), true).expect("served");
+            let served = read(&format!("{class}/device"), Ask::Resolve).expect("served");
             assert_eq!(
                 resolved,
                 fs::canonicalize(&root).unwrap().join(served.as_ref())
@@ -531,6 +604,17 @@ mod tests {
                         answer(&rel),
                         "{rel}"
                     );
+                }
+                // A table is its files, trimmed, one per line in slot order.
+                for dir in ["gids", "gid_attrs/types", "gid_attrs/ndevs"] {
+                    let dir = format!("{class}/ports/{}/{dir}", p.port);
+                    let files: Vec<String> = (0..p.gids.len())
+                        .map(|i| fs::read_to_string(root.join(format!("{dir}/{i}"))).unwrap())
+                        .map(|t| t.trim().to_owned())
+                        .collect();
+                    let table = read(&dir, Ask::Table).expect("a table");
+                    assert_eq!(table.lines().collect::<Vec<_>>(), files, "{dir}");
+                    assert_eq!(read(&format!("{dir}/0"), Ask::Table), None);
                 }
             }
         }

@@ -21,7 +21,7 @@ use ncclwasm_model::GidType;
 use ncclwasm_model::file::{Limit, Opened};
 
 use crate::provider::SysfsTree;
-use crate::table::SysfsReadFn;
+use crate::table::{SYSFS_READ, SYSFS_RESOLVE, SYSFS_TABLE, SysfsReadFn};
 
 /// Symlink hops allowed while resolving one path, as the kernel's `MAXSYMLINKS`.
 const MAX_HOPS: usize = 40;
@@ -54,9 +54,15 @@ impl Sysfs {
     /// [`Limit::SYSFS`]. A refusal is DEBUG-logged and reads as absent, as a hidden file would
     /// (a FIFO or a giant where an attribute should be is no attribute).
     fn read(&self, rel: &str) -> Option<String> {
+        self.read_with(rel, str::to_owned)
+    }
+
+    /// [`Sysfs::read`], handing the trimmed text to `f` instead of returning it: a served
+    /// answer is then never copied off the stack (discovery asks once per GID slot).
+    fn read_with<R>(&self, rel: &str, f: impl FnOnce(&str) -> R) -> Option<R> {
         let dir = match self {
             Sysfs::Dir(dir) => dir.as_ref()?,
-            Sysfs::Served(read) => return served(*read, rel, false).map(|s| s.trim().to_owned()),
+            Sysfs::Served(read) => return served(*read, rel, SYSFS_READ, |text| f(text.trim())),
         };
         let file = dir
             .open_with(
@@ -70,14 +76,14 @@ impl Sysfs {
             .and_then(Opened::read_to_string)
             .inspect_err(|e| tracing::debug!("sysfs: {e}"))
             .ok()?;
-        Some(text.trim().to_owned())
+        Some(f(text.trim()))
     }
 
     /// Whether `rel` exists (as `access(F_OK)`), e.g. a kernel module's `version` file.
     pub(crate) fn exists(&self, rel: &str) -> bool {
         match self {
             Sysfs::Dir(dir) => dir.as_ref().is_some_and(|d| d.exists(rel)),
-            Sysfs::Served(read) => served(*read, rel, true).is_some(),
+            Sysfs::Served(read) => served(*read, rel, SYSFS_RESOLVE, |_| ()).is_some(),
         }
     }
 
@@ -111,19 +117,29 @@ impl Sysfs {
         )
     }
 
-    /// `gid_attrs/types/<i>` of an Ethernet port: "IB/RoCE v1" or "RoCE v2" (IB ports need no
-    /// lookup: all their GIDs are IB GIDs).
-    pub(crate) fn roce_gid_type(&self, dev: &str, port: u8, index: u32) -> GidType {
-        match self
-            .read(&format!(
-                "class/infiniband/{dev}/ports/{port}/gid_attrs/types/{index}"
-            ))
-            .as_deref()
+    /// `gid_attrs/types/<i>` of every slot `0..len` of an Ethernet port: "IB/RoCE v1" or
+    /// "RoCE v2", anything else (an unreadable or empty file) `Unknown` (IB ports need no lookup:
+    /// all their GIDs are IB GIDs). A directory is read file by file, as NCCL does; a provider's
+    /// tree is asked for the whole table at once ([`SYSFS_TABLE`]), the same answers in one call
+    /// instead of one per slot — what keeps discovery of thousands of ports fast.
+    pub(crate) fn roce_gid_types(&self, dev: &str, port: u8, len: u32) -> Vec<GidType> {
+        let dir = format!("class/infiniband/{dev}/ports/{port}/gid_attrs/types");
+        if let Sysfs::Served(read) = self
+            && let Some(types) = served(*read, &dir, SYSFS_TABLE, |table| {
+                let mut lines = table.lines().map(roce_gid_type);
+                (0..len)
+                    .map(|_| lines.next().unwrap_or(GidType::Unknown))
+                    .collect()
+            })
         {
-            Some("IB/RoCE v1") => GidType::RoceV1,
-            Some("RoCE v2") => GidType::RoceV2,
-            _ => GidType::Unknown,
+            return types;
         }
+        (0..len)
+            .map(|i| {
+                self.read_with(&format!("{dir}/{i}"), roce_gid_type)
+                    .unwrap_or(GidType::Unknown)
+            })
+            .collect()
     }
 
     /// `gid_attrs/ndevs/<i>`: the netdev a RoCE GID belongs to.
@@ -140,7 +156,7 @@ impl Sysfs {
         let dir = match self {
             Sysfs::Dir(dir) => dir.as_ref()?,
             Sysfs::Served(read) => {
-                let resolved = served(*read, rel, true)?;
+                let resolved = served(*read, rel, SYSFS_RESOLVE, |p| p.trim().to_owned())?;
                 // Inside the root, as a directory's resolution stays: relative, no `..`.
                 let parts = components(Path::new(&resolved))?;
                 return (!parts.iter().any(|c| c == "..")).then(|| parts.iter().collect());
@@ -172,39 +188,46 @@ impl Sysfs {
     }
 }
 
-/// One answer of a provider's tree ([`SysfsReadFn`]): `resolve` asks for the path with its links
-/// resolved instead of the file's text. Held to [`Limit::SYSFS`] as a file of a directory is;
-/// an answer that is not UTF-8 is no answer.
-fn served(read: SysfsReadFn, rel: &str, resolve: bool) -> Option<String> {
-    let path = CString::new(rel).ok()?;
+/// One answer of a provider's tree ([`SysfsReadFn`], asked `op`), handed to `f` as it came. Held to [`Limit::SYSFS`] as a file of a
+/// directory is; an answer that is not UTF-8 is no answer. Discovery asks once per GID slot, so
+/// a short path and a short answer stay on the stack.
+fn served<R>(read: SysfsReadFn, rel: &str, op: c_int, f: impl FnOnce(&str) -> R) -> Option<R> {
+    let mut short = [0u8; 256];
+    let long;
+    let path = if rel.len() < short.len() && !rel.contains('\0') {
+        short[..rel.len()].copy_from_slice(rel.as_bytes());
+        &short[..=rel.len()]
+    } else {
+        long = CString::new(rel).ok()?;
+        long.as_bytes_with_nul()
+    };
     let ask = |buf: &mut [u8]| {
         // SAFETY: `path` is NUL-terminated and `buf` writable for its length (the SysfsReadFn
         // contract); the provider's fabric outlives this call.
-        unsafe {
-            read(
-                path.as_ptr(),
-                c_int::from(resolve),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
-        }
+        unsafe { read(path.as_ptr().cast(), op, buf.as_mut_ptr().cast(), buf.len()) }
     };
-    // Attributes are short: one call on the stack answers nearly all of them.
     let mut small = [0u8; 128];
     let n = usize::try_from(ask(&mut small)).ok()?;
     if n as u64 > Limit::SYSFS.cap {
         tracing::debug!("sysfs: {rel} is {n} bytes, over the cap of an attribute");
         return None;
     }
-    let text = if n < small.len() {
-        small[..n].to_vec()
-    } else {
-        let mut big = vec![0u8; n + 1];
-        let again = usize::try_from(ask(&mut big)).ok()?;
-        big.truncate(again.min(n));
-        big
-    };
-    String::from_utf8(text).ok()
+    if n < small.len() {
+        return Some(f(std::str::from_utf8(&small[..n]).ok()?));
+    }
+    let mut big = vec![0u8; n + 1];
+    let again = usize::try_from(ask(&mut big)).ok()?;
+    big.truncate(again.min(n));
+    Some(f(std::str::from_utf8(&big).ok()?))
+}
+
+/// A RoCE GID's type as `gid_attrs/types/<i>` says it.
+fn roce_gid_type(text: &str) -> GidType {
+    match text.trim() {
+        "IB/RoCE v1" => GidType::RoceV1,
+        "RoCE v2" => GidType::RoceV2,
+        _ => GidType::Unknown,
+    }
 }
 
 /// The normal and `..` components of a relative path; `None` for absolute ones.
@@ -258,8 +281,10 @@ mod tests {
         );
         assert_eq!(s.numa_node("mlx5_2"), 1);
         assert_eq!(s.driver("mlx5_2").as_deref(), Some("mlx5"));
-        assert_eq!(s.roce_gid_type("mlx5_2", 1, 1), GidType::RoceV2);
-        assert_eq!(s.roce_gid_type("mlx5_2", 1, 0), GidType::Unknown);
+        assert_eq!(
+            s.roce_gid_types("mlx5_2", 1, 2),
+            [GidType::Unknown, GidType::RoceV2]
+        );
         assert_eq!(s.pci_path("escape"), None);
         assert_eq!(s.pci_path("missing"), None);
         assert_eq!(s.numa_node("missing"), -1);
@@ -291,13 +316,12 @@ mod tests {
         let read = within(Duration::from_secs(10), move || {
             let sys = Sysfs::open(&SysfsTree::Dir(root));
             (
-                sys.roce_gid_type("mlx5_0", 1, 0),
+                sys.roce_gid_types("mlx5_0", 1, 2),
                 sys.gid_netdev("mlx5_0", 1, 0),
                 sys.numa_node("mlx5_0"),
-                sys.roce_gid_type("mlx5_0", 1, 1),
             )
         });
-        assert_eq!(read, (GidType::Unknown, None, -1, GidType::RoceV2));
+        assert_eq!(read, (vec![GidType::Unknown, GidType::RoceV2], None, -1));
         assert!(
             started.elapsed() < Duration::from_secs(1),
             "{:?}",

@@ -236,19 +236,25 @@ pub struct VerbsTable {
 pub const SYSFS_READ_SYMBOL: &CStr = c"ncclwasm_verbs_sysfs_read";
 
 /// Answers one path of a provider's sysfs-shaped tree: `path` is NUL-terminated and relative to
-/// the tree's root. With `resolve` 0 the answer is the text of the file at `path` (symlinks on
-/// the way followed), with 1 it is `path` with every symlink resolved, relative to the root (as
-/// `realpath`; for a directory or a file alike). The answer is written into `buf` (`len`
-/// bytes), truncated and NUL-terminated as `snprintf` does, and its full length is returned —
-/// so a value `>= len` means "ask again with a larger buffer" — or -1 when the path does not
-/// exist (or, with `resolve` 0, is not a file). Called from any thread; a C function so that a
-/// library can export it and an in-process provider can hand the same function over.
-pub type SysfsReadFn = unsafe extern "C" fn(
-    path: *const c_char,
-    resolve: c_int,
-    buf: *mut c_char,
-    len: usize,
-) -> isize;
+/// the tree's root, `op` one of [`SYSFS_READ`], [`SYSFS_RESOLVE`], [`SYSFS_TABLE`]. The answer
+/// is written into `buf` (`len` bytes), truncated and NUL-terminated as `snprintf` does, and its
+/// full length is returned — so a value `>= len` means "ask again with a larger buffer" — or -1
+/// when the path does not exist, is not what `op` asks for, or `op` is not known (a reader then
+/// falls back to [`SYSFS_READ`]). Called from any thread; a C function so that a library can
+/// export it and an in-process provider can hand the same function over.
+pub type SysfsReadFn =
+    unsafe extern "C" fn(path: *const c_char, op: c_int, buf: *mut c_char, len: usize) -> isize;
+
+/// [`SysfsReadFn`]'s `op`: the text of the file at `path` (symlinks on the way followed).
+pub const SYSFS_READ: c_int = 0;
+/// [`SysfsReadFn`]'s `op`: `path` with every symlink resolved, relative to the root (as
+/// `realpath`; for a directory or a file alike).
+pub const SYSFS_RESOLVE: c_int = 1;
+/// [`SysfsReadFn`]'s `op`: the texts of the files `0`, `1`, … of the directory at `path` — a GID
+/// table's (`gids`, `gid_attrs/types`, `gid_attrs/ndevs`) — each as [`SYSFS_READ`] gives it
+/// trimmed, one per line, in index order up to the table's length. What discovery reads of every
+/// slot of a port, in one question instead of one per slot (a port has up to 1 024).
+pub const SYSFS_TABLE: c_int = 2;
 
 /// `ncclwasm_verbs_capabilities`: what a loaded library's provider promises.
 pub const CAPABILITIES_SYMBOL: &CStr = c"ncclwasm_verbs_capabilities";

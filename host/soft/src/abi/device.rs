@@ -18,6 +18,8 @@ use super::post::{post_recv, post_send};
 use crate::ctx::Ctx;
 use crate::fabric::{self, SoftDevice};
 use crate::qp::MAX_MSG;
+use crate::sysfs::Ask;
+use ncclwasm_verbs::table;
 
 /// `ibv_port_attr.link_layer` values.
 const LINK_LAYER_INFINIBAND: u8 = 1;
@@ -284,7 +286,7 @@ fn speed_code(lane_mbps: u32) -> u8 {
 /// `path` must be NULL or NUL-terminated, `buf` NULL or writable for `len` bytes.
 pub unsafe extern "C" fn sysfs_read(
     path: *const c_char,
-    resolve: c_int,
+    op: c_int,
     buf: *mut c_char,
     len: usize,
 ) -> isize {
@@ -299,7 +301,13 @@ pub unsafe extern "C" fn sysfs_read(
             let Ok(rel) = unsafe { std::ffi::CStr::from_ptr(path) }.to_str() else {
                 return -1;
             };
-            let Some(answer) = crate::sysfs::read(rel, resolve != 0) else {
+            let ask = match op {
+                table::SYSFS_READ => Ask::Read,
+                table::SYSFS_RESOLVE => Ask::Resolve,
+                table::SYSFS_TABLE => Ask::Table,
+                _ => return -1,
+            };
+            let Some(answer) = crate::sysfs::read(rel, ask) else {
                 return -1;
             };
             let bytes = answer.as_bytes();
