@@ -225,7 +225,7 @@ fn a_policy_names_the_rails_nccl_reads() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
-/// A host with a peer-memory module (the soft fabric's sysfs tree, copied, plus
+/// A host with a peer-memory module (the soft fabric's sysfs tree, written out, plus
 /// `module/nvidia_peermem/version`, given through `NCCL_WASM_SYSFS_ROOT`): every device reports
 /// `NCCL_PTR_CUDA` too, and a CUDA-typed `regMr` succeeds (the harness checks both, and without
 /// the module that the same `regMr` is refused).
@@ -235,14 +235,8 @@ fn a_peer_memory_module_adds_cuda_pointers() {
     std::fs::create_dir_all(&out).unwrap();
     let (lib, exe) = build(&out);
     let tree = out.join("sysfs");
-    let soft_tree = ncclwasm_soft::sysfs_root().expect("the soft fabric's sysfs tree");
-    let copied = Command::new("cp")
-        .arg("-a")
-        .arg(&soft_tree)
-        .arg(&tree)
-        .status()
-        .expect("cp");
-    assert!(copied.success(), "copying {}", soft_tree.display());
+    let _ = std::fs::remove_dir_all(&tree);
+    ncclwasm_soft::write_sysfs_tree(&tree).expect("the soft fabric's sysfs tree, written out");
     std::fs::create_dir_all(tree.join("module/nvidia_peermem")).unwrap();
     std::fs::write(tree.join("module/nvidia_peermem/version"), "1.0\n").unwrap();
     for version in [NET.oldest, NET.newest] {

@@ -1023,6 +1023,25 @@ fn scratch(test: &str) -> PathBuf {
     dir
 }
 
+/// Issue 36: a topology past the model's bounds (a 100 KB device name) is refused alike
+/// offline (`policy explain`) and live (`devices`, on the soft fabric the plugin opens), in the
+/// model's one line — the line the plugin's `init` WARNs (`host/plugin/tests/load.rs`). The CLI
+/// used to take it.
+#[test]
+fn a_topology_past_the_bounds_is_refused_in_the_models_line() {
+    let dir = scratch("over-bounds");
+    let file = ncclwasm_testkit::over_bounds(&dir);
+    let want = ncclwasm_model::Topology::load(&file)
+        .expect_err("past the bounds")
+        .to_string();
+    let path = file.to_str().unwrap();
+    let explain = run(&["policy", "explain", "builtin", "--topology", path]);
+    assert_fails(&explain, 2, &want);
+    let soft = [("NCCL_WASM_FABRIC", "soft"), ("NCCL_WASM_TOPOLOGY", path)];
+    assert_fails(&run_env(&["devices"], &soft), 2, &want);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn devices_on_soft_shows_discovery_and_every_decision() {
     let o = run_env(&["devices"], &[("NCCL_WASM_FABRIC", "soft")]);

@@ -25,6 +25,7 @@ mod write;
 
 pub use write::{gid_type_name, link_name, state_name};
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::ops::Range;
 use std::path::Path;
@@ -41,6 +42,30 @@ pub const DEFAULT_GID_TBL_LEN: u32 = 256;
 /// Largest `gid-tbl-len` a file may give: rxe's table (1024), the longest of the kernel's
 /// providers.
 const MAX_GID_TBL_LEN: u32 = 1024;
+
+/// What a topology file may ask for. A file is often generated, and the soft fabric, discovery,
+/// the policy's snapshot and the tools each hold every port's whole GID table, so these bound
+/// what loading a file costs (memory, and the time `init` takes: NCCL has no timeout there);
+/// every reader goes through [`Topology::parse`], so the plugin and the CLI accept the same
+/// files. Past a bound the error is one line naming the field.
+pub mod bounds {
+    /// Devices in one file: far beyond any machine (a node with 8 cards × 2 functions × 127
+    /// virtual functions has 2 032), and what a generated file of 10 000 loads in well under a
+    /// second.
+    pub const MAX_DEVICES: usize = 16_384;
+    /// GID slots over every port of the file (`gid-tbl-len`, listed or not): 16 384 single-port
+    /// devices with mlx5's 256. A slot takes about 32 bytes in each layer that holds the tables,
+    /// so a file asks a rank for at most a few hundred MB.
+    pub const MAX_GID_SLOTS: usize = 1 << 22;
+    /// A device or provider name: `ibv_device.name` holds 64 bytes with its NUL
+    /// (`IBV_SYSFS_NAME_MAX`), and sysfs makes a directory of it.
+    pub const MAX_NAME: usize = 63;
+    /// A PCI path: the kernel's `PATH_MAX` with its NUL.
+    pub const MAX_PCI_PATH: usize = 4095;
+    /// The machine's `name`, shown on one line by the tools.
+    pub const MAX_TITLE: usize = 255;
+}
+use bounds::{MAX_DEVICES, MAX_GID_SLOTS, MAX_NAME, MAX_PCI_PATH, MAX_TITLE};
 /// `ibv_device_attr.max_qp` of a ConnectX NIC (2^18), used when a file does not say.
 const DEFAULT_MAX_QPS: u32 = 1 << 18;
 /// Prefix length of a derived or unannotated IPv4 RoCE GID: the usual /24 of a RoCE subnet.
@@ -235,7 +260,7 @@ struct RawTopology {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawDevice {
     name: Spanned<String>,
-    provider: Option<String>,
+    provider: Option<Spanned<String>>,
     pci_path: Option<Spanned<String>>,
     guid: Spanned<Guid>,
     numa_node: Option<Spanned<i32>>,
@@ -360,6 +385,26 @@ impl<'a> Located<'a> {
         if raw.name.get_ref().trim().is_empty() {
             return Err(self.at(raw.name.span(), "name", "is empty; name the machine"));
         }
+        if raw.name.get_ref().len() > MAX_TITLE || raw.name.get_ref().contains(char::is_control) {
+            return Err(self.at(
+                raw.name.span(),
+                "name",
+                format!(
+                    "{} is not a machine's name: at most {MAX_TITLE} bytes on one line",
+                    quoted(raw.name.get_ref())
+                ),
+            ));
+        }
+        if let Some(extra) = raw.devices.get(MAX_DEVICES) {
+            return Err(self.at(
+                extra.name.span(),
+                &format!("devices[{MAX_DEVICES}]"),
+                format!(
+                    "{} devices; a topology describes at most {MAX_DEVICES}",
+                    raw.devices.len()
+                ),
+            ));
+        }
         if raw.devices.is_empty() {
             return Err(self.error(
                 self.text.len(),
@@ -368,28 +413,45 @@ impl<'a> Located<'a> {
             ));
         }
         let mut devices: Vec<Device> = Vec::with_capacity(raw.devices.len());
-        let mut guid_uses: Vec<(u64, u64)> = Vec::new();
+        let mut guid_uses: HashMap<u64, u64> = HashMap::new();
+        let mut names: HashMap<String, usize> = HashMap::with_capacity(raw.devices.len());
+        let mut slots = 0;
         for (d, rd) in raw.devices.into_iter().enumerate() {
             let path = format!("devices[{d}]");
             let name = rd.name.get_ref().clone();
-            if name.is_empty() || name.contains(|c: char| c.is_whitespace() || c == '+') {
+            if !is_verbs_name(&name) {
                 return Err(self.at(
                     rd.name.span(),
                     &format!("{path}.name"),
                     format!(
-                        "{name:?} is not a device name; use a verbs-style name such as \"mlx5_0\" \
-                         (no spaces, no '+', which joins fused NIC names)"
+                        "{} is not a device name; use a verbs-style name such as \"mlx5_0\" \
+                         (at most {MAX_NAME} bytes of ASCII; no spaces, no '/', no '+', which \
+                         joins fused NIC names)",
+                        quoted(&name)
                     ),
                 ));
             }
-            if let Some(first) = devices.iter().position(|x| x.name == name) {
+            if let Some(first) = names.insert(name.clone(), d) {
                 return Err(self.at(
                     rd.name.span(),
                     &format!("{path}.name"),
                     format!("device {name:?} is already defined as devices[{first}]; device names must be unique"),
                 ));
             }
-            devices.push(self.device(&path, name, rd, &mut guid_uses)?);
+            let span = rd.name.span();
+            let device = self.device(&path, name, rd, &mut guid_uses)?;
+            slots += device.ports.iter().map(|p| p.gids.len()).sum::<usize>();
+            if slots > MAX_GID_SLOTS {
+                return Err(self.at(
+                    span,
+                    &path,
+                    format!(
+                        "the GID tables up to here have {slots} slots; a topology's ports hold at \
+                         most {MAX_GID_SLOTS} (gid-tbl-len, default 256, counts every slot)"
+                    ),
+                ));
+            }
+            devices.push(device);
         }
         Ok(Topology {
             name: raw.name.into_inner(),
@@ -407,8 +469,19 @@ impl<'a> Located<'a> {
         path: &str,
         name: String,
         rd: RawDevice,
-        guid_uses: &mut Vec<(u64, u64)>,
+        guid_uses: &mut HashMap<u64, u64>,
     ) -> Checked<Device> {
+        if let Some(provider) = rd.provider.as_ref().filter(|p| !is_verbs_name(p.get_ref())) {
+            return Err(self.at(
+                provider.span(),
+                &format!("{path}.provider"),
+                format!(
+                    "{} is not a provider name; use the verbs driver's, such as \"mlx5\" (at \
+                     most {MAX_NAME} bytes of ASCII; no spaces, no '/')",
+                    quoted(provider.get_ref())
+                ),
+            ));
+        }
         let pci_path = match &rd.pci_path {
             Some(p) => {
                 check_pci_path(p.get_ref())
@@ -468,21 +541,16 @@ impl<'a> Located<'a> {
                     format!("device {name:?} already has a port {number}; port numbers must be unique per device"),
                 ));
             }
-            let uses = match guid_uses.iter_mut().find(|(g, _)| *g == guid) {
-                Some((_, n)) => {
-                    *n += 1;
-                    *n - 1
-                }
-                None => {
-                    guid_uses.push((guid, 1));
-                    0
-                }
-            };
+            let uses = guid_uses.entry(guid).or_insert(0);
+            *uses += 1;
+            let uses = *uses - 1;
             ports.push(self.port(&ppath, &name, rp, guid.wrapping_add(uses))?);
         }
         Ok(Device {
             name,
-            provider: rd.provider.unwrap_or_else(|| "soft".to_owned()),
+            provider: rd
+                .provider
+                .map_or_else(|| "soft".to_owned(), Spanned::into_inner),
             pci_path,
             guid,
             numa_node,
@@ -719,6 +787,23 @@ impl<'a> Located<'a> {
     }
 }
 
+/// A name a verbs device or driver can have: what sysfs makes a directory of and
+/// `ibv_device.name` holds, and what never needs quoting in NCCL's lists (`+` joins fused names).
+fn is_verbs_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'/' && b != b'+')
+}
+
+/// `text` quoted for an error line, cut to a length a line can show.
+fn quoted(text: &str) -> String {
+    let mut q = format!("{text:?}");
+    crate::text::shorten(&mut q, 80);
+    q
+}
+
 fn family_name(addr: IpAddr) -> &'static str {
     if addr.is_ipv4() { "IPv4" } else { "IPv6" }
 }
@@ -775,12 +860,22 @@ fn check_pci_path(path: &str) -> Result<(), String> {
         && hex(8..10)
         && b[10] == b'.'
         && (b'0'..=b'7').contains(&b[11]);
-    if path.starts_with("/sys/devices/") && bdf {
+    // A real path: no empty, `.` or `..` component the PCI path rules would count, and no
+    // longer than a path can be.
+    let plain = path.len() <= MAX_PCI_PATH
+        && path.is_ascii()
+        && path
+            .split('/')
+            .skip(1)
+            .all(|c| !matches!(c, "" | "." | ".."));
+    if path.starts_with("/sys/devices/") && bdf && plain {
         Ok(())
     } else {
         Err(format!(
-            "{path:?} is not a sysfs PCI path; write the device's real path, e.g. \
-             \"/sys/devices/pci0000:00/0000:00:01.0/0000:0c:00.0\", or leave pci-path out"
+            "{} is not a sysfs PCI path; write the device's real path (at most {MAX_PCI_PATH} \
+             bytes), e.g. \"/sys/devices/pci0000:00/0000:00:01.0/0000:0c:00.0\", or leave \
+             pci-path out",
+            quoted(path)
         ))
     }
 }

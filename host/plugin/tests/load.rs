@@ -50,6 +50,31 @@ fn one_message_through_each_table_of_the_built_library() {
     }
 }
 
+/// Issue 36: a topology file past the model's bounds (a 100 KB device name) fails `init` with
+/// the model's one line — the line `ncclwasm` prints for the same file
+/// (`host/cli/tests/cli.rs`). It used to pass the CLI and fail the plugin on a file name too
+/// long for its sysfs tree.
+#[test]
+fn a_topology_past_the_bounds_fails_init_with_the_models_line() {
+    const TEST: &str = "a_topology_past_the_bounds_fails_init_with_the_models_line";
+    if !ncclwasm_testkit::child::enter(TEST) {
+        let s = ncclwasm_testkit::scratch::Scratch::new("plugin-topology-bounds");
+        let file = ncclwasm_testkit::over_bounds(s.root());
+        let want = ncclwasm_model::Topology::load(&file)
+            .expect_err("past the bounds")
+            .to_string();
+        let out = in_child(TEST, &[("NCCL_WASM_TOPOLOGY", file.to_str().unwrap())]);
+        let warn = out
+            .lines()
+            .find(|l| l.contains(&want))
+            .unwrap_or_else(|| panic!("no line with {want:?} in\n{out}"));
+        assert!(warn.len() < 600, "{warn}");
+        return;
+    }
+    let mut plugin = Plugin::open(&library()).unwrap();
+    assert!(plugin.init().is_err());
+}
+
 /// v9/v10 have no `finalize`: NCCL `dlclose`s and later `dlopen`s the library again, and the new
 /// load's `init` must not find the earlier load's virtual NIC (the library may stay mapped).
 #[test]

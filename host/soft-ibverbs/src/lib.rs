@@ -10,7 +10,7 @@
 //! Besides the verbs, it exports the extension symbols of [`ncclwasm_verbs::table`], which hand
 //! the `ib` fabric what [`ncclwasm_soft::fabric`] hands over in process, since the Rust API of
 //! this library's copy of the provider is not reachable through `dlopen`:
-//! `ncclwasm_verbs_sysfs_root` (its sysfs tree), `ncclwasm_verbs_capabilities`
+//! `ncclwasm_verbs_sysfs_read` (its sysfs tree), `ncclwasm_verbs_capabilities`
 //! ([`ncclwasm_soft::CAPABILITIES`]: the transport must exchange ECE) and, because this library
 //! is test tooling, always the `ncclwasm_verbs_fault_*` hooks.
 //!
@@ -125,26 +125,20 @@ export_opt!(ncclwasm_soft_ibv_query_ece, query_ece, "IBVERBS_1.10", EOPNOTSUPP, 
 export_opt!(ncclwasm_soft_ibv_set_ece, set_ece, "IBVERBS_1.10", EOPNOTSUPP, (qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_int);
 export_opt!(ncclwasm_soft_ibv_reg_dmabuf_mr, reg_dmabuf_mr, "IBVERBS_1.12", std::ptr::null_mut(), (pd: *mut ibv_pd, offset: u64, length: usize, iova: u64, fd: c_int, access: c_int) -> *mut ibv_mr);
 
-/// `ncclwasm_verbs_sysfs_root` (see `ncclwasm_verbs::table::SysfsRootFn`): the soft provider's
-/// sysfs tree, materialised on the first call.
+/// `ncclwasm_verbs_sysfs_read` (see `ncclwasm_verbs::table::SysfsReadFn`): the soft provider's
+/// sysfs-shaped tree, answered from memory as in process; no file is written.
 ///
 /// # Safety
-/// `buf` must be NULL or writable for `len` bytes.
+/// `path` must be NULL or NUL-terminated, `buf` NULL or writable for `len` bytes.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclwasm_verbs_sysfs_root(buf: *mut c_char, len: usize) -> isize {
-    let Ok(root) = ncclwasm_soft::sysfs_root() else {
-        return -1;
-    };
-    let bytes = root.as_os_str().as_encoded_bytes();
-    if bytes.len() >= len || buf.is_null() {
-        return -1;
-    }
-    // SAFETY: `buf` has room for `len` > bytes.len() bytes (caller contract).
-    unsafe {
-        std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.cast::<u8>(), bytes.len());
-        *buf.add(bytes.len()) = 0;
-    }
-    bytes.len() as isize
+pub unsafe extern "C" fn ncclwasm_verbs_sysfs_read(
+    path: *const c_char,
+    op: c_int,
+    buf: *mut c_char,
+    len: usize,
+) -> isize {
+    // SAFETY: the caller's contract is the one `sysfs_read` asks.
+    unsafe { ncclwasm_soft::sysfs_read(path, op, buf, len) }
 }
 
 /// `ncclwasm_verbs_capabilities`: the bits of [`ncclwasm_soft::CAPABILITIES`], what the

@@ -9,7 +9,7 @@
 //! # How it plugs in
 //! This crate depends on `ncclwasm-verbs` the way a crypto provider crate depends on rustls:
 //! [`fabric`] describes the provider as an [`ncclwasm_verbs::Provider`] (its [`table`], its
-//! [`sysfs_root`], its [`CAPABILITIES`] and, with the `fault-injection` feature, the hooks of
+//! sysfs-shaped tree answered from memory, its [`CAPABILITIES`] and, with the `fault-injection` feature, the hooks of
 //! its `fault` module) and returns the [`ncclwasm_verbs::Fabric`] made from it. The same
 //! provider is also built as `libibverbs.so.1` (the `host/soft-ibverbs` cdylib), which exports
 //! the same description through the extension symbols of [`ncclwasm_verbs::table`], so the `ib`
@@ -185,7 +185,7 @@
 //!
 //! # Loading twice
 //! The state is per loaded copy: the device list (built once, never freed, so device pointers
-//! stay valid), the sysfs tree, fault state. A second copy in the same process (the in-process
+//! stay valid), the sysfs tree's index, fault state. A second copy in the same process (the in-process
 //! table plus the dlopen'ed `libibverbs.so.1` cdylib) has its own devices and binds its own
 //! ephemeral TCP ports, so both work side by side; objects of one copy must not be passed to
 //! the other. Port and device faults affect every context of that device within one copy.
@@ -215,7 +215,8 @@
 //! - `ctx` (a context: its QP ports and their accept threads), `hello` (callers that have not
 //!   said who they are yet), `mr` (the key table every access is checked against), `event`
 //!   (CQs and async events), `wire` (frames and zero-copy socket I/O).
-//! - `fabric` (devices and address resolution from the topology), `sysfs`, `traffic` (port
+//! - `fabric` (devices and address resolution from the topology), `sysfs` (the sysfs-shaped
+//!   tree discovery reads, answered path by path; no file is written), `traffic` (port
 //!   counters), `link_watch` (port state and events from the interfaces' links), `ifaces` (the
 //!   host's interfaces and addresses), `activity` (the futex an idle poller sleeps on); `fault`
 //!   and `alloc_count` (test features) are `abi/`'s, re-exported.
@@ -264,9 +265,10 @@ pub use abi::fault;
 
 use std::sync::Arc;
 
-use ncclwasm_verbs::{Fabric, Provider, ProviderCaps, VerbsError, VerbsTable};
+use ncclwasm_verbs::{Fabric, Provider, ProviderCaps, SysfsTree, VerbsError, VerbsTable};
 
-pub use sysfs::sysfs_root;
+pub use abi::sysfs_read;
+pub use sysfs::write_tree as write_sysfs_tree;
 pub use traffic::{PortTraffic, traffic};
 
 static TABLE: VerbsTable = VerbsTable {
@@ -307,8 +309,8 @@ pub fn table() -> &'static VerbsTable {
 /// `ncclwasm_verbs_capabilities`.
 pub const CAPABILITIES: ProviderCaps = ProviderCaps::ECE_REQUIRED;
 
-/// The soft fabric in process: this provider's table, its sysfs tree (materialised on the first
-/// call) and its capabilities, plus its fault hooks with the `fault-injection` feature. Devices
+/// The soft fabric in process: this provider's table, its sysfs tree ([`sysfs_read`]: answered
+/// from memory when discovery asks) and its capabilities, plus its fault hooks with the `fault-injection` feature. Devices
 /// come from `NCCL_WASM_TOPOLOGY` (default: the embedded loopback machine).
 ///
 /// Applies the provider's own variables ([`apply_env`]), so the plugin's embedded provider
@@ -319,8 +321,8 @@ pub fn fabric() -> Result<Arc<Fabric>, VerbsError> {
         reason,
     };
     apply_env().map_err(load)?;
-    let root = sysfs_root().map_err(|e| load(e.to_string()))?;
-    let provider = Provider::new("soft", TABLE, root, CAPABILITIES);
+    topology()?;
+    let provider = Provider::new("soft", TABLE, SysfsTree::Served(sysfs_read), CAPABILITIES);
     #[cfg(feature = "fault-injection")]
     let provider = provider.with_faults(fault::HOOKS);
     Ok(Fabric::from_provider(provider))

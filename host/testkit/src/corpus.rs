@@ -1,6 +1,6 @@
 //! The topology corpus: every `topologies/*.toml` of the workspace.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The workspace's `topologies/` directory (this crate sits at `host/testkit`).
 fn dir() -> PathBuf {
@@ -27,6 +27,18 @@ pub fn topologies() -> Vec<PathBuf> {
     files.sort();
     assert!(!files.is_empty(), "no topology files in {}", dir.display());
     files
+}
+
+/// Writes `over-bounds.toml` into `dir` and returns its path: the loopback machine with a
+/// device name of 100 KB, far past what a topology may ask for — the file every reader must
+/// refuse with the same one line (issue 36: the CLI took it, the plugin failed on it).
+pub fn over_bounds(dir: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(topology("loopback.toml")).expect("loopback.toml");
+    let path = dir.join("over-bounds.toml");
+    let long = "x".repeat(100 << 10);
+    std::fs::write(&path, text.replace("\"soft_1\"", &format!("\"{long}\"")))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    path
 }
 
 #[cfg(test)]

@@ -7,7 +7,8 @@
 //!   ran it (a renamed test would otherwise run zero tests and "pass"); children that talk to
 //!   each other (a listen handle, a barrier) do it through [`child::relay`].
 //! - [`topologies`]: the topology corpus, read from the directory, so a new file is covered by
-//!   every corpus test without editing a list.
+//!   every corpus test without editing a list; [`over_bounds`], a file past what a topology
+//!   may ask for, which every reader must refuse alike.
 //! - [`wait_until`]: waiting on a condition with a deadline, never a bare sleep.
 //! - [`guest`]: the path of a guest `cargo xtask guests` built; [`cdylib`]: a shared library of
 //!   the workspace, built the way the tests' own build built it.
@@ -34,7 +35,7 @@ mod timing;
 mod wait;
 
 pub use built::{c_program, cdylib};
-pub use corpus::{topologies, topology};
+pub use corpus::{over_bounds, topologies, topology};
 pub use guest::{built_guest, guest};
 pub use skip::{SKIP_LOG_ENV, skip};
 pub use timing::median_per_call;

@@ -12,7 +12,7 @@ use common::*;
 use ncclwasm_policy::PolicyHost;
 use ncclwasm_transport::oob::OobEnv;
 use ncclwasm_transport::{Net, NetConfig, PTR_CUDA, PTR_DMABUF, PTR_HOST, RecvBuf};
-use ncclwasm_verbs::{DmaBuf, Fabric, Provider};
+use ncclwasm_verbs::{DmaBuf, Fabric, Provider, SysfsTree};
 
 /// Receives `size` bytes into `r`'s registration `rmr` at `addr`, then flushes as NCCL does
 /// after a receive into GPU memory; returns whether a flush was issued.
@@ -117,19 +117,12 @@ fn invalid_gpu_variables_are_refused_by_name() {
     );
 }
 
-/// The soft fabric's own sysfs tree, copied, with `extra` files added: a host as the test wants.
+/// The soft fabric's own sysfs tree, written out, with `extra` files added: a host as the test
+/// wants.
 fn sysfs_copy(name: &str, extra: &[&str]) -> std::path::PathBuf {
-    let src = ncclwasm_soft::sysfs_root().unwrap();
     let dst = std::env::temp_dir().join(format!("ncclwasm-gpu-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dst);
-    let ok = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(&src)
-        .arg(&dst)
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "copying {}", src.display());
+    ncclwasm_soft::write_sysfs_tree(&dst).unwrap();
     for f in extra {
         let p = dst.join(f);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
@@ -142,7 +135,7 @@ fn net_on(root: std::path::PathBuf) -> Net {
     let provider = Provider::new(
         "soft",
         *ncclwasm_soft::table(),
-        root,
+        SysfsTree::Dir(root),
         ncclwasm_soft::CAPABILITIES,
     );
     let policy = Arc::new(PolicyHost::from_env(4).unwrap());

@@ -17,7 +17,7 @@ use ncclwasm_model::{LinkLayer, PortState};
 
 use crate::error::{Result, VerbsError, check, last_errno};
 use crate::ib;
-use crate::provider::{Capabilities, Provider};
+use crate::provider::{Capabilities, Provider, SysfsTree};
 use crate::table::VerbsTable;
 
 /// One verbs library: a provider's table plus where its discovery extras live.
@@ -43,7 +43,7 @@ pub struct IbOptions {
     /// The library to `dlopen`; `None` = `$NCCL_WASM_IBVERBS_PATH`, else `libibverbs.so.1`.
     pub library: Option<String>,
     /// Root of the sysfs tree discovery reads. `None`: the library's own tree when it exports
-    /// one (`ncclwasm_verbs_sysfs_root`, see [`crate::table`]), else `/sys`;
+    /// one (`ncclwasm_verbs_sysfs_read`, see [`crate::table`]), else `/sys`;
     /// [`crate::ENV_SYSFS_ROOT`] overrides either.
     pub sysfs_root: Option<PathBuf>,
 }
@@ -55,11 +55,12 @@ impl Fabric {
     pub fn ib(options: IbOptions) -> Result<Arc<Fabric>> {
         let (library, table) = ib::load(options.library.as_deref())?;
         tracing::debug!("verbs library {} loaded", library.path());
-        let sysfs_root = options
-            .sysfs_root
-            .or_else(|| library.sysfs_root())
-            .unwrap_or_else(|| PathBuf::from("/sys"));
-        let provider = Provider::new("ib", table, sysfs_root, library.capabilities());
+        let sysfs = match (options.sysfs_root, library.sysfs_read()) {
+            (Some(root), _) => SysfsTree::Dir(root),
+            (None, Some(read)) => SysfsTree::Served(read),
+            (None, None) => SysfsTree::Dir(PathBuf::from("/sys")),
+        };
+        let provider = Provider::new("ib", table, sysfs, library.capabilities());
         #[cfg(feature = "fault-injection")]
         let provider = match library.fault_table() {
             Some(faults) => provider.with_faults(faults),

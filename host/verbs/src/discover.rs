@@ -1,6 +1,7 @@
 //! Discovery: every port of every device as a [`ncclwasm_model::Port`], as `ncclIbInitDevices`
 //! gathers it (verbs for what the device says, sysfs for the rest).
 
+use std::cell::OnceCell;
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Arc;
 
@@ -24,7 +25,8 @@ impl Fabric {
     /// queried is skipped with a WARN, as NCCL does; no library devices means an empty list.
     /// `merge_vfs` is `NCCL_IB_MERGE_VFS` (default 1) for the PCI path rule.
     pub fn discover(self: &Arc<Self>, merge_vfs: bool) -> Vec<Port> {
-        let sysfs = Sysfs::open(&self.provider.sysfs_root);
+        let sysfs = Sysfs::open(&self.provider.sysfs);
+        let addresses = OnceCell::new();
         let mut ports = Vec::new();
         // Held across the loop: every open below shares this one read of the list.
         let _held = self.device_list();
@@ -36,7 +38,7 @@ impl Fabric {
                     continue;
                 }
             };
-            if let Err(e) = discover_device(&ctx, &sysfs, merge_vfs, &mut ports) {
+            if let Err(e) = discover_device(&ctx, &sysfs, &addresses, merge_vfs, &mut ports) {
                 tracing::warn!("skipping device {name}: {e}");
             }
         }
@@ -44,9 +46,13 @@ impl Fabric {
     }
 }
 
+/// The host's interface addresses, read once per discovery when a GID first needs its prefix.
+type Addresses = OnceCell<Vec<Address>>;
+
 fn discover_device(
     ctx: &Context,
     sysfs: &Sysfs,
+    addresses: &Addresses,
     merge_vfs: bool,
     ports: &mut Vec<Port>,
 ) -> crate::error::Result<()> {
@@ -73,13 +79,20 @@ fn discover_device(
         // Every slot the kernel reports, as NCCL's scan walks them up to `gid_tbl_len`: an
         // unconfigured slot still counts (NCCL's family rule may pick one), so the live table is
         // the one a captured topology and `ncclwasm policy explain` show.
+        // An Ethernet port's GID types are read for every slot, whatever its GID (IB GIDs are
+        // all of type IB).
+        let types = match attr.link_layer {
+            LinkLayer::Ethernet => sysfs.roce_gid_types(name, port, attr.gid_tbl_len),
+            LinkLayer::Infiniband => Vec::new(),
+        };
         let gids: Vec<Gid> = (0..attr.gid_tbl_len)
             .map(|index| {
                 let raw = ctx.query_gid(port, index).unwrap_or_else(|e| {
                     tracing::debug!("{name} port {port}: {e}");
                     [0; 16]
                 });
-                gid(sysfs, name, port, index, raw, attr.link_layer)
+                let roce = types.get(index as usize).copied();
+                gid(sysfs, addresses, name, port, index, raw, roce)
             })
             .collect();
         ports.push(Port {
@@ -110,39 +123,44 @@ fn discover_device(
     Ok(())
 }
 
-/// A GID entry with its type (sysfs) and the prefix length of the subnet it sits in. An
-/// unconfigured slot keeps the bytes the kernel gave (`::` or `fe80::`) and whatever type sysfs
-/// gives (on a kernel the read fails: `unknown`), with no prefix.
-fn gid(sysfs: &Sysfs, dev: &str, port: u8, index: u32, raw: [u8; 16], link: LinkLayer) -> Gid {
+/// A GID entry with its type and the prefix length of the subnet it sits in. `roce` is the
+/// slot's type as sysfs gives it on an Ethernet port, `None` on an IB port. An unconfigured slot
+/// keeps the bytes the kernel gave (`::` or `fe80::`) and whatever type sysfs gives (on a kernel
+/// the read fails: `unknown`), with no prefix.
+fn gid(
+    sysfs: &Sysfs,
+    addresses: &Addresses,
+    dev: &str,
+    port: u8,
+    index: u32,
+    raw: [u8; 16],
+    roce: Option<GidType>,
+) -> Gid {
     let probe = Gid {
         index,
         raw,
         gid_type: GidType::Unknown,
         prefix_len: 0,
     };
-    if probe.is_unconfigured() {
-        return match link {
-            LinkLayer::Ethernet => Gid {
-                gid_type: sysfs.roce_gid_type(dev, port, index),
-                ..probe
-            },
-            LinkLayer::Infiniband => probe,
-        };
-    }
-    if link == LinkLayer::Infiniband {
+    let Some(gid_type) = roce else {
+        if probe.is_unconfigured() {
+            return probe;
+        }
         return Gid {
             gid_type: GidType::Ib,
             prefix_len: IB_PREFIX,
             ..probe
         };
+    };
+    if probe.is_unconfigured() {
+        return Gid { gid_type, ..probe };
     }
-    let gid_type = sysfs.roce_gid_type(dev, port, index);
     let prefix_len = if probe.is_link_local() {
         IB_PREFIX
     } else {
         sysfs
             .gid_netdev(dev, port, index)
-            .and_then(|ndev| interface_prefix(&ndev, &probe))
+            .and_then(|ndev| interface_prefix(addresses.get_or_init(addresses_now), &ndev, &probe))
             .unwrap_or(0)
     };
     Gid {
@@ -152,66 +170,86 @@ fn gid(sysfs: &Sysfs, dev: &str, port: u8, index: u32, raw: [u8; 16], link: Link
     }
 }
 
-/// The prefix length of the address `gid` carries on interface `ndev` (from `getifaddrs`).
-fn interface_prefix(ndev: &str, gid: &Gid) -> Option<u8> {
+/// One address of an interface, with its prefix length.
+struct Address {
+    interface: String,
+    addr: IpAddr,
+    prefix_len: u8,
+}
+
+/// The prefix length of the address `gid` carries on interface `ndev`, among `addresses`.
+fn interface_prefix(addresses: &[Address], ndev: &str, gid: &Gid) -> Option<u8> {
     let v6 = Ipv6Addr::from(gid.raw);
     let want: IpAddr = match gid.family() {
         AddrFamily::Ipv4 => IpAddr::V4(v6.to_ipv4_mapped()?),
         AddrFamily::Ipv6 => IpAddr::V6(v6),
     };
+    addresses
+        .iter()
+        .find(|a| a.interface == ndev && a.addr == want)
+        .map(|a| a.prefix_len)
+}
+
+/// Every interface address of this host (`getifaddrs`): one netlink dump per discovery, not one
+/// per GID (a machine of thousands of RoCE ports asked the kernel thousands of times).
+fn addresses_now() -> Vec<Address> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: valid out-pointer; the list is freed below.
     if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return None;
+        return Vec::new();
     }
-    let mut found = None;
+    let mut found = Vec::new();
     let mut cur = head;
-    while !cur.is_null() && found.is_none() {
+    while !cur.is_null() {
         // SAFETY: `cur` walks the list getifaddrs returned, which stays valid until freeifaddrs.
         let ifa = unsafe { &*cur };
         cur = ifa.ifa_next;
-        // SAFETY: ifa_name is a NUL-terminated string of the live list.
-        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
-        if name.to_bytes() != ndev.as_bytes() || ifa.ifa_addr.is_null() || ifa.ifa_netmask.is_null()
-        {
+        if ifa.ifa_addr.is_null() || ifa.ifa_netmask.is_null() {
             continue;
         }
         // SAFETY: non-NULL sockaddrs of the live list, read per their family.
-        found = unsafe { match_prefix(ifa.ifa_addr, ifa.ifa_netmask, want) };
+        let Some((addr, prefix_len)) =
+            (unsafe { address_and_prefix(ifa.ifa_addr, ifa.ifa_netmask) })
+        else {
+            continue;
+        };
+        // SAFETY: ifa_name is a NUL-terminated string of the live list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+        found.push(Address {
+            interface: name.to_string_lossy().into_owned(),
+            addr,
+            prefix_len,
+        });
     }
     // SAFETY: frees the list getifaddrs allocated, once.
     unsafe { libc::freeifaddrs(head) };
     found
 }
 
-/// The netmask's length if `addr` is `want`.
+/// An IPv4 or IPv6 address and its netmask's length.
 ///
 /// # Safety
 /// `addr` and `mask` must point at valid sockaddrs of the same family.
-unsafe fn match_prefix(
+unsafe fn address_and_prefix(
     addr: *const libc::sockaddr,
     mask: *const libc::sockaddr,
-    want: IpAddr,
-) -> Option<u8> {
+) -> Option<(IpAddr, u8)> {
     // SAFETY: the caller guarantees valid sockaddrs; the family says which struct it is.
     unsafe {
-        match (i32::from((*addr).sa_family), want) {
-            (libc::AF_INET, IpAddr::V4(w)) => {
+        match i32::from((*addr).sa_family) {
+            libc::AF_INET => {
                 let a = &*addr.cast::<libc::sockaddr_in>();
                 let m = &*mask.cast::<libc::sockaddr_in>();
-                (u32::from_be(a.sin_addr.s_addr) == u32::from(w))
-                    .then(|| m.sin_addr.s_addr.count_ones() as u8)
+                Some((
+                    IpAddr::V4(u32::from_be(a.sin_addr.s_addr).into()),
+                    m.sin_addr.s_addr.count_ones() as u8,
+                ))
             }
-            (libc::AF_INET6, IpAddr::V6(w)) => {
+            libc::AF_INET6 => {
                 let a = &*addr.cast::<libc::sockaddr_in6>();
                 let m = &*mask.cast::<libc::sockaddr_in6>();
-                (a.sin6_addr.s6_addr == w.octets()).then(|| {
-                    m.sin6_addr
-                        .s6_addr
-                        .iter()
-                        .map(|b| b.count_ones())
-                        .sum::<u32>() as u8
-                })
+                let bits: u32 = m.sin6_addr.s6_addr.iter().map(|b| b.count_ones()).sum();
+                Some((IpAddr::V6(a.sin6_addr.s6_addr.into()), bits as u8))
             }
             _ => None,
         }
@@ -243,7 +281,8 @@ mod tests {
             GidType::RoceV2,
             0,
         );
-        assert_eq!(interface_prefix("lo", &g), Some(8));
-        assert_eq!(interface_prefix("nonexistent0", &g), None);
+        let now = addresses_now();
+        assert_eq!(interface_prefix(&now, "lo", &g), Some(8));
+        assert_eq!(interface_prefix(&now, "nonexistent0", &g), None);
     }
 }

@@ -59,7 +59,7 @@ impl Fabric {
     /// (read under the fabric's sysfs root, so a test tree can stand in for `/sys`); `None`
     /// when none of [`PEER_MEMORY_MODULES`] is there, and GPU memory cannot go to `ibv_reg_mr`.
     pub fn peer_memory_module(&self) -> Option<String> {
-        let sysfs = Sysfs::open(&self.provider.sysfs_root);
+        let sysfs = Sysfs::open(&self.provider.sysfs);
         PEER_MEMORY_MODULES
             .iter()
             .find(|m| sysfs.exists(m))

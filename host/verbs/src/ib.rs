@@ -8,17 +8,16 @@
 //! hosts without rdma-core (a CI guard checks this).
 //!
 //! A library may also export the extension symbols of [`crate::table`] (a provider built as
-//! `libibverbs.so.1`, such as the `soft-ibverbs` cdylib): its sysfs root, its
+//! `libibverbs.so.1`, such as the `soft-ibverbs` cdylib): its sysfs tree, its
 //! [`crate::ProviderCaps`] and, with `fault-injection`, its fault hooks.
 
 use std::ffi::{CStr, CString, c_void};
-use std::path::PathBuf;
 use std::ptr::NonNull;
 
 use crate::error::{Result, VerbsError};
 use crate::provider::ProviderCaps;
 use crate::table::{
-    CAPABILITIES_SYMBOL, CapabilitiesFn, SYSFS_ROOT_SYMBOL, SysfsRootFn, VerbsTable,
+    CAPABILITIES_SYMBOL, CapabilitiesFn, SYSFS_READ_SYMBOL, SysfsReadFn, VerbsTable,
 };
 #[cfg(feature = "fault-injection")]
 use crate::table::{FAULT_SYMBOLS, FaultTable};
@@ -61,16 +60,12 @@ impl Library {
         NonNull::new(unsafe { libc::dlsym(self.handle.as_ptr(), name.as_ptr()) })
     }
 
-    /// The root of the library's sysfs-shaped tree, when it exports `ncclwasm_verbs_sysfs_root`.
-    pub(crate) fn sysfs_root(&self) -> Option<PathBuf> {
-        let p = self.extension(SYSFS_ROOT_SYMBOL)?;
-        // SAFETY: the symbol has the SysfsRootFn signature (extension contract, crate::table).
-        let f: SysfsRootFn = unsafe { fn_ptr(p.as_ptr()) };
-        let mut buf = vec![0u8; 4096];
-        // SAFETY: `buf` has the length we pass.
-        let n = unsafe { f(buf.as_mut_ptr().cast(), buf.len()) };
-        buf.truncate(usize::try_from(n).ok()?);
-        Some(PathBuf::from(String::from_utf8(buf).ok()?))
+    /// The library's sysfs-shaped tree, when it exports `ncclwasm_verbs_sysfs_read`.
+    pub(crate) fn sysfs_read(&self) -> Option<SysfsReadFn> {
+        let p = self.extension(SYSFS_READ_SYMBOL)?;
+        // SAFETY: the symbol has the SysfsReadFn signature (extension contract, crate::table);
+        // the fabric keeps this library loaded as long as its provider can call it.
+        Some(unsafe { fn_ptr(p.as_ptr()) })
     }
 
     /// What the library's provider promises (`ncclwasm_verbs_capabilities`; none if absent).

@@ -17,7 +17,8 @@
 //! - Fast-path verbs (`post_send`, `post_recv`, `poll_cq`) go through the context's `ops` table,
 //!   as verbs.h does.
 //! - [`Fabric::discover`] produces the `ncclwasm_model::Port` records policies decide on, as
-//!   `ncclIbInitDevices` gathers them (verbs + sysfs read through cap-std).
+//!   `ncclIbInitDevices` gathers them (verbs + sysfs: a directory read through cap-std, or
+//!   a tree the provider answers from memory, [`SysfsTree`]).
 //! - One error type, [`VerbsError`], naming the verb, the object and the errno.
 //! - No libibverbs type appears in the safe API; the only raw-pointer door is
 //!   [`ForeignMemory::new`] (`unsafe`: the caller vouches for memory NCCL hands over).
@@ -78,7 +79,7 @@ pub use discover::merge_vfs_from_env;
 pub use error::{Result, VerbsError, panic_message};
 pub use gpu::{PEER_MEMORY_MODULES, RelaxedOrderingMode};
 pub use memory::{Access, DmaBuf, ForeignMemory, Memory, Mr, Pd};
-pub use provider::{Capabilities, ENV_SYSFS_ROOT, Provider, ProviderCaps};
+pub use provider::{Capabilities, ENV_SYSFS_ROOT, Provider, ProviderCaps, SysfsTree};
 pub use qp::{Ece, Grh, InitAttr, Mtu, Posted, Qp, QpCaps, QpState, RtrAttr, RtsAttr};
 #[cfg(feature = "fault-injection")]
 pub use table::FaultTable;

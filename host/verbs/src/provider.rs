@@ -1,5 +1,5 @@
-//! What a provider hands the wrapper to become a [`crate::Fabric`]: its entry points, the root of
-//! its sysfs-shaped tree, what it promises beyond the table, and (for tests) its fault hooks.
+//! What a provider hands the wrapper to become a [`crate::Fabric`]: its entry points, its
+//! sysfs-shaped tree, what it promises beyond the table, and (for tests) its fault hooks.
 //!
 //! An in-process provider crate builds a [`Provider`] and calls [`crate::Fabric::from_provider`],
 //! as a crypto provider crate hands rustls its `CryptoProvider`; the `ib` fabric builds the same
@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 #[cfg(feature = "fault-injection")]
 use crate::table::FaultTable;
-use crate::table::VerbsTable;
+use crate::table::{SysfsReadFn, VerbsTable};
 
 /// What a provider promises beyond its entry points, as a bit set (the value the
 /// `ncclwasm_verbs_capabilities` extension symbol returns; unknown bits are ignored).
@@ -44,6 +44,17 @@ impl ProviderCaps {
     }
 }
 
+/// Where discovery reads what verbs do not say (layout in [`crate::table`]).
+#[derive(Clone, Debug)]
+pub enum SysfsTree {
+    /// A directory laid out as `/sys` (`/sys` itself for real libibverbs), read through cap-std.
+    Dir(PathBuf),
+    /// A tree the provider answers from memory, path by path: a provider whose devices come from
+    /// a description (the soft provider's topology file) writes no file, so init costs what
+    /// discovery asks, not what the machine could hold, and leaves nothing behind.
+    Served(SysfsReadFn),
+}
+
 /// `NCCL_WASM_SYSFS_ROOT`: a directory laid out as `/sys` that discovery reads instead of the
 /// tree the provider names (its own, [`crate::IbOptions::sysfs_root`], or `/sys`), whatever the
 /// provider. It lets an operator or a test run discovery against a copy of another machine's
@@ -56,7 +67,7 @@ pub const ENV_SYSFS_ROOT: &str = "NCCL_WASM_SYSFS_ROOT";
 pub struct Provider {
     pub(crate) name: &'static str,
     pub(crate) table: VerbsTable,
-    pub(crate) sysfs_root: PathBuf,
+    pub(crate) sysfs: SysfsTree,
     pub(crate) caps: ProviderCaps,
     #[cfg(feature = "fault-injection")]
     pub(crate) faults: Option<FaultTable>,
@@ -64,28 +75,27 @@ pub struct Provider {
 
 impl Provider {
     /// `name` appears in messages (`"ib"`, `"soft"`, …); `table` fulfils the backend contract of
-    /// [`crate::table`]; discovery reads the sysfs-shaped tree under `sysfs_root`, unless
-    /// [`ENV_SYSFS_ROOT`] names another one.
+    /// [`crate::table`]; discovery reads `sysfs`, unless [`ENV_SYSFS_ROOT`] names a directory.
     pub fn new(
         name: &'static str,
         table: VerbsTable,
-        sysfs_root: PathBuf,
+        sysfs: SysfsTree,
         caps: ProviderCaps,
     ) -> Provider {
-        let sysfs_root = match std::env::var_os(ENV_SYSFS_ROOT) {
+        let sysfs = match std::env::var_os(ENV_SYSFS_ROOT) {
             Some(root) if !root.is_empty() => {
                 tracing::info!(
                     "{name}: discovery reads sysfs under {} ({ENV_SYSFS_ROOT})",
                     std::path::Path::new(&root).display()
                 );
-                PathBuf::from(root)
+                SysfsTree::Dir(PathBuf::from(root))
             }
-            _ => sysfs_root,
+            _ => sysfs,
         };
         Provider {
             name,
             table,
-            sysfs_root,
+            sysfs,
             caps,
             #[cfg(feature = "fault-injection")]
             faults: None,

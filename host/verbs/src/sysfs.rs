@@ -1,14 +1,18 @@
-//! Discovery extras read from a sysfs-shaped tree through cap-std (layout: [`crate::table`]).
+//! Discovery extras read from a sysfs-shaped tree (layout: [`crate::table`]).
 //!
-//! Everything is relative to a root directory opened once, so the `soft` provider's temp tree
-//! and the real `/sys` go through the same code, and nothing outside the root is ever followed
-//! (symlinks are resolved by hand, component by component, inside the capability). Every read
-//! tolerates absence: containers hide parts of sysfs and NCCL carries on without them. Every
-//! attribute goes through the model's bounded reader ([`ncclwasm_model::file`]), so a FIFO or
-//! a giant planted in a tree reads as absent instead of blocking or filling memory.
+//! Everything is relative to a root: a directory opened once and read through cap-std (the
+//! real `/sys`, or a copy named by `NCCL_WASM_SYSFS_ROOT`), or a tree a provider answers from
+//! memory ([`SysfsTree::Served`]: the soft provider's), so both go through the same questions
+//! here and nothing outside the root is ever followed (symlinks are resolved by hand, component
+//! by component, inside the capability; a served answer that leaves the root is refused). Every
+//! read tolerates absence: containers hide parts of sysfs and NCCL carries on without them.
+//! Every attribute goes through the model's bounded reader ([`ncclwasm_model::file`]), or for a
+//! served tree is held to the same cap, so a FIFO or a giant planted in a tree reads as absent
+//! instead of blocking or filling memory.
 
 use std::collections::VecDeque;
-use std::ffi::OsString;
+use std::ffi::{CString, OsString};
+use std::os::raw::c_int;
 use std::path::{Component, Path, PathBuf};
 
 use cap_std::ambient_authority;
@@ -16,31 +20,51 @@ use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 use ncclwasm_model::GidType;
 use ncclwasm_model::file::{Limit, Opened};
 
+use crate::provider::SysfsTree;
+use crate::table::{SYSFS_READ, SYSFS_RESOLVE, SYSFS_TABLE, SysfsReadFn};
+
 /// Symlink hops allowed while resolving one path, as the kernel's `MAXSYMLINKS`.
 const MAX_HOPS: usize = 40;
 
-/// A sysfs root; `dir` is `None` when the root cannot be opened (everything then reads unknown).
+/// A sysfs root, opened.
 #[derive(Debug)]
-pub(crate) struct Sysfs {
-    dir: Option<Dir>,
+pub(crate) enum Sysfs {
+    /// A directory; `None` when it cannot be opened (everything then reads unknown).
+    Dir(Option<Dir>),
+    /// The provider's answers.
+    Served(SysfsReadFn),
 }
 
 impl Sysfs {
-    pub(crate) fn open(root: &Path) -> Sysfs {
-        let dir = Dir::open_ambient_dir(root, ambient_authority())
-            .inspect_err(|e| tracing::debug!("sysfs root {} unreadable: {e}", root.display()))
-            .ok();
-        Sysfs { dir }
+    pub(crate) fn open(tree: &SysfsTree) -> Sysfs {
+        match tree {
+            SysfsTree::Dir(root) => Sysfs::Dir(
+                Dir::open_ambient_dir(root, ambient_authority())
+                    .inspect_err(|e| {
+                        tracing::debug!("sysfs root {} unreadable: {e}", root.display())
+                    })
+                    .ok(),
+            ),
+            SysfsTree::Served(read) => Sysfs::Served(*read),
+        }
     }
 
-    /// One attribute, trimmed, through the bounded reader: opened non-blocking inside the
-    /// capability, refused unless a regular file of at most [`Limit::SYSFS`]. A refusal is
-    /// DEBUG-logged and reads as absent, as a hidden file would (a FIFO or a giant where an
-    /// attribute should be is no attribute).
+    /// One attribute, trimmed. From a directory, through the bounded reader: opened
+    /// non-blocking inside the capability, refused unless a regular file of at most
+    /// [`Limit::SYSFS`]. A refusal is DEBUG-logged and reads as absent, as a hidden file would
+    /// (a FIFO or a giant where an attribute should be is no attribute).
     fn read(&self, rel: &str) -> Option<String> {
-        let file = self
-            .dir
-            .as_ref()?
+        self.read_with(rel, str::to_owned)
+    }
+
+    /// [`Sysfs::read`], handing the trimmed text to `f` instead of returning it: a served
+    /// answer is then never copied off the stack (discovery asks once per GID slot).
+    fn read_with<R>(&self, rel: &str, f: impl FnOnce(&str) -> R) -> Option<R> {
+        let dir = match self {
+            Sysfs::Dir(dir) => dir.as_ref()?,
+            Sysfs::Served(read) => return served(*read, rel, SYSFS_READ, |text| f(text.trim())),
+        };
+        let file = dir
             .open_with(
                 rel,
                 OpenOptions::new()
@@ -52,12 +76,15 @@ impl Sysfs {
             .and_then(Opened::read_to_string)
             .inspect_err(|e| tracing::debug!("sysfs: {e}"))
             .ok()?;
-        Some(text.trim().to_owned())
+        Some(f(text.trim()))
     }
 
     /// Whether `rel` exists (as `access(F_OK)`), e.g. a kernel module's `version` file.
     pub(crate) fn exists(&self, rel: &str) -> bool {
-        self.dir.as_ref().is_some_and(|d| d.exists(rel))
+        match self {
+            Sysfs::Dir(dir) => dir.as_ref().is_some_and(|d| d.exists(rel)),
+            Sysfs::Served(read) => served(*read, rel, SYSFS_RESOLVE, |_| ()).is_some(),
+        }
     }
 
     /// The device's PCI function directory as `/sys/devices/…` (unmerged), as the `realpath` in
@@ -90,19 +117,29 @@ impl Sysfs {
         )
     }
 
-    /// `gid_attrs/types/<i>` of an Ethernet port: "IB/RoCE v1" or "RoCE v2" (IB ports need no
-    /// lookup: all their GIDs are IB GIDs).
-    pub(crate) fn roce_gid_type(&self, dev: &str, port: u8, index: u32) -> GidType {
-        match self
-            .read(&format!(
-                "class/infiniband/{dev}/ports/{port}/gid_attrs/types/{index}"
-            ))
-            .as_deref()
+    /// `gid_attrs/types/<i>` of every slot `0..len` of an Ethernet port: "IB/RoCE v1" or
+    /// "RoCE v2", anything else (an unreadable or empty file) `Unknown` (IB ports need no lookup:
+    /// all their GIDs are IB GIDs). A directory is read file by file, as NCCL does; a provider's
+    /// tree is asked for the whole table at once ([`SYSFS_TABLE`]), the same answers in one call
+    /// instead of one per slot — what keeps discovery of thousands of ports fast.
+    pub(crate) fn roce_gid_types(&self, dev: &str, port: u8, len: u32) -> Vec<GidType> {
+        let dir = format!("class/infiniband/{dev}/ports/{port}/gid_attrs/types");
+        if let Sysfs::Served(read) = self
+            && let Some(types) = served(*read, &dir, SYSFS_TABLE, |table| {
+                let mut lines = table.lines().map(roce_gid_type);
+                (0..len)
+                    .map(|_| lines.next().unwrap_or(GidType::Unknown))
+                    .collect()
+            })
         {
-            Some("IB/RoCE v1") => GidType::RoceV1,
-            Some("RoCE v2") => GidType::RoceV2,
-            _ => GidType::Unknown,
+            return types;
         }
+        (0..len)
+            .map(|i| {
+                self.read_with(&format!("{dir}/{i}"), roce_gid_type)
+                    .unwrap_or(GidType::Unknown)
+            })
+            .collect()
     }
 
     /// `gid_attrs/ndevs/<i>`: the netdev a RoCE GID belongs to.
@@ -116,7 +153,15 @@ impl Sysfs {
     /// Resolves every symlink in `rel` inside the root; `None` if a link is absolute, climbs
     /// above the root, loops, or any component is missing.
     fn resolve(&self, rel: &str) -> Option<PathBuf> {
-        let dir = self.dir.as_ref()?;
+        let dir = match self {
+            Sysfs::Dir(dir) => dir.as_ref()?,
+            Sysfs::Served(read) => {
+                let resolved = served(*read, rel, SYSFS_RESOLVE, |p| p.trim().to_owned())?;
+                // Inside the root, as a directory's resolution stays: relative, no `..`.
+                let parts = components(Path::new(&resolved))?;
+                return (!parts.iter().any(|c| c == "..")).then(|| parts.iter().collect());
+            }
+        };
         let mut pending: VecDeque<OsString> = components(Path::new(rel))?;
         let mut done: Vec<OsString> = Vec::new();
         let mut hops = 0;
@@ -140,6 +185,48 @@ impl Sysfs {
             }
         }
         Some(done.iter().collect())
+    }
+}
+
+/// One answer of a provider's tree ([`SysfsReadFn`], asked `op`), handed to `f` as it came. Held to [`Limit::SYSFS`] as a file of a
+/// directory is; an answer that is not UTF-8 is no answer. Discovery asks once per GID slot, so
+/// a short path and a short answer stay on the stack.
+fn served<R>(read: SysfsReadFn, rel: &str, op: c_int, f: impl FnOnce(&str) -> R) -> Option<R> {
+    let mut short = [0u8; 256];
+    let long;
+    let path = if rel.len() < short.len() && !rel.contains('\0') {
+        short[..rel.len()].copy_from_slice(rel.as_bytes());
+        &short[..=rel.len()]
+    } else {
+        long = CString::new(rel).ok()?;
+        long.as_bytes_with_nul()
+    };
+    let ask = |buf: &mut [u8]| {
+        // SAFETY: `path` is NUL-terminated and `buf` writable for its length (the SysfsReadFn
+        // contract); the provider's fabric outlives this call.
+        unsafe { read(path.as_ptr().cast(), op, buf.as_mut_ptr().cast(), buf.len()) }
+    };
+    let mut small = [0u8; 128];
+    let n = usize::try_from(ask(&mut small)).ok()?;
+    if n as u64 > Limit::SYSFS.cap {
+        tracing::debug!("sysfs: {rel} is {n} bytes, over the cap of an attribute");
+        return None;
+    }
+    if n < small.len() {
+        return Some(f(std::str::from_utf8(&small[..n]).ok()?));
+    }
+    let mut big = vec![0u8; n + 1];
+    let again = usize::try_from(ask(&mut big)).ok()?;
+    big.truncate(again.min(n));
+    Some(f(std::str::from_utf8(&big).ok()?))
+}
+
+/// A RoCE GID's type as `gid_attrs/types/<i>` says it.
+fn roce_gid_type(text: &str) -> GidType {
+    match text.trim() {
+        "IB/RoCE v1" => GidType::RoceV1,
+        "RoCE v2" => GidType::RoceV2,
+        _ => GidType::Unknown,
     }
 }
 
@@ -187,19 +274,24 @@ mod tests {
         .unwrap();
         symlink("/etc", root.join("class/infiniband/escape")).unwrap();
 
-        let s = Sysfs::open(&root);
+        let s = Sysfs::open(&SysfsTree::Dir(root.clone()));
         assert_eq!(
             s.pci_path("mlx5_2").as_deref(),
             Some("/sys/devices/pci0000:5d/0000:5d:02.0/0000:5e:00.2")
         );
         assert_eq!(s.numa_node("mlx5_2"), 1);
         assert_eq!(s.driver("mlx5_2").as_deref(), Some("mlx5"));
-        assert_eq!(s.roce_gid_type("mlx5_2", 1, 1), GidType::RoceV2);
-        assert_eq!(s.roce_gid_type("mlx5_2", 1, 0), GidType::Unknown);
+        assert_eq!(
+            s.roce_gid_types("mlx5_2", 1, 2),
+            [GidType::Unknown, GidType::RoceV2]
+        );
         assert_eq!(s.pci_path("escape"), None);
         assert_eq!(s.pci_path("missing"), None);
         assert_eq!(s.numa_node("missing"), -1);
-        assert_eq!(Sysfs::open(&root.join("nowhere")).pci_path("mlx5_2"), None);
+        assert_eq!(
+            Sysfs::open(&SysfsTree::Dir(root.join("nowhere"))).pci_path("mlx5_2"),
+            None
+        );
         std::fs::remove_dir_all(&root).unwrap();
     }
 
@@ -222,15 +314,14 @@ mod tests {
         let root = s.root().to_owned();
         let started = Instant::now();
         let read = within(Duration::from_secs(10), move || {
-            let sys = Sysfs::open(&root);
+            let sys = Sysfs::open(&SysfsTree::Dir(root));
             (
-                sys.roce_gid_type("mlx5_0", 1, 0),
+                sys.roce_gid_types("mlx5_0", 1, 2),
                 sys.gid_netdev("mlx5_0", 1, 0),
                 sys.numa_node("mlx5_0"),
-                sys.roce_gid_type("mlx5_0", 1, 1),
             )
         });
-        assert_eq!(read, (GidType::Unknown, None, -1, GidType::RoceV2));
+        assert_eq!(read, (vec![GidType::Unknown, GidType::RoceV2], None, -1));
         assert!(
             started.elapsed() < Duration::from_secs(1),
             "{:?}",

@@ -12,8 +12,8 @@
 //!
 //! ## What a provider crate hands over
 //! A [`crate::Provider`], passed to [`crate::Fabric::from_provider`]:
-//! - its name (for messages), its [`VerbsTable`] (below) and the root of its sysfs-shaped tree
-//!   (see Discovery);
+//! - its name (for messages), its [`VerbsTable`] (below) and its sysfs-shaped tree (see
+//!   Discovery): a directory, or a [`SysfsReadFn`] that answers it from memory;
 //! - its [`crate::ProviderCaps`]: promises the table cannot express. Today one:
 //!   [`crate::ProviderCaps::ECE_REQUIRED`], "this provider admits a QP's peer only after
 //!   `set_ece` with the peer's `query_ece` value, so the transport must always exchange ECE";
@@ -96,10 +96,12 @@
 //!
 //! ## Discovery extras: a sysfs-shaped tree
 //! What verbs do not say (PCI path, NUMA node, GID types, the netdev behind a RoCE GID, the
-//! driver) is read from sysfs **through cap-std, relative to a root directory** (`sysfs.rs`):
-//! `/sys` for real libibverbs, and a tree a userspace provider materialises for its devices (the
-//! soft provider: for its topology, in a temp dir), so the very same discovery code runs in CI.
-//! Paths, relative to the root:
+//! driver) is read from sysfs **relative to a root** (`sysfs.rs`, [`crate::SysfsTree`]): a
+//! directory read through cap-std (`/sys` for real libibverbs, or `NCCL_WASM_SYSFS_ROOT`), or a
+//! tree a userspace provider answers from memory through a [`SysfsReadFn`] (the soft provider,
+//! for its topology: no file is written, so a machine of 10 000 devices × 256 GIDs costs nothing
+//! until a path is asked, and the very same discovery code runs in CI). Paths, relative to the
+//! root:
 //! - `class/infiniband/<dev>/device` → a symlink (relative) to a PCI function directory, e.g.
 //!   `../../../devices/pci0000:00/0000:00:02.0/0000:17:00.1`, resolved inside the root. The
 //!   reported path is `/sys/` joined with the resolved path relative to the root (for both
@@ -124,9 +126,8 @@
 //! Looked up with `dlsym` (unversioned) when the `ib` fabric loads a library. rdma-core has none
 //! of them; a provider library that has a tree or capabilities must export the first two, or the
 //! `ib` fabric over it would not behave as the provider does in process.
-//! - [`SYSFS_ROOT_SYMBOL`] (`ncclwasm_verbs_sysfs_root`, [`SysfsRootFn`]): writes the root of
-//!   the library's sysfs-shaped tree into the caller's buffer, NUL-terminated, and returns its
-//!   length, or -1 when it does not fit or cannot be built. Absent or -1: `/sys`.
+//! - [`SYSFS_READ_SYMBOL`] (`ncclwasm_verbs_sysfs_read`, [`SysfsReadFn`]): the library's
+//!   sysfs-shaped tree, answered path by path. Absent: `/sys`.
 //! - [`CAPABILITIES_SYMBOL`] (`ncclwasm_verbs_capabilities`, [`CapabilitiesFn`]): the bits of
 //!   the provider's [`crate::ProviderCaps`], the same value its in-process [`crate::Provider`]
 //!   declares. Absent: none.
@@ -230,13 +231,30 @@ pub struct VerbsTable {
     pub set_ece: Option<unsafe extern "C" fn(qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_int>,
 }
 
-/// `ncclwasm_verbs_sysfs_root`: where a loaded library's sysfs-shaped tree is (see the module
-/// documentation).
-pub const SYSFS_ROOT_SYMBOL: &CStr = c"ncclwasm_verbs_sysfs_root";
+/// `ncclwasm_verbs_sysfs_read`: a loaded library's sysfs-shaped tree, answered from memory (see
+/// the module documentation).
+pub const SYSFS_READ_SYMBOL: &CStr = c"ncclwasm_verbs_sysfs_read";
 
-/// Writes the root (NUL-terminated) into `buf` of `len` bytes; returns its length, or -1 when it
-/// does not fit or cannot be built.
-pub type SysfsRootFn = unsafe extern "C" fn(buf: *mut c_char, len: usize) -> isize;
+/// Answers one path of a provider's sysfs-shaped tree: `path` is NUL-terminated and relative to
+/// the tree's root, `op` one of [`SYSFS_READ`], [`SYSFS_RESOLVE`], [`SYSFS_TABLE`]. The answer
+/// is written into `buf` (`len` bytes), truncated and NUL-terminated as `snprintf` does, and its
+/// full length is returned — so a value `>= len` means "ask again with a larger buffer" — or -1
+/// when the path does not exist, is not what `op` asks for, or `op` is not known (a reader then
+/// falls back to [`SYSFS_READ`]). Called from any thread; a C function so that a library can
+/// export it and an in-process provider can hand the same function over.
+pub type SysfsReadFn =
+    unsafe extern "C" fn(path: *const c_char, op: c_int, buf: *mut c_char, len: usize) -> isize;
+
+/// [`SysfsReadFn`]'s `op`: the text of the file at `path` (symlinks on the way followed).
+pub const SYSFS_READ: c_int = 0;
+/// [`SysfsReadFn`]'s `op`: `path` with every symlink resolved, relative to the root (as
+/// `realpath`; for a directory or a file alike).
+pub const SYSFS_RESOLVE: c_int = 1;
+/// [`SysfsReadFn`]'s `op`: the texts of the files `0`, `1`, … of the directory at `path` — a GID
+/// table's (`gids`, `gid_attrs/types`, `gid_attrs/ndevs`) — each as [`SYSFS_READ`] gives it
+/// trimmed, one per line, in index order up to the table's length. What discovery reads of every
+/// slot of a port, in one question instead of one per slot (a port has up to 1 024).
+pub const SYSFS_TABLE: c_int = 2;
 
 /// `ncclwasm_verbs_capabilities`: what a loaded library's provider promises.
 pub const CAPABILITIES_SYMBOL: &CStr = c"ncclwasm_verbs_capabilities";

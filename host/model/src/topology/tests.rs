@@ -507,3 +507,92 @@ fn a_device_fifo_directory_or_giant_is_refused_in_one_line_at_once() {
         eprintln!("{}: refused in {took:?}", path.display());
     }
 }
+
+/// `n` single-port RoCE devices whose ports have `gid_tbl_len` slots.
+fn many_devices(n: usize, gid_tbl_len: u32) -> String {
+    let mut text = String::from("name = \"many\"\n");
+    for i in 0..n {
+        text += &format!(
+            "[[devices]]\nname = \"d{i}\"\nguid = {i}\n[[devices.ports]]\nport = 1\n\
+             link-layer = \"ethernet\"\nspeed-mbps = 1000\ngid-tbl-len = {gid_tbl_len}\n"
+        );
+    }
+    text
+}
+
+/// Issue 36: what a file may ask for is bounded, in this one place every reader goes through;
+/// past a bound the error is one line naming the field, however large the offending value.
+#[test]
+fn what_a_file_may_ask_for_is_bounded_with_one_line_errors() {
+    let long = "x".repeat(100 << 10);
+    let cases: Vec<(String, String, &str)> = vec![
+        (
+            "name = \"mlx5_0\"".into(),
+            format!("name = \"{long}\""),
+            "t.toml:3:8: devices[0].name: \"xxxxxxxx",
+        ),
+        (
+            "name = \"mlx5_0\"".into(),
+            format!("name = \"{}\"", "m".repeat(bounds::MAX_NAME + 1)),
+            "t.toml:3:8: devices[0].name: \"mmmm",
+        ),
+        (
+            "name = \"mlx5_0\"".into(),
+            "name = \"mlx5/0\"".into(),
+            "t.toml:3:8: devices[0].name: \"mlx5/0\" is not a device name",
+        ),
+        (
+            "guid = ".into(),
+            format!("provider = \"{long}\"\nguid = "),
+            "t.toml:4:12: devices[0].provider: \"xxxx",
+        ),
+        (
+            "guid = ".into(),
+            format!(
+                "pci-path = \"/sys/devices/{}/0000:0c:00.0\"\nguid = ",
+                "p".repeat(5000)
+            ),
+            "t.toml:4:12: devices[0].pci-path: \"/sys/devices/pppp",
+        ),
+        (
+            "guid = ".into(),
+            "pci-path = \"/sys/devices/pci0000:00/../0000:0c:00.0\"\nguid = ".into(),
+            "t.toml:4:12: devices[0].pci-path: \"/sys/devices/pci0000:00/../0000:0c:00.0\" is not",
+        ),
+        (
+            "name = \"t\"".into(),
+            format!("name = \"{long}\""),
+            "t.toml:1:8: name: \"xxxx",
+        ),
+    ];
+    for (from, to, want) in &cases {
+        let e = error(from, to);
+        assert!(e.starts_with(want), "got   {e}\nwant  {want}");
+        assert!(!e.contains('\n') && e.len() < 400, "one short line: {e}");
+    }
+    let at_bound = MINIMAL.replace("mlx5_0", &"m".repeat(bounds::MAX_NAME));
+    assert!(Topology::parse(&at_bound, "t.toml").is_ok());
+
+    let e = Topology::parse(&many_devices(bounds::MAX_DEVICES + 1, 1), "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!(
+            "devices[{}]: {} devices; a topology describes at most {}",
+            bounds::MAX_DEVICES,
+            bounds::MAX_DEVICES + 1,
+            bounds::MAX_DEVICES
+        )),
+        "{e}"
+    );
+    let slots = bounds::MAX_GID_SLOTS / 1024;
+    assert!(Topology::parse(&many_devices(slots, 1024), "t.toml").is_ok());
+    let e = Topology::parse(&many_devices(slots + 1, 1024), "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("devices[{slots}]: the GID tables up to here have")),
+        "{e}"
+    );
+    assert!(!e.contains('\n'), "{e}");
+}

@@ -18,6 +18,8 @@ use super::post::{post_recv, post_send};
 use crate::ctx::Ctx;
 use crate::fabric::{self, SoftDevice};
 use crate::qp::MAX_MSG;
+use crate::sysfs::Ask;
+use ncclwasm_verbs::table;
 
 /// `ibv_port_attr.link_layer` values.
 const LINK_LAYER_INFINIBAND: u8 = 1;
@@ -274,6 +276,52 @@ fn speed_code(lane_mbps: u32) -> u8 {
         .iter()
         .find(|(m, _)| lane_mbps >= *m)
         .map_or(1, |c| c.1)
+}
+
+/// The soft machine's sysfs-shaped tree, answered from memory (`ncclwasm_verbs::table::
+/// SysfsReadFn`): the provider's tree in process, and `ncclwasm_verbs_sysfs_read` of the
+/// `libibverbs.so.1` stand-in.
+///
+/// # Safety
+/// `path` must be NULL or NUL-terminated, `buf` NULL or writable for `len` bytes.
+pub unsafe extern "C" fn sysfs_read(
+    path: *const c_char,
+    op: c_int,
+    buf: *mut c_char,
+    len: usize,
+) -> isize {
+    shield(
+        "sysfs_read",
+        || -1,
+        || {
+            if path.is_null() {
+                return -1;
+            }
+            // SAFETY: a NUL-terminated string (caller contract).
+            let Ok(rel) = unsafe { std::ffi::CStr::from_ptr(path) }.to_str() else {
+                return -1;
+            };
+            let ask = match op {
+                table::SYSFS_READ => Ask::Read,
+                table::SYSFS_RESOLVE => Ask::Resolve,
+                table::SYSFS_TABLE => Ask::Table,
+                _ => return -1,
+            };
+            let Some(answer) = crate::sysfs::read(rel, ask) else {
+                return -1;
+            };
+            let bytes = answer.as_bytes();
+            if !buf.is_null() && len > 0 {
+                let n = bytes.len().min(len - 1);
+                // SAFETY: `buf` is writable for `len` > n bytes (caller contract).
+                unsafe {
+                    ptr::copy_nonoverlapping(bytes.as_ptr(), buf.cast::<u8>(), n);
+                    *buf.add(n) = 0;
+                }
+            }
+            isize::try_from(bytes.len()).unwrap_or(isize::MAX)
+        },
+    )
 }
 
 /// `ibv_query_gid`: the topology's GID table (empty slots are zero).

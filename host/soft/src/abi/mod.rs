@@ -2,7 +2,7 @@
 //! `unsafe` block with the reason it holds; the engine's modules forbid `unsafe` (`lib.rs`).
 //!
 //! The C side, one file per verb family: `device` (device list, contexts, port and GID
-//! queries), `mr` (PDs and MRs), `cq` (CQs, `poll_cq`), `qp` (QPs, their state changes, and
+//! queries, and the sysfs-shaped tree's `SysfsReadFn`), `mr` (PDs and MRs), `cq` (CQs, `poll_cq`), `qp` (QPs, their state changes, and
 //! ECE, which carries the admission secret), `post` (`post_send` / `post_recv`) and `event`
 //! (async events), with libibverbs' exact C signatures; `fault` (the fault-injection hooks,
 //! re-exported as the crate's `fault`). What they share sits in leaves that import none of
@@ -37,6 +37,7 @@ mod qp;
 pub(crate) mod sys;
 
 pub(crate) use cq::{create_cq, destroy_cq};
+pub use device::sysfs_read;
 pub(crate) use device::{
     close_device, free_device_list, get_device_list, get_device_name, open_device, query_device,
     query_gid, query_port,
