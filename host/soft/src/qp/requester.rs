@@ -239,7 +239,15 @@ impl Qp {
                         drop(st);
                         self.spawn("ack", move |qp| qp.ack_loop(conn));
                     }
-                    Err(ConnectFail::Stale) => {}
+                    // Destroyed meanwhile, with a peer that no longer admits us: nothing
+                    // posted can go out, so the drain ends here (not by knocking again).
+                    Err(ConnectFail::Stale) => {
+                        let destroying = self.lock().destroying;
+                        if let Some(since) = destroying {
+                            self.say_bye(since);
+                            return;
+                        }
+                    }
                     Err(ConnectFail::Exhausted) => {
                         let mut st = self.lock();
                         if st.epoch == epoch {
@@ -375,7 +383,7 @@ impl Qp {
         // The iovecs borrow the guards, which may be held on now.
         drop(iov);
         if pulled && let Ok(true) = sent {
-            self.hold_for_pull(epoch, req.seq, guards);
+            self.hold_for_pull(conn, epoch, req.seq, guards);
         } else {
             drop(guards);
         }
@@ -405,9 +413,15 @@ impl Qp {
     /// Keeps the sources of pulled WR `seq` pinned until the responder answers it: it reads
     /// them after the header left. Already answered (the answer can beat us here), or failed
     /// meanwhile: nothing reads them any more, and the guards drop.
-    fn hold_for_pull(&self, epoch: u64, seq: u64, guards: SmallVec<[MrGuard; 1]>) {
+    fn hold_for_pull(&self, conn: &Conn, epoch: u64, seq: u64, guards: SmallVec<[MrGuard; 1]>) {
         let mut st = self.lock();
-        if st.epoch != epoch {
+        // The connection ended meanwhile (the ack reader let it go): nobody reads them.
+        if st.epoch != epoch
+            || !st
+                .req_conn
+                .as_deref()
+                .is_some_and(|c| std::ptr::eq(c, conn))
+        {
             return;
         }
         if let Some(w) = Self::wqe_mut(&mut st, seq).filter(|w| !w.acked) {
