@@ -17,7 +17,8 @@ use crate::handles::{Handles, Requests};
 /// What a communicator handle names.
 #[expect(
     clippy::large_enum_variant,
-    reason = "one per communicator, each in its own Arc: boxing would add an indirection to every call"
+    reason = "a communicator is about 2 KiB (its per-request tables are boxed), one per \
+              connection; boxing it would add an indirection to every call"
 )]
 pub(crate) enum Endpoint {
     Send {
@@ -35,25 +36,27 @@ pub(crate) enum Endpoint {
 pub(crate) static COMMS: Handles<Endpoint> = Handles::new("communicator");
 pub(crate) static MRS: Handles<MemHandle> = Handles::new("memory registration");
 
-/// Runs `f` on the send communicator `comm` and its request counters.
+/// Runs `f` on the send communicator `comm` and its request counters: for the per-message
+/// calls and others as brief, which never touch the tables ([`Handles::with_brief`]).
 pub(crate) fn on_send<R>(
     comm: *mut c_void,
     f: impl FnOnce(&SendComm, &Requests, u64) -> Result<R, NetError>,
 ) -> Result<R, NetError> {
     let k = key(comm, "sendComm")?;
-    COMMS.with(k, |e| match e {
+    COMMS.with_brief(k, |e| match e {
         Endpoint::Send { comm, requests } => f(comm, requests, k),
         _ => Err(not_a(k, "send communicator")),
     })
 }
 
-/// Runs `f` on the receive communicator `comm` and its request counters.
+/// Runs `f` on the receive communicator `comm` and its request counters (brief, as
+/// [`on_send`]).
 pub(crate) fn on_recv<R>(
     comm: *mut c_void,
     f: impl FnOnce(&RecvComm, &Requests, u64) -> Result<R, NetError>,
 ) -> Result<R, NetError> {
     let k = key(comm, "recvComm")?;
-    COMMS.with(k, |e| match e {
+    COMMS.with_brief(k, |e| match e {
         Endpoint::Recv { comm, requests } => f(comm, requests, k),
         _ => Err(not_a(k, "receive communicator")),
     })

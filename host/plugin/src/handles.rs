@@ -13,7 +13,8 @@
 //! Lookups are O(1) under a read lock (taken exclusively only to open or close), so the proxy
 //! thread's `test` loop does not contend with other communicators' calls. Closing removes the
 //! entry and drops it outside the lock; a call that looked the entry up just before holds its own
-//! reference, so the object stays alive until that call returns.
+//! reference, so the object stays alive until that call returns. The per-message calls hold the
+//! read lock instead of a reference ([`Handles::with_brief`]): a close waits for them.
 //!
 //! A call whose closure panics marks its entry failed: the object may be half-updated, so every
 //! later call on it is refused with an internal error until NCCL closes it.
@@ -148,6 +149,37 @@ impl<T> Handles<T> {
         f: impl FnOnce(&T) -> Result<R, NetError>,
     ) -> Result<R, NetError> {
         let entry = self.entry(key).ok_or_else(|| self.stale(key))?;
+        self.run(&entry, f)
+    }
+
+    /// [`with`](Self::with) for the per-message calls (`isend`, `irecv`, `test`): `f` runs
+    /// under the table's read lock instead of on a reference of its own, which saves the two
+    /// locked instructions of taking and dropping it on every call. Only for an `f` that is
+    /// brief and never touches this table: an open or close waits for it, and a lookup from
+    /// inside it could wait behind that open or close. (`with` is for every other call, some
+    /// of which block for long: a collective connect waits for every rank.)
+    pub(crate) fn with_brief<R>(
+        &self,
+        key: u64,
+        f: impl FnOnce(&T) -> Result<R, NetError>,
+    ) -> Result<R, NetError> {
+        let (index, generation) = split(key);
+        let t = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        let entry = t
+            .slots
+            .get(index)
+            .filter(|s| s.generation == generation)
+            .and_then(|s| s.entry.as_deref())
+            .ok_or_else(|| self.stale(key))?;
+        self.run(entry, f)
+    }
+
+    /// Runs `f` on `entry` unless an earlier call failed it; a panic in `f` fails it.
+    fn run<R>(
+        &self,
+        entry: &Entry<T>,
+        f: impl FnOnce(&T) -> Result<R, NetError>,
+    ) -> Result<R, NetError> {
         if let Some(why) = entry.failed.get() {
             return Err(NetError::Internal(format!(
                 "this {} failed in an earlier call ({why}) and can only be closed",

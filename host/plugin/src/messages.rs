@@ -74,7 +74,8 @@ struct Arg {
 }
 
 /// The `n` buffers NCCL passes to `irecv`/`iflush` as parallel arrays (`tags` is NULL for a
-/// flush), read into a fixed array: both run per message, so nothing is allocated.
+/// flush), read into the caller's fixed array `args` (filled in place, not returned: the
+/// array is moved nowhere): both run per message, so nothing is allocated. Returns `n`.
 ///
 /// # Safety
 /// Every non-NULL array holds `n` entries.
@@ -85,7 +86,8 @@ unsafe fn recv_args(
     sizes: Sizes,
     tags: *mut c_int,
     mhandles: *mut *mut c_void,
-) -> Result<([Arg; MAX_RECVS], usize), NetError> {
+    args: &mut [Arg; MAX_RECVS],
+) -> Result<usize, NetError> {
     let n = usize::try_from(n)
         .ok()
         .filter(|n| (1..=MAX_RECVS).contains(n))
@@ -97,7 +99,6 @@ unsafe fn recv_args(
     if data.is_null() || sizes_null || mhandles.is_null() {
         return Err(null_arg("data, sizes or mhandles"));
     }
-    let mut args: [Arg; MAX_RECVS] = Default::default();
     for (i, arg) in args.iter_mut().enumerate().take(n) {
         // SAFETY: every array holds n entries (the contract), `tags` only when non-NULL.
         let (addr, size, tag, mh) = unsafe {
@@ -115,11 +116,11 @@ unsafe fn recv_args(
             mr: mem(mh)?,
         };
     }
-    Ok((args, n))
+    Ok(n)
 }
 
-/// The transport's view of the buffers `recv_args` read.
-fn recv_bufs(args: &[Arg]) -> [RecvBuf<'_>; MAX_RECVS] {
+/// Runs `f` on the transport's view of the buffers `recv_args` read.
+fn with_recv_bufs<R>(args: &[Arg], f: impl FnOnce(&[RecvBuf<'_>]) -> R) -> R {
     let mut bufs = [RecvBuf {
         addr: 0,
         size: 0,
@@ -134,7 +135,7 @@ fn recv_bufs(args: &[Arg]) -> [RecvBuf<'_>; MAX_RECVS] {
             mr: a.mr.as_deref(),
         };
     }
-    bufs
+    f(&bufs[..args.len()])
 }
 
 /// `irecv`: `*request` is overwritten on every path, including NCCL's 0x1 sentinel
@@ -161,8 +162,9 @@ pub(crate) fn irecv_impl(
         if tags.is_null() {
             return Err(null_arg("irecv tags"));
         }
+        let mut args: [Arg; MAX_RECVS] = Default::default();
         // SAFETY: NCCL's arrays of n entries.
-        let (args, n) = unsafe { recv_args("irecv", n, data, sizes, tags, mhandles) }?;
+        let n = unsafe { recv_args("irecv", n, data, sizes, tags, mhandles, &mut args) }?;
         let mut parents = [0usize; MAX_RECVS];
         if !phandles.is_null() {
             for (i, p) in parents.iter_mut().enumerate().take(n) {
@@ -171,7 +173,7 @@ pub(crate) fn irecv_impl(
             }
         }
         *out = on_recv(comm, |r, requests, k| {
-            let id = r.irecv_profiled(&recv_bufs(&args[..n])[..n], &parents[..n])?;
+            let id = with_recv_bufs(&args[..n], |bufs| r.irecv_profiled(bufs, &parents[..n]))?;
             Ok(requests.issue(k, id))
         })?;
         Ok(())
@@ -190,8 +192,9 @@ pub(crate) unsafe extern "C" fn iflush(
         // SAFETY: NCCL passes a valid out-pointer.
         let out = unsafe { request.as_mut() }.ok_or_else(|| null_arg("request"))?;
         *out = std::ptr::null_mut();
+        let mut args: [Arg; MAX_RECVS] = Default::default();
         // SAFETY: NCCL's arrays of n entries (a flush has no tags).
-        let (args, n) = unsafe {
+        let n = unsafe {
             recv_args(
                 "iflush",
                 n,
@@ -199,10 +202,11 @@ pub(crate) unsafe extern "C" fn iflush(
                 Sizes::Int(sizes),
                 std::ptr::null_mut(),
                 mhandles,
+                &mut args,
             )
         }?;
         *out = on_recv(comm, |r, requests, k| {
-            let id = r.iflush(&recv_bufs(&args[..n])[..n])?;
+            let id = with_recv_bufs(&args[..n], |bufs| r.iflush(bufs))?;
             Ok(id.map_or(std::ptr::null_mut(), |id| requests.issue(k, id)))
         })?;
         Ok(())
@@ -220,7 +224,7 @@ pub(crate) unsafe extern "C" fn test(
         *done = 0;
         key(request, "request")?;
         let req = RequestKey::decode(request)?;
-        let result = COMMS.with(req.comm, |e| {
+        let result = COMMS.with_brief(req.comm, |e| {
             let (requests, result) = match e {
                 Endpoint::Send { comm, requests } if requests.current(&req) => {
                     (requests, comm.test(req.id)?)

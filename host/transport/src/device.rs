@@ -476,7 +476,9 @@ impl Drop for EventThread {
 /// One selected port: what discovery said, the GID the policy chose, and its device.
 #[derive(Debug, Clone)]
 pub(crate) struct PortCtx {
-    pub(crate) port: Port,
+    /// Shared by every communicator on the port: a port carries its whole GID table, which a
+    /// copy per connection would repeat (12 KiB each on the soft fabric's 256-entry tables).
+    pub(crate) port: Arc<Port>,
     pub(crate) endpoint: Endpoint,
     pub(crate) dev: Arc<DevCtx>,
 }

@@ -254,13 +254,13 @@ impl Net {
             dev.use_gid(port.port, choice.value.index);
             let endpoint = port.endpoint(choice.value.index);
             port_ctxs.push(PortCtx {
-                port,
+                port: Arc::new(port),
                 endpoint,
                 dev,
             });
         }
 
-        let selected: Vec<Port> = port_ctxs.iter().map(|p| p.port.clone()).collect();
+        let selected: Vec<Port> = port_ctxs.iter().map(|p| (*p.port).clone()).collect();
         let groups = decisions.group_devices(&selected)?;
         // Each NIC once, in NCCL order (a refusal is logged).
         let mut data_direct = BTreeMap::new();
@@ -382,7 +382,7 @@ impl Net {
                     .table
                     .physical(d)
                     .map_err(|e| refuse(e.to_string()))?;
-                Ok(inner.ports[devices.net[d as usize].ports[0]].port.clone())
+                Ok((*inner.ports[devices.net[d as usize].ports[0]].port).clone())
             })
             .collect::<Result<Vec<Port>, NetError>>()?;
         let answer = inner.decisions.make_vnic(request, &firsts)?;
@@ -650,11 +650,11 @@ fn physical_devices(
                     t
                 }
             };
-            let mut port = base.port.clone();
+            let mut port = (*base.port).clone();
             port.device = data_direct_name(&base.port.device);
             port.pci_path = device.pci_path.clone();
             ports.push(PortCtx {
-                port,
+                port: Arc::new(port),
                 endpoint: base.endpoint.clone(),
                 dev,
             });

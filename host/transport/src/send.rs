@@ -19,9 +19,7 @@ use crate::telemetry::MeterSpec;
 use ncclwasm_model::decide::Decisions;
 use ncclwasm_proto::datapath::{LocalData, Opcode, QpPost, Sender};
 use ncclwasm_proto::failover::FailoverCounters;
-use ncclwasm_proto::fifo::{
-    CTS_FIFO_BYTES, CTS_SLOT_BYTES, CtsEntry, SIZES_FIFO_BYTES, SIZES_SLOT_BYTES,
-};
+use ncclwasm_proto::fifo::{CTS_FIFO_BYTES, CtsEntry, SIZES_FIFO_BYTES, SIZES_SLOT_BYTES};
 use ncclwasm_proto::handshake::{Connector, ConnectorAction, SendSetup};
 use ncclwasm_proto::message::RemoteWindow;
 use ncclwasm_proto::request::{Finished, ReqId};
@@ -199,7 +197,7 @@ impl Connecting {
         Ok(SendComm {
             state: Mutex::new(SendState {
                 sender: Sender::new(&setup),
-                bufs: [SendBuf::default(); MAX_REQUESTS],
+                bufs: SendBufs::new(self.profiler.is_some()),
                 posted: vec![0; setup.plan.qps.len()].into_boxed_slice(),
                 failback,
                 reported: Reported::default(),
@@ -251,13 +249,35 @@ pub(crate) fn summary(plan: &ncclwasm_model::ConnPlan, failover: bool) -> String
 /// WRITE_WITH_IMM that carries the sizes (`QpPost` holds as many).
 const MAX_CHAIN: usize = MAX_RECVS + 1;
 
-/// The buffer behind one send request, for the work requests of its slot, and the profiler's
-/// QP events of the request.
+/// The buffer behind one send request, for the work requests of its slot.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct SendBuf {
     addr: u64,
     lkeys: [u32; MAX_ENDPOINTS],
-    events: QpEvents,
+}
+
+/// The buffers of a communicator's requests, by request index, and the profiler's QP events of
+/// each. Both tables are boxed and the events exist only with a profiler: a connection that
+/// carries nothing costs its memory (40 bytes a request here, 10 KiB in all), not the 32 KiB of
+/// the two inline, in the communicator and in every handle NCCL holds.
+#[derive(Debug)]
+pub(crate) struct SendBufs {
+    bufs: Box<[SendBuf; MAX_REQUESTS]>,
+    events: Option<Box<[QpEvents; MAX_REQUESTS]>>,
+}
+
+impl SendBufs {
+    fn new(profiled: bool) -> Self {
+        SendBufs {
+            bufs: Box::new([SendBuf::default(); MAX_REQUESTS]),
+            events: profiled.then(|| Box::new([QpEvents::default(); MAX_REQUESTS])),
+        }
+    }
+
+    /// The QP events of request `req`, when a profiler records them.
+    fn events(&mut self, req: ReqId) -> Option<&mut QpEvents> {
+        Some(&mut self.events.as_deref_mut()?[req.index()])
+    }
 }
 
 /// What `isend` and `test` change, under the communicator's lock. The fields are the crate's
@@ -265,7 +285,7 @@ pub(crate) struct SendBuf {
 #[derive(Debug)]
 pub(crate) struct SendState {
     pub(crate) sender: Sender,
-    pub(crate) bufs: [SendBuf; MAX_REQUESTS],
+    pub(crate) bufs: SendBufs,
     /// Payload bytes posted on each QP of the plan: plain integers under the lock `isend`
     /// holds anyway, so counting costs an add per work request.
     pub(crate) posted: Box<[u64]>,
@@ -408,13 +428,19 @@ impl SendComm {
         if self.cts.buf.load_u64_acquire(off + CtsEntry::IDX_OFFSET) != head.marker() {
             return Ok(None);
         }
-        let mut raw = [0u8; CTS_SLOT_BYTES];
-        self.cts.buf.read(off, &mut raw);
-        let entries: [CtsEntry; MAX_RECVS] = std::array::from_fn(|i| {
+        // Entry 0 says how many of the slot's entries the receiver wrote: only those are read
+        // (most slots hold one receive; the sender checks the count before using the rest).
+        let entry = |i: usize| {
             let mut e = [0u8; CtsEntry::SIZE];
-            e.copy_from_slice(&raw[i * CtsEntry::SIZE..(i + 1) * CtsEntry::SIZE]);
+            self.cts.buf.read(off + i * CtsEntry::SIZE, &mut e);
             CtsEntry::from_bytes(&e)
-        });
+        };
+        let mut entries = [CtsEntry::ZERO; MAX_RECVS];
+        entries[0] = entry(0);
+        let n = (entries[0].nreqs as usize).clamp(1, MAX_RECVS);
+        for (i, e) in entries.iter_mut().enumerate().take(n).skip(1) {
+            *e = entry(i);
+        }
         let Some(m) = sender
             .isend(&entries, tag, size)
             .map_err(NetError::protocol("isend"))?
@@ -422,12 +448,11 @@ impl SendComm {
             return Ok(None);
         };
         let req = m.req;
-        let b = &mut bufs[req.index()];
+        let b = &mut bufs.bufs[req.index()];
         (b.addr, b.lkeys) = (addr, lkeys);
-        // Events are only ever started and stopped with a profiler: without one, the slot's
-        // are never read, and this path writes none.
-        if self.profiler.is_some() {
-            b.events = QpEvents::under(profiler.map_or(0, |_| parent));
+        // Events exist only with a profiler: without one, this path writes none.
+        if let Some(e) = bufs.events(req) {
+            *e = QpEvents::under(profiler.map_or(0, |_| parent));
         }
         let Some(work) = m.work else {
             return Ok(Some(req));
@@ -473,8 +498,8 @@ impl SendComm {
             None => Ok(None),
             Some(Finished::Send { size }) => {
                 self.side.meter.done(size);
-                if let Some(p) = self.profiler.as_deref() {
-                    guard.bufs[req.index()].events.stop(p);
+                if let (Some(p), Some(e)) = (self.profiler.as_deref(), guard.bufs.events(req)) {
+                    e.stop(p);
                 }
                 Ok(Some(Done::Send { size }))
             }
@@ -538,7 +563,7 @@ impl SendComm {
     /// too). The profiler's QP events of those requests start here, before the post.
     pub(crate) fn post(
         &self,
-        bufs: &mut [SendBuf; MAX_REQUESTS],
+        bufs: &mut SendBufs,
         posted: &mut [u64],
         post: &QpPost,
         reqs: &[ReqId],
@@ -559,7 +584,7 @@ impl SendComm {
                 LocalData::None => None,
                 LocalData::Send { r, offset, len } => {
                     payload += len;
-                    let b = &bufs[reqs[r].index()];
+                    let b = &bufs.bufs[reqs[r].index()];
                     Some(Sge::raw(b.addr + offset, len as u32, b.lkeys[local]))
                 }
                 LocalData::SizesRow { slot, len } => Some(
@@ -602,7 +627,9 @@ impl SendComm {
                         qpn: q.qp.qpn(),
                         length: len,
                     };
-                    bufs[reqs[r].index()].events.start(p, &event);
+                    if let Some(e) = bufs.events(reqs[r]) {
+                        e.start(p, &event);
+                    }
                 }
             }
         }

@@ -1,9 +1,10 @@
 //! RC queue pairs: creation, the INIT → RTR → RTS transitions NCCL makes, posting, ECE.
 
+use std::mem::MaybeUninit;
 use std::os::raw::c_int;
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use ibverbs_sys::{
     ibv_ece, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask as mask, ibv_qp_init_attr, ibv_recv_wr,
@@ -14,7 +15,7 @@ use crate::cq::Cq;
 use crate::device::mtu_bytes;
 use crate::error::{Result, VerbsError, check, last_errno};
 use crate::memory::{Access, Pd};
-use crate::wr::{RecvWr, Remote, SendOp, SendWr};
+use crate::wr::{RecvWr, Remote, SendOp, SendWr, Sge};
 
 /// Queue sizes of a QP (`ibv_qp_cap`): requested on creation, granted afterwards.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -130,12 +131,67 @@ pub struct Ece {
     pub comp_mask: u32,
 }
 
-/// Reused arrays for building WR chains; the mutex also serialises posts on one QP.
-#[derive(Default)]
-struct Scratch {
-    sges: Vec<ibv_sge>,
-    sends: Vec<ibv_send_wr>,
-    recvs: Vec<ibv_recv_wr>,
+/// Work requests, and their SGEs, a post lays out on its own stack: the data path's chains
+/// (one write per grouped receive and the notification, a CTS write, a receive) always fit, so
+/// a post neither allocates nor takes a lock. A longer chain is laid out on the heap.
+const STACK_WRS: usize = 16;
+const STACK_SGES: usize = 32;
+
+/// Room for `n` WRs of type `T` (`ibv_send_wr`, `ibv_recv_wr`, `ibv_sge`): on the stack when
+/// `n` fits `N`, else on the heap. Nothing is initialised: each entry is written before the
+/// provider reads it.
+enum Room<T, const N: usize> {
+    Stack([MaybeUninit<T>; N]),
+    Heap(Vec<MaybeUninit<T>>),
+}
+
+impl<T, const N: usize> Room<T, N> {
+    fn new(n: usize) -> Self {
+        if n <= N {
+            Room::Stack([const { MaybeUninit::uninit() }; N])
+        } else {
+            let mut v = Vec::with_capacity(n);
+            v.resize_with(n, MaybeUninit::uninit);
+            Room::Heap(v)
+        }
+    }
+
+    fn slots(&mut self) -> &mut [MaybeUninit<T>] {
+        match self {
+            Room::Stack(a) => a,
+            Room::Heap(v) => v,
+        }
+    }
+}
+
+/// Writes `sges` into `room` from `at` on: the SGE list of one WR (NULL when it has none).
+fn lay_sges(room: &mut [MaybeUninit<ibv_sge>], at: &mut usize, sges: &[Sge]) -> *mut ibv_sge {
+    if sges.is_empty() {
+        return std::ptr::null_mut();
+    }
+    let first = *at;
+    for (slot, g) in room[first..].iter_mut().zip(sges) {
+        slot.write(g.to_sys());
+    }
+    *at += sges.len();
+    room[first].as_mut_ptr()
+}
+
+/// Links `n` laid-out WRs into a chain, in order; the last one's `next` is NULL.
+///
+/// # Safety
+/// `base` points at `n` initialised WRs whose `next` is `link`'s second argument.
+unsafe fn link<T>(base: *mut T, n: usize, next: impl Fn(*mut T) -> *mut *mut T) {
+    for i in 0..n {
+        let to = if i + 1 < n {
+            // SAFETY: in bounds of the `n` WRs (the contract).
+            unsafe { base.add(i + 1) }
+        } else {
+            std::ptr::null_mut()
+        };
+        // SAFETY: as above.
+        unsafe { *next(base.add(i)) = to };
+    }
 }
 
 /// Work requests a QP's provider accepted so far: what the data path costs the NIC per
@@ -149,10 +205,11 @@ pub struct Posted {
     pub recvs: u64,
 }
 
-/// The counters behind [`Posted`]. Written only under the post lock, one writer at a time, so a
-/// post counts with plain loads and stores (no locked instruction); atomics so that a reader
-/// (the telemetry, on another thread) needs no lock: it sees each counter whole, the three not
-/// necessarily of one instant.
+/// The counters behind [`Posted`]. A post counts with plain loads and stores (no locked
+/// instruction on the data path), exact while posts on one QP are serialised, as the transport's
+/// are (each under its communicator's or one-sided context's lock); two threads posting on one
+/// QP at once stay safe but may undercount. Atomics so that a reader (the telemetry, on another
+/// thread) needs no lock: it sees each counter whole, the three not necessarily of one instant.
 #[derive(Debug, Default)]
 struct Counters {
     sends: AtomicU64,
@@ -160,7 +217,7 @@ struct Counters {
     recvs: AtomicU64,
 }
 
-/// Adds `n` to a counter only one thread writes at a time (see [`Counters`]).
+/// Adds `n` to a counter (see [`Counters`] for why not `fetch_add`).
 fn bump(counter: &AtomicU64, n: u64) {
     counter.store(counter.load(Ordering::Relaxed) + n, Ordering::Relaxed);
 }
@@ -184,7 +241,6 @@ pub struct Qp {
     /// Unique in the process, never reused (see [`Qp::id`]).
     id: u64,
     caps: QpCaps,
-    scratch: Mutex<Scratch>,
     counters: Counters,
 }
 
@@ -198,8 +254,7 @@ impl std::fmt::Debug for Qp {
     }
 }
 
-// SAFETY: verbs objects are thread-safe (contract); the scratch arrays only hold pointers into
-// themselves while the mutex is held.
+// SAFETY: verbs objects are thread-safe (contract); a post lays its WRs out on its own stack.
 unsafe impl Send for Qp {}
 // SAFETY: as above.
 unsafe impl Sync for Qp {}
@@ -272,7 +327,6 @@ impl Pd {
             qpn,
             id,
             caps: granted,
-            scratch: Mutex::new(Scratch::default()),
             counters: Counters::default(),
         })
     }
@@ -430,11 +484,9 @@ impl Qp {
         if wrs.is_empty() {
             return Ok(());
         }
-        let mut guard = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        let s = &mut *guard;
-        s.sges.clear();
-        s.sends.clear();
+        let mut nsges = 0;
         for (i, wr) in wrs.iter().enumerate() {
+            nsges += wr.sges.len();
             if wr.inline {
                 let total: u64 = wr.sges.iter().map(|g| u64::from(g.len())).sum();
                 if wr.sges.iter().any(|g| !g.inline_ok())
@@ -446,21 +498,17 @@ impl Qp {
                     )));
                 }
             }
-            s.sges.extend(wr.sges.iter().map(|g| g.to_sys()));
         }
-        let mut first_sge = 0;
-        for wr in wrs {
+        let mut sges = Room::<ibv_sge, STACK_SGES>::new(nsges);
+        let mut sends = Room::<ibv_send_wr, STACK_WRS>::new(wrs.len());
+        let (sges, sends) = (sges.slots(), sends.slots());
+        let mut at = 0;
+        for (slot, wr) in sends.iter_mut().zip(wrs) {
             // SAFETY: plain data; zero is valid for every field.
             let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
             w.wr_id = wr.wr_id;
             w.num_sge = wr.sges.len() as c_int;
-            w.sg_list = if wr.sges.is_empty() {
-                std::ptr::null_mut()
-            } else {
-                // SAFETY: `s.sges` is complete and no longer grows, so the pointer stays valid.
-                unsafe { s.sges.as_mut_ptr().add(first_sge) }
-            };
-            first_sge += wr.sges.len();
+            w.sg_list = lay_sges(sges, &mut at, wr.sges);
             w.send_flags = if wr.signaled { SEND_SIGNALED } else { 0 }
                 | if wr.inline { SEND_INLINE } else { 0 };
             let remote = |w: &mut ibv_send_wr, r: Remote| {
@@ -501,17 +549,15 @@ impl Qp {
                     w.wr.atomic = atomic(remote, compare, swap);
                 }
             }
-            s.sends.push(w);
+            slot.write(w);
         }
-        let base = s.sends.as_mut_ptr();
-        for i in 1..s.sends.len() {
-            // SAFETY: both indices are in bounds of the vector, which no longer grows.
-            unsafe { (*base.add(i - 1)).next = base.add(i) };
-        }
+        let base = sends.as_mut_ptr().cast::<ibv_send_wr>();
+        // SAFETY: the first `wrs.len()` entries were written above.
+        unsafe { link(base, wrs.len(), |w| &raw mut (*w).next) };
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         // SAFETY: live QP whose context's ops.post_send is set (contract); the chain and its SGE
-        // lists live in `s` until the call returns (providers copy WRs at post time). This is
-        // verbs.h's inline ibv_post_send.
+        // lists live on this frame until the call returns (providers copy WRs at post time).
+        // This is verbs.h's inline ibv_post_send.
         let rc =
             unsafe {
                 let post = (*(*self.qp.as_ptr()).context).ops.post_send.ok_or(
@@ -539,34 +585,21 @@ impl Qp {
         if wrs.is_empty() {
             return Ok(());
         }
-        let mut guard = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        let s = &mut *guard;
-        s.sges.clear();
-        s.recvs.clear();
-        for wr in wrs {
-            s.sges.extend(wr.sges.iter().map(|g| g.to_sys()));
-        }
-        let mut first_sge = 0;
-        for wr in wrs {
-            let sg_list = if wr.sges.is_empty() {
-                std::ptr::null_mut()
-            } else {
-                // SAFETY: `s.sges` is complete and no longer grows.
-                unsafe { s.sges.as_mut_ptr().add(first_sge) }
-            };
-            first_sge += wr.sges.len();
-            s.recvs.push(ibv_recv_wr {
+        let mut sges = Room::<ibv_sge, STACK_SGES>::new(wrs.iter().map(|w| w.sges.len()).sum());
+        let mut recvs = Room::<ibv_recv_wr, STACK_WRS>::new(wrs.len());
+        let (sges, recvs) = (sges.slots(), recvs.slots());
+        let mut at = 0;
+        for (slot, wr) in recvs.iter_mut().zip(wrs) {
+            slot.write(ibv_recv_wr {
                 wr_id: wr.wr_id,
                 next: std::ptr::null_mut(),
-                sg_list,
+                sg_list: lay_sges(sges, &mut at, wr.sges),
                 num_sge: wr.sges.len() as c_int,
             });
         }
-        let base = s.recvs.as_mut_ptr();
-        for i in 1..s.recvs.len() {
-            // SAFETY: in bounds; the vector no longer grows.
-            unsafe { (*base.add(i - 1)).next = base.add(i) };
-        }
+        let base = recvs.as_mut_ptr().cast::<ibv_recv_wr>();
+        // SAFETY: the first `wrs.len()` entries were written above.
+        unsafe { link(base, wrs.len(), |w| &raw mut (*w).next) };
         let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
         // SAFETY: as in post_send, with ops.post_recv.
         let rc =

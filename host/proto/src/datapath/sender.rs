@@ -29,11 +29,15 @@ pub struct Sender {
     head: FifoCursor,
     /// Sends matched so far for the head slot.
     sends: [Matched; MAX_RECVS],
-    /// The head slot as it read when its first send matched. Later sends are matched, and the
-    /// writes laid out, against this copy, and a slot that reads otherwise meanwhile is refused:
-    /// the receiver writes a slot once, so a peer that rewrites it after a match (to move a
-    /// matched receive's buffer, or shrink it under a send already sized to it) is at fault.
-    matched_slot: Option<[CtsEntry; MAX_RECVS]>,
+    /// The head slot's entries as they read when its first send matched (only its `nreqs`
+    /// entries are copied). Later sends are matched, and the writes laid out, against this copy,
+    /// and a slot that reads otherwise meanwhile is refused: the receiver writes a slot once, so
+    /// a peer that rewrites it after a match (to move a matched receive's buffer, or shrink it
+    /// under a send already sized to it) is at fault. The [`SlotWork`] of a full slot borrows
+    /// it; the next slot's first match overwrites it.
+    slot: [CtsEntry; MAX_RECVS],
+    /// Whether a send of the head slot matched (and `slot` holds its copy).
+    matched: bool,
     /// The stripe start reserved for the head slot (taken when the slot's first send matches).
     start: Option<u32>,
     pool: RequestPool,
@@ -49,7 +53,8 @@ impl Sender {
             sizes_fifo: setup.sizes_fifo.clone(),
             head: FifoCursor::default(),
             sends: [Matched::default(); MAX_RECVS],
-            matched_slot: None,
+            slot: [CtsEntry::ZERO; MAX_RECVS],
+            matched: false,
             start: None,
             pool: RequestPool::new(),
             failover: setup
@@ -113,17 +118,18 @@ impl Sender {
                 entries[r].addr, entries[r].size
             ));
         }
-        if self
-            .matched_slot
-            .is_some_and(|first| first[..nreqs] != entries[..nreqs])
-        {
+        if self.matched && self.slot[..nreqs] != entries[..nreqs] {
             return bad("the slot changed after a send matched one of its receives".to_owned());
         }
         let Some(r) = (0..nreqs).find(|&r| self.sends[r].req.is_none() && entries[r].tag == tag)
         else {
             return Ok(None);
         };
-        let entries = self.matched_slot.get_or_insert(*entries);
+        if !self.matched {
+            self.slot[..nreqs].copy_from_slice(&entries[..nreqs]);
+            self.matched = true;
+        }
+        let entries = &self.slot;
         let req = self.pool.alloc(RequestKind::Send, nreqs)?;
         let start = match self.start {
             Some(s) => s,
@@ -166,22 +172,23 @@ impl Sender {
                 lost: 0,
             });
         }
+        let sends = std::mem::take(&mut self.sends);
+        let cursor = self.head;
+        self.matched = false;
+        self.start = None;
+        self.head.advance();
         let work = SlotWork {
             plan: &self.rotation.plan,
             map: &self.rotation.map,
             routes: &self.rotation.routes,
             sizes_fifo: &self.sizes_fifo,
-            entries: *entries,
-            sends: self.sends,
+            entries: &self.slot,
+            sends,
             nreqs,
-            slot: self.head,
+            slot: cursor,
             start,
             tagged: self.failover.is_some(),
         };
-        self.sends = [Matched::default(); MAX_RECVS];
-        self.matched_slot = None;
-        self.start = None;
-        self.head.advance();
         Ok(Some(SendMatch {
             req,
             work: Some(work),
@@ -290,7 +297,7 @@ impl Sender {
             map: &[],
             routes: &self.rotation.routes,
             sizes_fifo: &self.sizes_fifo,
-            entries: rec.entries,
+            entries: &rec.entries,
             sends: rec.sends.map(|(req, size)| Matched { req, size }),
             nreqs: rec.nreqs,
             slot: rec.cursor,

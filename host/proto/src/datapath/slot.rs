@@ -81,7 +81,7 @@ pub struct SlotWork<'a> {
     pub(super) map: &'a [u32],
     pub(super) routes: &'a [QpRoute],
     pub(super) sizes_fifo: &'a RemoteWindow,
-    pub(super) entries: [CtsEntry; MAX_RECVS],
+    pub(super) entries: &'a [CtsEntry; MAX_RECVS],
     pub(super) sends: [Matched; MAX_RECVS],
     pub(super) nreqs: usize,
     pub(super) slot: FifoCursor,
@@ -123,9 +123,15 @@ impl SlotWork<'_> {
     /// The QPs of the stripe with their work request chains, in posting order
     /// (`ncclIbMultiSend`'s loop over QPs).
     pub fn posts(&self) -> SlotPosts<'_> {
+        // Only the grouped sends' stripes are walked; the rest of the array repeats the first
+        // (a copy, where laying out each would cost a pass over the plan's weights).
+        let first = self.plan.stripes(self.sends[0].size, self.start);
         SlotPosts {
             work: self,
-            stripes: std::array::from_fn(|r| self.plan.stripes(self.sends[r].size, self.start)),
+            stripes: std::array::from_fn(|r| match r {
+                r if r > 0 && r < self.nreqs => self.plan.stripes(self.sends[r].size, self.start),
+                _ => first.clone(),
+            }),
             wr_id: encode_wr_id(self.requests()),
             slice: 0,
         }
