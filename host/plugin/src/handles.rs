@@ -14,14 +14,15 @@
 //! thread's `test` loop does not contend with other communicators' calls. Closing removes the
 //! entry and drops it outside the lock; a call that looked the entry up just before holds its own
 //! reference, so the object stays alive until that call returns. The per-message calls hold the
-//! read lock instead of a reference ([`Handles::with_brief`]): a close waits for them.
+//! read lock instead of a reference ([`Handles::with_brief`], [`Handles::view`]): a close waits
+//! for them.
 //!
 //! A call whose closure panics marks its entry failed: the object may be half-updated, so every
 //! later call on it is refused with an internal error until NCCL closes it.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU16, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard};
 
 use ncclwasm_transport::{MAX_REQUESTS, NetError, ReqId};
 use ncclwasm_verbs::panic_message;
@@ -126,12 +127,16 @@ impl<T> Handles<T> {
     pub(crate) fn get(&self, key: u64) -> Result<Held<T>, NetError> {
         let entry = self.entry(key).ok_or_else(|| self.stale(key))?;
         match entry.failed.get() {
-            Some(why) => Err(NetError::Internal(format!(
-                "this {} failed in an earlier call ({why})",
-                self.what
-            ))),
+            Some(why) => Err(self.failed_earlier(why)),
             None => Ok(Held(entry)),
         }
+    }
+
+    fn failed_earlier(&self, why: &str) -> NetError {
+        NetError::Internal(format!(
+            "this {} failed in an earlier call ({why}) and can only be closed",
+            self.what
+        ))
     }
 
     fn stale(&self, key: u64) -> NetError {
@@ -163,15 +168,20 @@ impl<T> Handles<T> {
         key: u64,
         f: impl FnOnce(&T) -> Result<R, NetError>,
     ) -> Result<R, NetError> {
-        let (index, generation) = split(key);
-        let t = self.inner.read().unwrap_or_else(|p| p.into_inner());
-        let entry = t
-            .slots
-            .get(index)
-            .filter(|s| s.generation == generation)
-            .and_then(|s| s.entry.as_deref())
-            .ok_or_else(|| self.stale(key))?;
-        self.run(entry, f)
+        self.view(|v| self.run(v.entry(key)?, f))
+    }
+
+    /// Runs `f` with the table held for reading, for any number of lookups under the one lock
+    /// (a multi-receive's registrations), on the terms of [`with_brief`](Self::with_brief).
+    /// Tables are always taken in one order when nested: registrations before communicators.
+    pub(crate) fn view<R>(
+        &self,
+        f: impl FnOnce(&View<'_, T>) -> Result<R, NetError>,
+    ) -> Result<R, NetError> {
+        f(&View {
+            handles: self,
+            slots: self.inner.read().unwrap_or_else(|p| p.into_inner()),
+        })
     }
 
     /// Runs `f` on `entry` unless an earlier call failed it; a panic in `f` fails it.
@@ -181,10 +191,7 @@ impl<T> Handles<T> {
         f: impl FnOnce(&T) -> Result<R, NetError>,
     ) -> Result<R, NetError> {
         if let Some(why) = entry.failed.get() {
-            return Err(NetError::Internal(format!(
-                "this {} failed in an earlier call ({why}) and can only be closed",
-                self.what
-            )));
+            return Err(self.failed_earlier(why));
         }
         match catch_unwind(AssertUnwindSafe(|| f(&entry.value))) {
             Ok(r) => r,
@@ -229,6 +236,33 @@ impl<T> Handles<T> {
         };
         drop(taken);
         Ok(())
+    }
+}
+
+/// A [`Handles`] table held for reading ([`Handles::view`]).
+pub(crate) struct View<'a, T> {
+    handles: &'a Handles<T>,
+    slots: RwLockReadGuard<'a, Slots<T>>,
+}
+
+impl<T> View<'_, T> {
+    fn entry(&self, key: u64) -> Result<&Entry<T>, NetError> {
+        let (index, generation) = split(key);
+        self.slots
+            .slots
+            .get(index)
+            .filter(|s| s.generation == generation)
+            .and_then(|s| s.entry.as_deref())
+            .ok_or_else(|| self.handles.stale(key))
+    }
+
+    /// The object `key` names, refused as [`Handles::get`] refuses it.
+    pub(crate) fn get(&self, key: u64) -> Result<&T, NetError> {
+        let entry = self.entry(key)?;
+        match entry.failed.get() {
+            Some(why) => Err(self.handles.failed_earlier(why)),
+            None => Ok(&entry.value),
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use ncclwasm_verbs::{ForeignMemory, Memory};
 
 use crate::comms::{Endpoint, MRS, on_comm};
 use crate::edge::{as_handle, guard, null_arg};
-use crate::handles::Held;
+use crate::handles::View;
 
 /// NCCL's buffers, registered page-rounded.
 pub(crate) struct NcclMemory;
@@ -24,12 +24,16 @@ impl RegionSource for NcclMemory {
     }
 }
 
-/// A registration handle from NCCL (NULL = none), held for the call.
-pub(crate) fn mem(mh: *mut c_void) -> Result<Option<Held<MemHandle>>, NetError> {
+/// A registration handle from NCCL (NULL = none), looked up in the registrations held for the
+/// call ([`MRS`]`.view`).
+pub(crate) fn mem<'a>(
+    mrs: &'a View<'_, MemHandle>,
+    mh: *mut c_void,
+) -> Result<Option<&'a MemHandle>, NetError> {
     if mh.is_null() {
         return Ok(None);
     }
-    MRS.get(mh as usize as u64).map(Some)
+    mrs.get(mh as usize as u64).map(Some)
 }
 
 /// `regMr` on a send or receive communicator: host memory, and GPU memory (`NCCL_PTR_CUDA`)

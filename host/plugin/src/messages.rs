@@ -8,9 +8,9 @@ use std::ffi::{c_int, c_void};
 use ncclwasm_abi::*;
 use ncclwasm_transport::{Done, MAX_RECVS, MemHandle, NetError, RecvBuf};
 
-use crate::comms::{COMMS, Endpoint, on_recv, on_send};
+use crate::comms::{COMMS, Endpoint, MRS, on_recv, on_send};
 use crate::edge::{MAX_BYTES, guard, key, null_arg};
-use crate::handles::{Held, RequestKey};
+use crate::handles::{RequestKey, View};
 use crate::memory::mem;
 
 pub(crate) fn isend_impl(
@@ -31,16 +31,13 @@ pub(crate) fn isend_impl(
                 "isend of {size} bytes; a message is at most {MAX_BYTES} bytes (`test` reports sizes as int)"
             )));
         }
-        let mr = mem(mh)?;
-        *out = on_send(comm, |s, requests, k| {
-            let id = s.isend_profiled(
-                data as u64,
-                size as u64,
-                tag as u32,
-                mr.as_deref(),
-                phandle as usize,
-            )?;
-            Ok(id.map_or(std::ptr::null_mut(), |id| requests.issue(k, id)))
+        *out = MRS.view(|mrs| {
+            let mr = mem(mrs, mh)?;
+            on_send(comm, |s, requests, k| {
+                let id =
+                    s.isend_profiled(data as u64, size as u64, tag as u32, mr, phandle as usize)?;
+                Ok(id.map_or(std::ptr::null_mut(), |id| requests.issue(k, id)))
+            })
         })?;
         Ok(())
     })
@@ -64,30 +61,26 @@ pub(crate) enum Sizes {
     Size(*mut usize),
 }
 
-/// One buffer NCCL passes to `irecv`/`iflush`, its registration held for the call.
-#[derive(Default)]
-struct Arg {
-    addr: u64,
-    size: u64,
-    tag: u32,
-    mr: Option<Held<MemHandle>>,
-}
-
 /// The `n` buffers NCCL passes to `irecv`/`iflush` as parallel arrays (`tags` is NULL for a
-/// flush), read into the caller's fixed array `args` (filled in place, not returned: the
-/// array is moved nowhere): both run per message, so nothing is allocated. Returns `n`.
+/// flush), each with its registration from `mrs`, read into the caller's fixed array `bufs` in
+/// place: both run per message, so nothing is allocated or moved. Returns `n`.
 ///
 /// # Safety
 /// Every non-NULL array holds `n` entries.
-unsafe fn recv_args(
+unsafe fn recv_args<'a>(
     call: &str,
     n: c_int,
-    data: *mut *mut c_void,
-    sizes: Sizes,
-    tags: *mut c_int,
-    mhandles: *mut *mut c_void,
-    args: &mut [Arg; MAX_RECVS],
+    arrays: &RecvArrays,
+    mrs: &'a View<'_, MemHandle>,
+    bufs: &mut [RecvBuf<'a>; MAX_RECVS],
 ) -> Result<usize, NetError> {
+    let RecvArrays {
+        data,
+        sizes,
+        tags,
+        mhandles,
+        ..
+    } = *arrays;
     let n = usize::try_from(n)
         .ok()
         .filter(|n| (1..=MAX_RECVS).contains(n))
@@ -99,7 +92,7 @@ unsafe fn recv_args(
     if data.is_null() || sizes_null || mhandles.is_null() {
         return Err(null_arg("data, sizes or mhandles"));
     }
-    for (i, arg) in args.iter_mut().enumerate().take(n) {
+    for (i, buf) in bufs.iter_mut().enumerate().take(n) {
         // SAFETY: every array holds n entries (the contract), `tags` only when non-NULL.
         let (addr, size, tag, mh) = unsafe {
             let size = match sizes {
@@ -109,34 +102,23 @@ unsafe fn recv_args(
             let tag = if tags.is_null() { 0 } else { *tags.add(i) };
             (*data.add(i), size, tag, *mhandles.add(i))
         };
-        *arg = Arg {
+        *buf = RecvBuf {
             addr: addr as u64,
             size,
             tag: tag as u32,
-            mr: mem(mh)?,
+            mr: mem(mrs, mh)?,
         };
     }
     Ok(n)
 }
 
-/// Runs `f` on the transport's view of the buffers `recv_args` read.
-fn with_recv_bufs<R>(args: &[Arg], f: impl FnOnce(&[RecvBuf<'_>]) -> R) -> R {
-    let mut bufs = [RecvBuf {
-        addr: 0,
-        size: 0,
-        tag: 0,
-        mr: None,
-    }; MAX_RECVS];
-    for (b, a) in bufs.iter_mut().zip(args) {
-        *b = RecvBuf {
-            addr: a.addr,
-            size: a.size,
-            tag: a.tag,
-            mr: a.mr.as_deref(),
-        };
-    }
-    f(&bufs[..args.len()])
-}
+/// No buffer yet: what `recv_args` fills.
+const NO_BUF: RecvBuf<'static> = RecvBuf {
+    addr: 0,
+    size: 0,
+    tag: 0,
+    mr: None,
+};
 
 /// `irecv`: `*request` is overwritten on every path, including NCCL's 0x1 sentinel
 /// (`NCCL_NET_OPTIONAL_RECV_COMPLETION`, a hint this plugin does not use).
@@ -146,35 +128,30 @@ pub(crate) fn irecv_impl(
     arrays: RecvArrays,
     request: *mut *mut c_void,
 ) -> NcclResult {
-    let RecvArrays {
-        data,
-        sizes,
-        tags,
-        mhandles,
-        phandles,
-    } = arrays;
     guard("irecv", || {
         // SAFETY: NCCL passes a valid out-pointer.
         let out = unsafe { request.as_mut() }.ok_or_else(|| null_arg("request"))?;
         // NCCL may have stored its `NCCL_NET_OPTIONAL_RECV_COMPLETION` hint (0x1) here; every
         // receive completes normally, so the slot is simply overwritten on every path.
         *out = std::ptr::null_mut();
-        if tags.is_null() {
+        if arrays.tags.is_null() {
             return Err(null_arg("irecv tags"));
         }
-        let mut args: [Arg; MAX_RECVS] = Default::default();
-        // SAFETY: NCCL's arrays of n entries.
-        let n = unsafe { recv_args("irecv", n, data, sizes, tags, mhandles, &mut args) }?;
-        let mut parents = [0usize; MAX_RECVS];
-        if !phandles.is_null() {
-            for (i, p) in parents.iter_mut().enumerate().take(n) {
-                // SAFETY: a non-NULL `phandles` holds n entries (the contract).
-                *p = unsafe { *phandles.add(i) } as usize;
+        *out = MRS.view(|mrs| {
+            let mut bufs = [NO_BUF; MAX_RECVS];
+            // SAFETY: NCCL's arrays of n entries.
+            let n = unsafe { recv_args("irecv", n, &arrays, mrs, &mut bufs) }?;
+            let mut parents = [0usize; MAX_RECVS];
+            if !arrays.phandles.is_null() {
+                for (i, p) in parents.iter_mut().enumerate().take(n) {
+                    // SAFETY: a non-NULL `phandles` holds n entries (the contract).
+                    *p = unsafe { *arrays.phandles.add(i) } as usize;
+                }
             }
-        }
-        *out = on_recv(comm, |r, requests, k| {
-            let id = with_recv_bufs(&args[..n], |bufs| r.irecv_profiled(bufs, &parents[..n]))?;
-            Ok(requests.issue(k, id))
+            on_recv(comm, |r, requests, k| {
+                let id = r.irecv_profiled(&bufs[..n], &parents[..n])?;
+                Ok(requests.issue(k, id))
+            })
         })?;
         Ok(())
     })
@@ -192,22 +169,22 @@ pub(crate) unsafe extern "C" fn iflush(
         // SAFETY: NCCL passes a valid out-pointer.
         let out = unsafe { request.as_mut() }.ok_or_else(|| null_arg("request"))?;
         *out = std::ptr::null_mut();
-        let mut args: [Arg; MAX_RECVS] = Default::default();
-        // SAFETY: NCCL's arrays of n entries (a flush has no tags).
-        let n = unsafe {
-            recv_args(
-                "iflush",
-                n,
-                data,
-                Sizes::Int(sizes),
-                std::ptr::null_mut(),
-                mhandles,
-                &mut args,
-            )
-        }?;
-        *out = on_recv(comm, |r, requests, k| {
-            let id = with_recv_bufs(&args[..n], |bufs| r.iflush(bufs))?;
-            Ok(id.map_or(std::ptr::null_mut(), |id| requests.issue(k, id)))
+        // A flush has no tags and no profiler handles.
+        let arrays = RecvArrays {
+            data,
+            sizes: Sizes::Int(sizes),
+            tags: std::ptr::null_mut(),
+            mhandles,
+            phandles: std::ptr::null_mut(),
+        };
+        *out = MRS.view(|mrs| {
+            let mut bufs = [NO_BUF; MAX_RECVS];
+            // SAFETY: NCCL's arrays of n entries.
+            let n = unsafe { recv_args("iflush", n, &arrays, mrs, &mut bufs) }?;
+            on_recv(comm, |r, requests, k| {
+                let id = r.iflush(&bufs[..n])?;
+                Ok(id.map_or(std::ptr::null_mut(), |id| requests.issue(k, id)))
+            })
         })?;
         Ok(())
     })

@@ -17,9 +17,7 @@ use crate::send::{describe, summary};
 use crate::socket::Stream;
 use crate::telemetry::MeterSpec;
 use ncclwasm_proto::datapath::{CtsWrite, PostedRecv, Receiver};
-use ncclwasm_proto::fifo::{
-    CTS_FIFO_BYTES, CTS_SLOT_BYTES, CtsEntry, SIZES_FIFO_BYTES, SIZES_SLOT_BYTES,
-};
+use ncclwasm_proto::fifo::{CTS_FIFO_BYTES, CtsEntry, SIZES_FIFO_BYTES, SIZES_SLOT_BYTES};
 use ncclwasm_proto::handshake::{Acceptor, AcceptorAction, RecvSetup};
 use ncclwasm_proto::message::{Ece, RemoteWindow};
 use ncclwasm_proto::request::{Finished, RecvSizes, ReqId};
@@ -345,8 +343,10 @@ impl RecvComm {
             }
             _ => None,
         };
+        // One look at the QP list for the receives and the CTS write.
+        let qps = self.side.qps();
         for (q, route) in post.receives() {
-            let qp = &self.side.qps()[q].qp;
+            let qp = &qps[q].qp;
             if let Some((e, p)) = events.as_mut() {
                 for (ev, b) in e[req.index()].iter_mut().zip(bufs) {
                     let event = QpEvent {
@@ -368,8 +368,8 @@ impl RecvComm {
             // Before the CTS: the sender may probe the record as soon as it can send.
             self.regions.sizes.buf.store_u64_release(off, word);
         }
-        if let Some(cts) = post.cts {
-            self.post_cts(&cts)?;
+        if let Some(cts) = &post.cts {
+            self.post_cts(&qps, cts)?;
         }
         Ok(req)
     }
@@ -387,23 +387,22 @@ impl RecvComm {
         self.side.poll(receiver.requests(), devices)
     }
 
-    /// Stages a CTS slot's entries and writes them into the sender's FIFO (failover's
-    /// rewrites too).
-    pub(crate) fn post_cts(&self, cts: &CtsWrite) -> Result<(), NetError> {
+    /// Stages a CTS slot's entries and writes them into the sender's FIFO over `qps[cts.qp]`
+    /// (`qps`: this side's QPs, held by the caller; failover's rewrites too).
+    pub(crate) fn post_cts(&self, qps: &[ConnQp], cts: &CtsWrite) -> Result<(), NetError> {
         let off = cts.slot.cts_offset();
         let entries = cts.entries();
-        let len = entries.len() * CtsEntry::SIZE;
-        let mut bytes = [0u8; CTS_SLOT_BYTES];
-        for (b, e) in bytes.chunks_exact_mut(CtsEntry::SIZE).zip(entries) {
-            b.copy_from_slice(&e.to_bytes());
-        }
         let stage = &self.regions.cts_stage;
-        stage.buf.write(off as usize, &bytes[..len]);
-        let len = len as u32;
+        for (i, e) in entries.iter().enumerate() {
+            stage
+                .buf
+                .write(off as usize + i * CtsEntry::SIZE, &e.to_bytes());
+        }
+        let len = (entries.len() * CtsEntry::SIZE) as u32;
         let sge = stage.mrs[cts.route.local]
             .sge(off, len)
             .map_err(NetError::verbs("staging a CTS slot"))?;
-        let qp = &self.side.qps()[cts.qp].qp;
+        let qp = &qps[cts.qp].qp;
         qp.post_send(&[SendWr {
             wr_id: cts.wr_id,
             op: SendOp::Write(Remote {

@@ -472,7 +472,10 @@ impl SendComm {
             }
             self.sizes.buf.write(slot * SIZES_SLOT_BYTES, &bytes);
         }
-        for post in work.posts() {
+        // One chain at a time, laid out in place.
+        let mut post = QpPost::EMPTY;
+        let mut posts = work.posts();
+        while posts.next_into(&mut post) {
             self.post(bufs, posted, &post, &reqs[..nreqs])?;
         }
         Ok(Some(req))

@@ -1,7 +1,7 @@
 //! The work of one fully matched FIFO slot: the chain of work requests each QP of the stripe
 //! gets, with where its bytes come from and where they land.
 
-use ncclwasm_model::{ConnPlan, Stripes};
+use ncclwasm_model::ConnPlan;
 
 use crate::MAX_RECVS;
 use crate::failover::{self, ImmTag};
@@ -57,6 +57,24 @@ pub struct QpPost {
 }
 
 impl QpPost {
+    /// No chain yet: what [`SlotPosts::next_into`] fills.
+    pub const EMPTY: QpPost = QpPost {
+        qp: 0,
+        route: QpRoute {
+            local: 0,
+            remote: 0,
+        },
+        wrs: [WorkRequest {
+            opcode: Opcode::Write,
+            local: LocalData::None,
+            remote_addr: 0,
+            rkey: 0,
+            signaled: false,
+            wr_id: 0,
+        }; MAX_RECVS + 1],
+        len: 0,
+    };
+
     /// The chain, to post in order with a single `ibv_post_send`.
     pub fn wrs(&self) -> &[WorkRequest] {
         &self.wrs[..self.len]
@@ -123,15 +141,8 @@ impl SlotWork<'_> {
     /// The QPs of the stripe with their work request chains, in posting order
     /// (`ncclIbMultiSend`'s loop over QPs).
     pub fn posts(&self) -> SlotPosts<'_> {
-        // Only the grouped sends' stripes are walked; the rest of the array repeats the first
-        // (a copy, where laying out each would cost a pass over the plan's weights).
-        let first = self.plan.stripes(self.sends[0].size, self.start);
         SlotPosts {
             work: self,
-            stripes: std::array::from_fn(|r| match r {
-                r if r > 0 && r < self.nreqs => self.plan.stripes(self.sends[r].size, self.start),
-                _ => first.clone(),
-            }),
             wr_id: encode_wr_id(self.requests()),
             slice: 0,
         }
@@ -146,8 +157,23 @@ impl SlotWork<'_> {
         parts: &[(u64, u64); MAX_RECVS],
         wr_id: u64,
     ) -> QpPost {
-        let mut wrs = [WorkRequest::default(); MAX_RECVS + 1];
+        let mut post = QpPost::EMPTY;
+        self.chain_into(qp, slice, parts, wr_id, &mut post);
+        post
+    }
+
+    /// [`chain`](Self::chain) written into `post` in place: the chain is a few hundred bytes,
+    /// and the data path lays one out per QP of every message.
+    fn chain_into(
+        &self,
+        qp: usize,
+        slice: usize,
+        parts: &[(u64, u64); MAX_RECVS],
+        wr_id: u64,
+        post: &mut QpPost,
+    ) {
         let route = self.routes[qp];
+        let wrs = &mut post.wrs;
         for (r, &(offset, len)) in parts[..self.nreqs].iter().enumerate() {
             let e = &self.entries[r];
             wrs[r] = WorkRequest {
@@ -212,39 +238,49 @@ impl SlotWork<'_> {
         }
         wrs[len - 1].signaled = true;
         wrs[len - 1].wr_id = wr_id;
-        QpPost {
-            qp,
-            route,
-            wrs,
-            len,
-        }
+        (post.qp, post.route, post.len) = (qp, route, len);
     }
 }
 
 /// Iterator over the [`QpPost`]s of a slot: walks every grouped send's stripes in step, since
-/// QP `i` of the stripe carries stripe `i` of each of them.
+/// QP `i` of the stripe carries stripe `i` of each of them. Holds no iterator per send: stripe
+/// `i` is laid out again from the plan each time (a stripe is a handful of QPs, and most slots
+/// hold one send over one QP), which keeps this small enough to build and move per message.
 #[derive(Debug)]
 pub struct SlotPosts<'a> {
     work: &'a SlotWork<'a>,
-    stripes: [Stripes<'a>; MAX_RECVS],
     wr_id: u64,
     slice: usize,
+}
+
+impl SlotPosts<'_> {
+    /// The next QP's chain, written into `post` (the data path's form of `next`, which moves
+    /// nothing); `false` once every QP of the stripe has its chain.
+    pub fn next_into(&mut self, post: &mut QpPost) -> bool {
+        let w = self.work;
+        let mut parts = [(0, 0); MAX_RECVS];
+        let mut qp = None;
+        for (part, send) in parts.iter_mut().zip(&w.sends[..w.nreqs]) {
+            let Some(s) = w.plan.stripes(send.size, w.start).nth(self.slice) else {
+                return false;
+            };
+            qp = Some(w.map[s.qp as usize] as usize);
+            *part = (s.offset, s.len);
+        }
+        let Some(qp) = qp else {
+            return false;
+        };
+        w.chain_into(qp, self.slice, &parts, self.wr_id, post);
+        self.slice += 1;
+        true
+    }
 }
 
 impl Iterator for SlotPosts<'_> {
     type Item = QpPost;
 
     fn next(&mut self) -> Option<QpPost> {
-        let w = self.work;
-        let mut parts = [(0, 0); MAX_RECVS];
-        let mut qp = None;
-        for (part, stripes) in parts.iter_mut().zip(&mut self.stripes[..w.nreqs]) {
-            let s = stripes.next()?;
-            qp = Some(w.map[s.qp as usize] as usize);
-            *part = (s.offset, s.len);
-        }
-        let post = w.chain(qp?, self.slice, &parts, self.wr_id);
-        self.slice += 1;
-        Some(post)
+        let mut post = QpPost::EMPTY;
+        self.next_into(&mut post).then_some(post)
     }
 }

@@ -146,7 +146,7 @@ impl RecvComm {
             ),
         }
         for cts in &rewrites {
-            self.post_cts(cts)?;
+            self.post_cts(&self.side.qps(), cts)?;
         }
         Ok(())
     }
@@ -189,7 +189,7 @@ impl RecvComm {
         // (the sender's side of it is connected as soon as it reads our halves; until then
         // the write is retried, as a NIC retries a QP not ready yet).
         for cts in &rewrites {
-            self.post_cts(cts)?;
+            self.post_cts(&self.side.qps(), cts)?;
         }
         tracing::info!(
             "NET/WASM: {}: QP(s) {:?} re-created for the sender's fail-back",
