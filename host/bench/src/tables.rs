@@ -220,6 +220,9 @@ fn mid(values: impl Iterator<Item = f64>) -> f64 {
     median(&mut values.collect::<Vec<_>>()).unwrap_or(0.0)
 }
 
+/// One size's repeats: the plugin's timings and TCP's, each in the order they ran.
+type Repeats<'t, T> = (&'t [T], &'t [T]);
+
 /// The repeats of each size, in order: `plugin` and `tcp` in runs of `repeats` timings of one
 /// size, the `i`-th of either transport of a size measured right after each other.
 fn by_size<'t, T>(
@@ -227,7 +230,7 @@ fn by_size<'t, T>(
     tcp: &'t [T],
     repeats: usize,
     size: impl Fn(&T) -> u64,
-) -> Result<Vec<(&'t [T], &'t [T])>, Error> {
+) -> Result<Vec<Repeats<'t, T>>, Error> {
     let repeats = repeats.max(1);
     if plugin.len() != tcp.len() || !plugin.len().is_multiple_of(repeats) {
         return Err(Error::run("the ranks reported an incomplete run"));
