@@ -29,6 +29,11 @@ const BENCH_SIZES: &str =
 /// The ping-pong's default sizes: the latency-bound ones, 8 B to 64 KiB.
 const LATENCY_SIZES: &str = "8,16,32,64,128,256,512,1K,2K,4K,8K,16K,32K,64K";
 
+/// Repeats of each size by default: enough that one noisy run is outvoted and the spread
+/// says how far they disagree, few enough that the default run stays as long as one run of
+/// each was.
+const REPEATS: u32 = 5;
+
 /// The connection-scale part's default: an all-to-all at scale opens this many between a pair
 /// of ranks' processes.
 const CONNECTIONS: u32 = 1024;
@@ -54,7 +59,8 @@ pub struct Args {
     )]
     pub sizes: Vec<u64>,
 
-    /// Timed iterations per size [default: about 128 MiB per size, 4 to 200]
+    /// Timed iterations per size and repeat [default: about 128 MiB per size over the repeats,
+    /// at most 200 per repeat]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub iters: Option<u32>,
 
@@ -72,13 +78,18 @@ pub struct Args {
     )]
     pub latency_sizes: Vec<u64>,
 
-    /// Timed round trips per latency size, each timed alone
-    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Timed round trips per latency size and repeat, each timed alone
+    #[arg(long, value_name = "N", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
     pub latency_iters: u32,
 
     /// Untimed round trips per latency size after the checked one
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub latency_warmup: u32,
+
+    /// Timed runs of each size on each transport, alternating (plugin, TCP, plugin, …); each
+    /// ratio is their median, shown with its least–greatest
+    #[arg(long, value_name = "N", default_value_t = REPEATS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub repeats: u32,
 
     /// Connections set up at once between the ranks after the tables, timed and weighed
     /// (0: none)
@@ -373,6 +384,8 @@ pub fn run(args: &Args) -> Result<String, Error> {
         args.latency_iters.to_string(),
         "--latency-warmup".into(),
         args.latency_warmup.to_string(),
+        "--repeats".into(),
+        args.repeats.to_string(),
         "--connections".into(),
         args.connections.to_string(),
     ];
@@ -387,15 +400,19 @@ pub fn run(args: &Args) -> Result<String, Error> {
     let measured = Ranks::start(&rank_args, &env)?.drive(&Expected {
         sizes: args.sizes.len(),
         latency_sizes: args.latency_sizes.len(),
+        repeats: args.repeats as usize,
         connections: args.connections,
     })?;
     let connections = connection_scale(args.connections, &measured.scale)?;
-    let rows = rows(&measured.plugin, &measured.tcp, &measured.cpu)?;
+    let repeats = args.repeats as usize;
+    let rows = rows(&measured.plugin, &measured.tcp, &measured.cpu, repeats)?;
     let latency = latency_rows(
         &measured.plugin_latency,
         &measured.tcp_latency,
         &measured.cpu,
+        repeats,
     )?;
+    let large = large_ratio(&rows);
     let one_sided = OneSided {
         abi: measured.rma_abi,
         rows: one_sided_rows(
@@ -426,7 +443,10 @@ pub fn run(args: &Args) -> Result<String, Error> {
         fuse_request: fuse,
         observed,
         warmup: args.warmup,
-        large_message_ratio: large_ratio(&rows),
+        repeats: args.repeats,
+        large_message_ratio: large.map(|s| s.median),
+        large_message_ratio_min: large.map(|s| s.min),
+        large_message_ratio_max: large.map(|s| s.max),
         rows,
         latency_warmup: args.latency_warmup,
         latency,

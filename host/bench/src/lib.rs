@@ -10,8 +10,10 @@
 //! default fusion when the policy accepts it), starts the two ranks ([`rank`]) with the
 //! matching `NCCL_WASM_*` environment, relays the listen handles and the TCP port between them,
 //! and renders what the ranks timed and what the sender's connection reported it ran — the
-//! plan and the bytes per QP, from the plugin itself rather than recomputed here. A rank that
-//! dies or stalls fails the run with one line, never a hang.
+//! plan and the bytes per QP, from the plugin itself rather than recomputed here. Each size runs
+//! `--repeats` times on each transport, alternating, and each ratio is the median of the
+//! repeats' with its least–greatest ([`spread`]). A rank that dies or stalls fails the run with
+//! one line, never a hang; a long measurement that still moves is never cut short.
 //!
 //! With `--single-process` the parent starts one child instead ([`pairs`]), which owns both ends
 //! of one connection and times matched `irecv` + `isend` + `test` pairs through the library —
@@ -42,9 +44,14 @@
 //! * [`cpu`]: what each part of a rank cost in CPU;
 //! * [`scale`]: the connection-scale part;
 //! * [`workload`]: how many transfers and which bytes, and their check;
-//! * [`wait`]: every wait bounded — a stream of transfers through either table included — and
-//!   how a rank gives up;
-//! * [`wire`]: what the parent and the ranks say to each other (command line and JSON lines).
+//! * [`wait`]: every wait bounded by a time without progress — a stream of transfers through
+//!   either table included —, how a rank gives up, and how it tells the parent it still moves;
+//! * [`wire`]: what the parent and the ranks say to each other (command line and JSON lines);
+//! * [`spread`]: how sure a figure is — the median of the repeats and their least–greatest.
+//!
+//! Two variables are internal, for the tests: `NCCL_WASM_BENCH_STALL_MS`, every wait's bound
+//! without progress (30 s; the parent's is twice it), and `NCCL_WASM_BENCH_PACE_MS`, a delay
+//! after each transfer a stream completes — a rank slow but moving, or one that stopped.
 #![forbid(unsafe_code)]
 
 mod cpu;
@@ -55,6 +62,7 @@ mod pairs;
 mod rank;
 mod ranks;
 mod scale;
+mod spread;
 mod tables;
 mod tcp;
 mod wait;

@@ -5,8 +5,9 @@
 //! the source, the destination and the signal word. Then, for each size of the bandwidth part,
 //! the sender (the initiator, as in the two-sided parts) measures:
 //! * puts: a stream to the receiver, up to [`super::wait::WINDOW`] in flight, the last one with
-//!   a strong signal adding the stream's length — timed by the receiver, from the go signal it
-//!   posts until its signal word shows the whole stream arrived;
+//!   a strong signal completing the stream's length (a long one signals on the way too) — timed
+//!   by the receiver, from the go signal it posts until its signal word shows the whole stream
+//!   arrived;
 //! * puts with a signal: a ping-pong, each side answering the other's signal with its own put
 //!   and signal; one way is half the round trip the sender times;
 //! * gets: each from the receiver's source, timed alone from its post to its completion.
@@ -28,7 +29,7 @@ use ncclwasm_abi::load::Plugin;
 use ncclwasm_abi::load_rma::{RmaCtx, RmaRequest, Signal, SignalOp, SymMr};
 
 use super::cpu::CpuClock;
-use super::wait::{Transfer, plugin_fail, retry, stream};
+use super::wait::{Beat, Look, Transfer, plugin_fail, retry, stream, watch};
 use super::wire::{self, Completions, Msg, Part, ROLES, RankArgs, Role, RoundTrips, Timing};
 use super::workload::{fill, iterations, largest, patterned, spoil, verify};
 use crate::Error;
@@ -101,7 +102,8 @@ impl<'a, 'c> Link<'a, 'c> {
     /// (this rank's request still in flight, if any) to completion meanwhile and giving the
     /// context progress, as NCCL's proxy does while a kernel waits. The word may be past the
     /// count: the peer's next signal (a go) can land before `own` completes, and the next wait
-    /// counts it.
+    /// counts it. The word growing, or `own` completing, is progress: a long stream of puts
+    /// signals on the way ([`Link::put_stream`]).
     fn arrive(
         &self,
         bufs: &Buffers<'c>,
@@ -110,30 +112,58 @@ impl<'a, 'c> Link<'a, 'c> {
         what: &str,
     ) -> Result<(), Error> {
         let target = self.seen.get() + by;
-        retry(what, || {
-            let done = match own.as_mut() {
+        let mut word = None;
+        watch(what, || {
+            let completed = match own.as_mut() {
                 Some(r) => r.poll()?.is_some(),
-                None => true,
+                None => false,
             };
-            let arrived = bufs.sig.word(0).map_err(plugin_fail)? >= target;
-            if !arrived {
-                self.ctx.progress().map_err(plugin_fail)?;
+            if completed {
+                own = None;
             }
-            Ok((done && arrived).then_some(()))
+            let now = bufs.sig.word(0).map_err(plugin_fail)?;
+            let grew = word.is_some_and(|w| now > w);
+            word = Some(now);
+            Ok(if own.is_none() && now >= target {
+                Look::Done(())
+            } else {
+                if now < target {
+                    self.ctx.progress().map_err(plugin_fail)?;
+                }
+                if grew || completed {
+                    Look::Moved
+                } else {
+                    Look::Idle
+                }
+            })
         })?;
         self.seen.set(target);
         Ok(())
     }
 
     /// `n` puts of `size` bytes streamed to the peer, the last one with a strong signal adding
-    /// `n`: once the peer's word shows it, every put of the stream is there.
+    /// what the stream's earlier signals did not: once the peer's word has grown by `n`, every
+    /// put of the stream is there. A long stream also signals on the way, weakly, once a
+    /// [`Beat`] (with the puts posted since the last signal): the peer sees nothing else of it
+    /// until its end, and would take a stream of minutes for a stalled one.
     fn put_stream(&self, bufs: &Buffers<'c>, size: usize, n: u32) -> Result<(), Error> {
-        let mut posted = 0;
+        let (mut posted, mut signaled) = (0, 0);
+        let mut beat = Beat::new(Instant::now());
         stream(n, || {
-            let last = posted + 1 == n;
-            let signal = last.then_some((SignalOp::Add(u64::from(n)), true));
+            let signal = if posted + 1 == n {
+                Some((SignalOp::Add(u64::from(n - signaled)), true))
+            } else if beat.due(Instant::now()) {
+                Some((SignalOp::Add(u64::from(posted + 1 - signaled)), false))
+            } else {
+                None
+            };
             let r = self.put(bufs, size, signal)?;
-            posted += u32::from(r.is_some());
+            if r.is_some() {
+                posted += 1;
+                if signal.is_some() {
+                    signaled = posted;
+                }
+            }
             Ok(r)
         })
         .map(drop)
@@ -197,7 +227,7 @@ pub fn run(plugin: &Plugin, args: &RankArgs, stdin: &mut impl BufRead) -> Result
     let n = args.sizes.len();
     let first = n + args.latency_sizes.len();
     for (size, k) in patterned(&args.sizes, first) {
-        let iters = iterations(size as u64, args.iters);
+        let iters = iterations(size as u64, args.iters, 1);
         match args.role {
             Role::Recv => {
                 target_puts(args, size, k, iters, &link, &mut bufs)?;
@@ -258,7 +288,7 @@ fn target_puts(
     let start = Instant::now();
     let by = u64::from(iters);
     link.arrive(bufs, by, Some(link.go(bufs)?), "the timed puts")?;
-    let timing = Timing::since(size, iters, start);
+    let timing = Timing::since(size, iters, start, true);
     cpu.report(Part::Put, size, iters)?;
     wire::send(&Msg::Put(timing))
 }
@@ -291,7 +321,7 @@ fn ping(
         .map(|_| link.trip(bufs, size))
         .collect::<Result<Vec<_>, _>>()?;
     cpu.report(Part::PutSignal, size, iters)?;
-    wire::send(&Msg::PutSignal(RoundTrips::new(size, trips)))
+    wire::send(&Msg::PutSignal(RoundTrips::new(size, trips, true)))
 }
 
 /// The receiver's side of [`ping`]: it checks the first ping and echoes what arrived, then

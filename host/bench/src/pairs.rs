@@ -21,7 +21,7 @@ use ncclwasm_abi::load::{Mr, RecvComm, Request, SendComm};
 use ncclwasm_inspect::setup;
 
 use super::rank::{connect_both, expect_size, open};
-use super::wait::{STALL, plugin_fail};
+use super::wait::{plugin_fail, secs, stall};
 use super::wire::{self, Msg, Observed, PairTiming};
 use super::workload::{fill, largest, spoil, verify};
 use crate::Error;
@@ -160,7 +160,7 @@ fn batch(ends: &Ends<'_, '_>, size: usize, depth: usize) -> Result<Duration, Err
 }
 
 /// Calls `attempt` until it yields, without yielding the CPU in between, for at most
-/// [`STALL`] after the first [`CHECK_EVERY`] attempts (the clock read every [`CHECK_EVERY`]).
+/// [`stall`] after the first [`CHECK_EVERY`] attempts (the clock read every [`CHECK_EVERY`]).
 fn spin<T>(what: &str, mut attempt: impl FnMut() -> Result<Option<T>, Error>) -> Result<T, Error> {
     // Started at the first look: most waits end long before, and a clock read is a tenth of
     // the cheapest plugin's pair.
@@ -171,11 +171,12 @@ fn spin<T>(what: &str, mut attempt: impl FnMut() -> Result<Option<T>, Error>) ->
             return Ok(v);
         }
         n = n.wrapping_add(1);
-        if n.is_multiple_of(CHECK_EVERY) && start.get_or_insert_with(Instant::now).elapsed() > STALL
+        if n.is_multiple_of(CHECK_EVERY)
+            && start.get_or_insert_with(Instant::now).elapsed() > stall()
         {
             return Err(Error::run(format!(
-                "{what} did not complete within {} s",
-                STALL.as_secs()
+                "{what} did not complete within {}",
+                secs(stall())
             )));
         }
     }

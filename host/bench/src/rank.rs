@@ -10,8 +10,8 @@
 //! ranks drive the library's one-sided table ([`super::one_sided`]), and last both set up
 //! `--connections` more ([`super::scale`]). The TCP baseline's half is [`super::tcp`], the bytes
 //! sent and checked [`super::workload`]. It talks to the parent in the JSON lines of
-//! [`super::wire`]. Every wait is bounded by [`super::wait::STALL`], so a rank whose peer died
-//! stops by itself with one `error:` line.
+//! [`super::wire`]. Every wait is bounded by [`super::wait::stall`] without progress, so a rank
+//! whose peer died stops by itself with one `error:` line.
 
 use std::io::BufRead;
 use std::path::Path;
@@ -116,10 +116,16 @@ pub(super) fn connect_both<'p>(
     })
 }
 
+/// Whether each of `--repeats` is the first of its size: only the first checks a transfer and
+/// runs the warmup, the later ones find the path warm.
+fn repeats(args: &RankArgs) -> impl Iterator<Item = bool> {
+    (0..args.repeats.max(1)).map(|r| r == 0)
+}
+
 /// Both transports, side by side: the plugin's comms, then the TCP connection, then each size
-/// through the plugin and at once over TCP — the two figures of a row are measured seconds
-/// apart, not minutes, so a host whose load changes meanwhile (a shared CI machine) moves both
-/// alike.
+/// through the plugin and at once over TCP, `--repeats` times in turn — the two figures of a
+/// repeat are measured seconds apart, not minutes, so a host whose load changes meanwhile (a
+/// shared CI machine) moves both alike, and a repeat that drew a bad moment is one of several.
 fn measure(args: &RankArgs, stdin: &mut impl BufRead) -> Result<(), Error> {
     let (bw, lat) = (largest(&args.sizes)?, largest(&args.latency_sizes)?);
     let plugin = open(&args.plugin, args.device, &args.fuse)?;
@@ -145,19 +151,23 @@ fn measure(args: &RankArgs, stdin: &mut impl BufRead) -> Result<(), Error> {
     let (mut buf, mut back) = (vec![0u8; bw.max(lat)], vec![0u8; lat]);
     let mut sent = 0;
     for (size, k) in patterned(&args.sizes, 0) {
-        sent += plugin_stream(args, size, k, &mut ends)?;
-        tcp_stream(args, k, &mut tcp, &mut buf[..size])?;
+        for first in repeats(args) {
+            sent += plugin_stream(args, size, k, first, &mut ends)?;
+            tcp_stream(args, k, first, &mut tcp, &mut buf[..size])?;
+        }
     }
     for (size, k) in patterned(&args.latency_sizes, args.sizes.len()) {
         let msg = &mut buf[..size];
-        match args.role {
-            Role::Recv => {
-                pong(args, size, k, &mut ends)?;
-                tcp_pong(args, k, &mut tcp, msg)?;
-            }
-            Role::Send => {
-                sent += ping(args, size, k, &mut ends)?;
-                tcp_ping(args, k, &mut tcp, msg, &mut back[..size])?;
+        for first in repeats(args) {
+            match args.role {
+                Role::Recv => {
+                    pong(args, size, k, first, &mut ends)?;
+                    tcp_pong(args, k, first, &mut tcp, msg)?;
+                }
+                Role::Send => {
+                    sent += ping(args, size, k, first, &mut ends)?;
+                    tcp_ping(args, k, first, &mut tcp, msg, &mut back[..size])?;
+                }
             }
         }
     }
@@ -170,74 +180,85 @@ fn measure(args: &RankArgs, stdin: &mut impl BufRead) -> Result<(), Error> {
     scale::run(&plugin, args.role, args.device, args.connections, stdin)
 }
 
-/// One size of the bandwidth part through the plugin, from the sender's send comm to the
-/// receiver's recv comm: the checked transfer, `--warmup` untimed ones, then the timed ones,
-/// [`super::wait::WINDOW`] in flight, timed by the receiver from its first post to its last
-/// completion.
+/// One repeat of one size of the bandwidth part through the plugin, from the sender's send comm
+/// to the receiver's recv comm: the checked transfer and `--warmup` untimed ones when it is the
+/// `first`, then the timed ones, [`super::wait::WINDOW`] in flight, timed by the receiver from
+/// its first post to its last completion.
 /// Returns the bytes `test` reported sent (none on the receiver).
 fn plugin_stream(
     args: &RankArgs,
     size: usize,
     k: usize,
+    first: bool,
     ends: &mut Ends<'_, '_, '_>,
 ) -> Result<usize, Error> {
-    let iters = iterations(size as u64, args.iters);
+    let iters = iterations(size as u64, args.iters, args.repeats);
+    let warmup = if first { args.warmup } else { 0 };
     match args.role {
         Role::Recv => {
             let (rx, mr) = (ends.rx, &mut *ends.rmr);
-            spoil(&mut mr.bytes()[..size], k);
-            let got = stream(1, || rx.irecv(mr, 0..size, TAG).map_err(plugin_fail))?;
-            expect_size("plugin", size, got)?;
-            verify(&mr.bytes()[..size], k, "plugin")?;
-            stream(args.warmup, || {
-                rx.irecv(mr, 0..size, TAG).map_err(plugin_fail)
-            })?;
+            if first {
+                spoil(&mut mr.bytes()[..size], k);
+                let got = stream(1, || rx.irecv(mr, 0..size, TAG).map_err(plugin_fail))?;
+                expect_size("plugin", size, got)?;
+                verify(&mr.bytes()[..size], k, "plugin")?;
+            }
+            stream(warmup, || rx.irecv(mr, 0..size, TAG).map_err(plugin_fail))?;
             let cpu = CpuClock::start()?;
             let start = Instant::now();
             stream(iters, || rx.irecv(mr, 0..size, TAG).map_err(plugin_fail))?;
-            let timing = Timing::since(size, iters, start);
+            let timing = Timing::since(size, iters, start, first);
             cpu.report(Part::Plugin, size, iters)?;
             wire::send(&Msg::Plugin(timing))?;
             Ok(0)
         }
         Role::Send => {
             let (tx, mr) = (ends.tx, &mut *ends.smr);
-            fill(&mut mr.bytes()[..size], k);
-            let got = stream(1, || tx.isend(mr, 0..size, TAG).map_err(plugin_fail))?;
-            expect_size("plugin", size, got)?;
+            let mut got = 0;
+            if first {
+                fill(&mut mr.bytes()[..size], k);
+                got = stream(1, || tx.isend(mr, 0..size, TAG).map_err(plugin_fail))?;
+                expect_size("plugin", size, got)?;
+            }
             let cpu = CpuClock::start()?;
-            let rest = stream(args.warmup + iters, || {
+            let rest = stream(warmup + iters, || {
                 tx.isend(mr, 0..size, TAG).map_err(plugin_fail)
             })?;
-            cpu.report(Part::Plugin, size, args.warmup + iters)?;
+            cpu.report(Part::Plugin, size, warmup + iters)?;
             Ok(got + rest)
         }
     }
 }
 
-/// The sender's half of one size of the ping-pong through the plugin: the checked exchange
-/// (its pattern out, the receiver's echo back and compared), `--latency-warmup` untimed round
-/// trips, then `--latency-iters` timed one by one. Returns the bytes its pings carried.
+/// The sender's half of one repeat of one size of the ping-pong through the plugin: when it is
+/// the `first`, the checked exchange (its pattern out, the receiver's echo back and compared)
+/// and `--latency-warmup` untimed round trips; then `--latency-iters` timed one by one.
+/// Returns the bytes its pings carried.
 fn ping(
     args: &RankArgs,
     size: usize,
     k: usize,
+    first: bool,
     ends: &mut Ends<'_, '_, '_>,
 ) -> Result<usize, Error> {
-    fill(&mut ends.smr.bytes()[..size], k);
-    spoil(&mut ends.rmr.bytes()[..size], k);
-    trip(ends, size)?;
-    verify(&ends.rmr.bytes()[..size], k, "plugin ping-pong, the echo")?;
-    for _ in 0..args.latency_warmup {
+    let mut untimed = 0;
+    if first {
+        fill(&mut ends.smr.bytes()[..size], k);
+        spoil(&mut ends.rmr.bytes()[..size], k);
         trip(ends, size)?;
+        verify(&ends.rmr.bytes()[..size], k, "plugin ping-pong, the echo")?;
+        for _ in 0..args.latency_warmup {
+            trip(ends, size)?;
+        }
+        untimed = 1 + args.latency_warmup;
     }
     let cpu = CpuClock::start()?;
     let trips = (0..args.latency_iters)
         .map(|_| trip(ends, size))
         .collect::<Result<Vec<_>, _>>()?;
     cpu.report(Part::PluginPingPong, size, args.latency_iters)?;
-    wire::send(&Msg::PluginPingPong(RoundTrips::new(size, trips)))?;
-    Ok(size * (1 + args.latency_warmup + args.latency_iters) as usize)
+    wire::send(&Msg::PluginPingPong(RoundTrips::new(size, trips, first)))?;
+    Ok(size * (untimed + args.latency_iters) as usize)
 }
 
 /// One round trip through the plugin, timed: the ping is posted, then the receive of the pong
@@ -264,22 +285,38 @@ fn trip(ends: &Ends<'_, '_, '_>, size: usize) -> Result<Duration, Error> {
     Ok(elapsed)
 }
 
-/// The receiver's half of one size of the ping-pong through the plugin: it checks the first
-/// ping and echoes exactly what arrived, then answers each ping with a pong of the same size.
-/// The next receive is posted right after each pong, so the next ping finds its clear-to-send
-/// waiting, as it would in a pipeline NCCL keeps busy.
-fn pong(args: &RankArgs, size: usize, k: usize, ends: &mut Ends<'_, '_, '_>) -> Result<(), Error> {
+/// The receiver's half of one repeat of one size of the ping-pong through the plugin: it
+/// answers each ping with a pong of the same size; when it is the `first`, it checks the first
+/// ping and echoes exactly what arrived, and answers the warmup's too. The next receive is
+/// posted right after each pong, so the next ping finds its clear-to-send waiting, as it would
+/// in a pipeline NCCL keeps busy.
+fn pong(
+    args: &RankArgs,
+    size: usize,
+    k: usize,
+    first: bool,
+    ends: &mut Ends<'_, '_, '_>,
+) -> Result<(), Error> {
     let (tx, rx) = (ends.tx, ends.rx);
-    spoil(&mut ends.rmr.bytes()[..size], k);
+    if first {
+        spoil(&mut ends.rmr.bytes()[..size], k);
+    }
     let got = stream(1, || rx.irecv(ends.rmr, 0..size, TAG).map_err(plugin_fail))?;
     expect_size("plugin ping", size, got)?;
-    verify(&ends.rmr.bytes()[..size], k, "plugin ping-pong, the ping")?;
-    ends.smr.bytes()[..size].copy_from_slice(&ends.rmr.bytes()[..size]);
+    if first {
+        verify(&ends.rmr.bytes()[..size], k, "plugin ping-pong, the ping")?;
+        ends.smr.bytes()[..size].copy_from_slice(&ends.rmr.bytes()[..size]);
+    }
     let (smr, rmr) = (&*ends.smr, &*ends.rmr);
     let post = || retry("irecv", || rx.irecv(rmr, 0..size, TAG).map_err(plugin_fail));
-    // The receive of the next ping; none before the echo.
+    // The receive of the next ping; none before the answer to the one just received.
     let mut next: Option<Request<'_>> = None;
-    let rest = args.latency_warmup + args.latency_iters;
+    // The pings after the one received: the checked one's warmup and the timed ones.
+    let rest = if first {
+        args.latency_warmup + args.latency_iters
+    } else {
+        args.latency_iters - 1
+    };
     let cpu = CpuClock::start()?;
     for i in 0..=rest {
         if let Some(mut ping) = next.take() {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use ncclwasm_inspect::render;
 
-use super::wait::STALL;
+use super::wait::{secs, stall};
 use super::wire::{
     Completions, CpuUse, DeviceLine, Msg, Observed, PLUGIN_DONE, PairTiming, ROLES, Role,
     RoundTrips, SCALE_DONE, Scale, Timing,
@@ -39,11 +39,12 @@ pub struct Measured {
     pub cpu: [Vec<CpuUse>; 2],
 }
 
-/// How many rows each table gets.
+/// How many rows each table gets, and how many timings each row is made of.
 #[derive(Debug)]
 pub struct Expected {
     pub sizes: usize,
     pub latency_sizes: usize,
+    pub repeats: usize,
     pub connections: u32,
 }
 
@@ -240,6 +241,10 @@ impl Ranks {
             cpu: [Vec::new(), Vec::new()],
         };
         let progress = Progress::new();
+        let (timings, latency_timings) = (
+            expected.sizes * expected.repeats,
+            expected.latency_sizes * expected.repeats,
+        );
         let mut done = [false; 2];
         // How often each rank said it is done up to a point: the parent answers when both
         // have said so as often.
@@ -257,8 +262,8 @@ impl Ranks {
                 }
                 Some(Msg::Hello { .. }) => {}
                 Some(Msg::Observed(o)) => m.observed = Some(o),
-                // Only `bench-pairs` times pairs.
-                Some(Msg::Pairs(_)) => {}
+                // Only `bench-pairs` times pairs; a rank still moving only resets the bound.
+                Some(Msg::Pairs(_) | Msg::Moving) => {}
                 Some(Msg::Cpu(c)) => m.cpu[i].push(c),
                 // Each rank connects to the other's listener.
                 Some(Msg::Handle(h)) => self.relay(1 - i, &h)?,
@@ -273,21 +278,21 @@ impl Ranks {
                 }
                 Some(Msg::Plugin(t)) => {
                     m.plugin.push(t);
-                    progress.show("plugin", t.size, m.plugin.len(), expected.sizes);
+                    progress.show("plugin", t.size, m.plugin.len(), timings);
                 }
                 Some(Msg::PluginPingPong(r)) => {
                     m.plugin_latency.push(r);
                     let n = m.plugin_latency.len();
-                    progress.show("plugin ping-pong", r.size, n, expected.latency_sizes);
+                    progress.show("plugin ping-pong", r.size, n, latency_timings);
                 }
                 Some(Msg::Tcp(t)) => {
                     m.tcp.push(t);
-                    progress.show("tcp", t.size, m.tcp.len(), expected.sizes);
+                    progress.show("tcp", t.size, m.tcp.len(), timings);
                 }
                 Some(Msg::TcpPingPong(r)) => {
                     m.tcp_latency.push(r);
                     let n = m.tcp_latency.len();
-                    progress.show("tcp ping-pong", r.size, n, expected.latency_sizes);
+                    progress.show("tcp ping-pong", r.size, n, latency_timings);
                 }
                 // Both ranks use the same table; each connects with the other's handle.
                 Some(Msg::RmaHandle { abi, handle }) => {
@@ -334,12 +339,13 @@ impl Ranks {
     }
 
     /// The next line of any child (`None`: that child's stdout closed). A child gives up after
-    /// its own stall limit; [`HANG`] covers one that hangs anyway.
+    /// its own stall bound without progress, and says while it moves ([`Msg::Moving`]);
+    /// [`hang`] covers one that hangs anyway — stuck in a call, or stopped.
     fn next(&self) -> Result<(usize, Option<Msg>), Error> {
-        self.events.recv_timeout(HANG).map_err(|_| {
+        self.events.recv_timeout(hang()).map_err(|_| {
             Error::run(format!(
-                "the bench made no progress for {} s",
-                HANG.as_secs()
+                "the bench made no progress for {}: no transfer completed and no rank said anything (stuck or stopped)",
+                secs(hang())
             ))
         })
     }
@@ -357,8 +363,11 @@ impl Ranks {
     }
 }
 
-/// How long the parent waits for any line before it gives up on the children.
-const HANG: Duration = Duration::from_secs(STALL.as_secs() + 30);
+/// How long the parent waits for any line before it gives up on the children: twice a rank's
+/// own bound, so a rank that gives up is heard first, with its reason.
+fn hang() -> Duration {
+    2 * stall()
+}
 
 /// What the `--single-process` child reported.
 #[derive(Debug)]
@@ -396,6 +405,7 @@ impl Ranks {
                     progress.show(&phase, p.size, m.pairs.len(), expected);
                 }
                 Some(Msg::Observed(o)) => m.observed = Some(o),
+                Some(Msg::Moving) => {}
                 Some(other) => {
                     return Err(Error::run(format!(
                         "the single-process bench said {other:?}, which only a rank says"

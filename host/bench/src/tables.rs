@@ -8,6 +8,7 @@ use ncclwasm_inspect::render::{self, Table, field};
 use ncclwasm_inspect::report::{self, PolicyView, TopologyView};
 use serde::Serialize;
 
+use super::spread::{Spread, median};
 use super::wire::{
     Completions, CpuUse, DeviceLine, Footprint, Observed, PairTiming, Part, ROLES, RoundTrips,
     Scale, Timing, list,
@@ -35,10 +36,15 @@ pub struct BenchReport {
     /// What the sender's connection ran and carried, as the plugin reports it.
     pub observed: Observed,
     pub warmup: u32,
+    /// Timed runs of each size on each transport, alternating (`--repeats`).
+    pub repeats: u32,
     /// The bandwidth table, one row per `--sizes`.
     pub rows: Vec<Row>,
-    /// Mean of `ratio` over the sizes of 1 MiB and more.
+    /// Each repeat's mean ratio over the sizes of 1 MiB and more: their median, least and
+    /// greatest ([`large_ratio`]).
     pub large_message_ratio: Option<f64>,
+    pub large_message_ratio_min: Option<f64>,
+    pub large_message_ratio_max: Option<f64>,
     pub latency_warmup: u32,
     /// The latency table, one row per `--latency-sizes`.
     pub latency: Vec<LatencyRow>,
@@ -106,18 +112,24 @@ pub struct PluginView {
     pub abi: u32,
 }
 
+/// One size of the bandwidth table. The figures are medians over the repeats.
 #[derive(Debug, PartialEq, Serialize)]
 pub struct Row {
     pub size: u64,
     /// nccl-tests' count: 4-byte float elements.
     pub count: u64,
+    /// Timed iterations of each repeat.
     pub iters: u32,
     pub time_us: f64,
     pub algbw_gbps: f64,
     pub tcp_time_us: f64,
     pub tcp_algbw_gbps: f64,
-    /// Plugin algbw / TCP algbw.
+    /// Plugin algbw / TCP algbw, the median of the repeats' (each against its own baseline).
     pub ratio: f64,
+    pub ratio_min: f64,
+    pub ratio_max: f64,
+    /// Each repeat's ratio, in the order they ran.
+    pub ratios: Vec<f64>,
     /// CPU per message, both ranks' processes (every thread) together, µs.
     pub cpu_us: f64,
     pub tcp_cpu_us: f64,
@@ -160,10 +172,12 @@ pub struct OneSidedRow {
     pub checked_bytes: u64,
 }
 
-/// One size of the ping-pong: one-way latency, half the round trip the sender timed.
+/// One size of the ping-pong: one-way latency, half the round trip the sender timed. The
+/// figures are medians over the repeats.
 #[derive(Debug, PartialEq, Serialize)]
 pub struct LatencyRow {
     pub size: u64,
+    /// Timed round trips of each repeat.
     pub iters: u32,
     /// Through the plugin: half the median round trip.
     pub latency_us: f64,
@@ -172,8 +186,12 @@ pub struct LatencyRow {
     pub tcp_latency_us: f64,
     pub tcp_mean_us: f64,
     /// Plugin latency / TCP latency (medians): how many times the socket's time the plugin
-    /// takes (the inverse sense of the bandwidth ratio).
+    /// takes (the inverse sense of the bandwidth ratio); the median of the repeats'.
     pub ratio: f64,
+    pub ratio_min: f64,
+    pub ratio_max: f64,
+    /// Each repeat's ratio, in the order they ran.
+    pub ratios: Vec<f64>,
     /// CPU per round trip, both ranks' processes (every thread) together, µs.
     pub cpu_us: f64,
     pub tcp_cpu_us: f64,
@@ -197,62 +215,129 @@ fn cpu_us(cpu: &[Vec<CpuUse>; 2], part: Part, i: usize, size: u64) -> Result<f64
         .sum()
 }
 
-/// The table's rows: both runs of each size, in order.
-pub fn rows(plugin: &[Timing], tcp: &[Timing], cpu: &[Vec<CpuUse>; 2]) -> Result<Vec<Row>, Error> {
-    if plugin.len() != tcp.len() {
+/// The median of `values` (0 when there are none).
+fn mid(values: impl Iterator<Item = f64>) -> f64 {
+    median(&mut values.collect::<Vec<_>>()).unwrap_or(0.0)
+}
+
+/// One size's repeats: the plugin's timings and TCP's, each in the order they ran.
+type Repeats<'t, T> = (&'t [T], &'t [T]);
+
+/// The repeats of each size, in order: `plugin` and `tcp` in runs of `repeats` timings of one
+/// size, the `i`-th of either transport of a size measured right after each other.
+fn by_size<'t, T>(
+    plugin: &'t [T],
+    tcp: &'t [T],
+    repeats: usize,
+    size: impl Fn(&T) -> u64,
+) -> Result<Vec<Repeats<'t, T>>, Error> {
+    let repeats = repeats.max(1);
+    if plugin.len() != tcp.len() || !plugin.len().is_multiple_of(repeats) {
         return Err(Error::run("the ranks reported an incomplete run"));
     }
-    plugin
-        .iter()
-        .zip(tcp)
+    let sizes = plugin.chunks(repeats).zip(tcp.chunks(repeats));
+    sizes
+        .map(|(p, t)| {
+            let first = size(&p[0]);
+            if p.iter().chain(t).any(|x| size(x) != first) {
+                return Err(Error::run("the ranks reported the sizes out of order"));
+            }
+            Ok((p, t))
+        })
+        .collect()
+}
+
+/// The ratio's spread as a row's fields: median, least, greatest, every repeat's.
+fn spread(ratios: Vec<f64>) -> Result<(f64, f64, f64, Vec<f64>), Error> {
+    let s = Spread::of(&ratios).ok_or_else(|| Error::run("a size with no repeat"))?;
+    Ok((s.median, s.min, s.max, ratios))
+}
+
+/// Both ranks' CPU per message of every repeat of the `i`-th size of `part`, its median.
+fn cpu_mid(
+    cpu: &[Vec<CpuUse>; 2],
+    part: Part,
+    i: usize,
+    repeats: usize,
+    size: u64,
+) -> Result<f64, Error> {
+    let each = (0..repeats)
+        .map(|r| cpu_us(cpu, part, i * repeats + r, size))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(mid(each.into_iter()))
+}
+
+/// The table's rows: the `repeats` runs of each size on both transports, in order.
+pub fn rows(
+    plugin: &[Timing],
+    tcp: &[Timing],
+    cpu: &[Vec<CpuUse>; 2],
+    repeats: usize,
+) -> Result<Vec<Row>, Error> {
+    let per = |x: &Timing| x.secs / f64::from(x.iters.max(1));
+    let bw = |x: &Timing| x.size as f64 / per(x).max(1e-12) / 1e9;
+    by_size(plugin, tcp, repeats, |t| t.size)?
+        .into_iter()
         .enumerate()
-        .map(|(i, (p, t))| {
-            let per = |x: &Timing| x.secs / f64::from(x.iters.max(1));
-            let bw = |x: &Timing| x.size as f64 / per(x).max(1e-12) / 1e9;
+        .map(|(i, (ps, ts))| {
+            let size = ps[0].size;
+            let (ratio, ratio_min, ratio_max, ratios) =
+                spread(ps.iter().zip(ts).map(|(p, t)| bw(p) / bw(t)).collect())?;
             Ok(Row {
-                size: p.size,
-                count: p.size / 4,
-                iters: p.iters,
-                time_us: per(p) * 1e6,
-                algbw_gbps: bw(p),
-                tcp_time_us: per(t) * 1e6,
-                tcp_algbw_gbps: bw(t),
-                ratio: bw(p) / bw(t),
-                cpu_us: cpu_us(cpu, Part::Plugin, i, p.size)?,
-                tcp_cpu_us: cpu_us(cpu, Part::Tcp, i, t.size)?,
-                checked_bytes: p.checked_bytes,
-                tcp_checked_bytes: t.checked_bytes,
+                size,
+                count: size / 4,
+                iters: ps[0].iters,
+                time_us: mid(ps.iter().map(|p| per(p) * 1e6)),
+                algbw_gbps: mid(ps.iter().map(bw)),
+                tcp_time_us: mid(ts.iter().map(|t| per(t) * 1e6)),
+                tcp_algbw_gbps: mid(ts.iter().map(bw)),
+                ratio,
+                ratio_min,
+                ratio_max,
+                ratios,
+                cpu_us: cpu_mid(cpu, Part::Plugin, i, ps.len(), size)?,
+                tcp_cpu_us: cpu_mid(cpu, Part::Tcp, i, ts.len(), size)?,
+                checked_bytes: ps.iter().map(|p| p.checked_bytes).sum(),
+                tcp_checked_bytes: ts.iter().map(|t| t.checked_bytes).sum(),
             })
         })
         .collect()
 }
 
-/// The latency table's rows: both ping-pongs of each size, in order.
+/// The latency table's rows: the `repeats` ping-pongs of each size on both transports, in
+/// order.
 pub fn latency_rows(
     plugin: &[RoundTrips],
     tcp: &[RoundTrips],
     cpu: &[Vec<CpuUse>; 2],
+    repeats: usize,
 ) -> Result<Vec<LatencyRow>, Error> {
-    if plugin.len() != tcp.len() {
-        return Err(Error::run("the ranks reported an incomplete ping-pong"));
-    }
-    plugin
-        .iter()
-        .zip(tcp)
+    by_size(plugin, tcp, repeats, |r| r.size)?
+        .into_iter()
         .enumerate()
-        .map(|(i, (p, t))| {
+        .map(|(i, (ps, ts))| {
+            let size = ps[0].size;
+            let ratios = ps.iter().zip(ts);
+            let (ratio, ratio_min, ratio_max, ratios) = spread(
+                ratios
+                    .map(|(p, t)| p.median_secs / t.median_secs.max(1e-12))
+                    .collect(),
+            )?;
             Ok(LatencyRow {
-                size: p.size,
-                iters: p.iters,
-                latency_us: p.median_secs * 1e6,
-                mean_us: p.mean_secs * 1e6,
-                tcp_latency_us: t.median_secs * 1e6,
-                tcp_mean_us: t.mean_secs * 1e6,
-                ratio: p.median_secs / t.median_secs.max(1e-12),
-                cpu_us: cpu_us(cpu, Part::PluginPingPong, i, p.size)?,
-                tcp_cpu_us: cpu_us(cpu, Part::TcpPingPong, i, t.size)?,
-                checked_bytes: p.checked_bytes,
-                tcp_checked_bytes: t.checked_bytes,
+                size,
+                iters: ps[0].iters,
+                latency_us: mid(ps.iter().map(|p| p.median_secs * 1e6)),
+                mean_us: mid(ps.iter().map(|p| p.mean_secs * 1e6)),
+                tcp_latency_us: mid(ts.iter().map(|t| t.median_secs * 1e6)),
+                tcp_mean_us: mid(ts.iter().map(|t| t.mean_secs * 1e6)),
+                ratio,
+                ratio_min,
+                ratio_max,
+                ratios,
+                cpu_us: cpu_mid(cpu, Part::PluginPingPong, i, ps.len(), size)?,
+                tcp_cpu_us: cpu_mid(cpu, Part::TcpPingPong, i, ts.len(), size)?,
+                checked_bytes: ps.iter().map(|p| p.checked_bytes).sum(),
+                tcp_checked_bytes: ts.iter().map(|t| t.checked_bytes).sum(),
             })
         })
         .collect()
@@ -392,13 +477,15 @@ fn observed_section(o: &Observed) -> String {
     )
 }
 
-pub fn large_ratio(rows: &[Row]) -> Option<f64> {
-    let large: Vec<f64> = rows
-        .iter()
-        .filter(|r| r.size >= LARGE)
-        .map(|r| r.ratio)
+/// The large-message ratio: each repeat's mean ratio over the sizes of 1 MiB and more (`None`
+/// without such a size), as a spread over the repeats.
+pub fn large_ratio(rows: &[Row]) -> Option<Spread> {
+    let large: Vec<&Row> = rows.iter().filter(|r| r.size >= LARGE).collect();
+    let repeats = large.iter().map(|r| r.ratios.len()).min()?;
+    let means: Vec<f64> = (0..repeats)
+        .map(|i| large.iter().map(|r| r.ratios[i]).sum::<f64>() / large.len() as f64)
         .collect();
-    (!large.is_empty()).then(|| large.iter().sum::<f64>() / large.len() as f64)
+    Spread::of(&means)
 }
 
 /// What the run ran on: the fabric, the policy, the topology.
@@ -446,15 +533,17 @@ pub fn render(r: &BenchReport) -> String {
     out += &field(
         "bandwidth",
         &format!(
-            "device {} ({}); a stream, up to 8 messages in flight; the receiver's clock; {} warmup + the timed iterations per size; every byte of the first transfer of each size checked",
-            r.device, r.device_name, r.warmup
+            "device {} ({}); a stream, up to 8 messages in flight; the receiver's clock; {} warmup + {}; every byte of the first transfer of each size checked",
+            r.device,
+            r.device_name,
+            r.warmup,
+            repeated("the timed iterations per size", r.repeats)
         ),
     );
     out += &render::table(
         2,
         &[
             "size",
-            "count",
             "iters",
             "time µs",
             "algbw GB/s",
@@ -468,13 +557,12 @@ pub fn render(r: &BenchReport) -> String {
         |row| {
             vec![
                 row.size.to_string(),
-                row.count.to_string(),
                 row.iters.to_string(),
                 format!("{:.1}", row.time_us),
                 format!("{:.3}", row.algbw_gbps),
                 format!("{:.1}", row.tcp_time_us),
                 format!("{:.3}", row.tcp_algbw_gbps),
-                format!("{:.2}", row.ratio),
+                ratio_cell(&row.ratios),
                 format!("{:.1}", row.cpu_us),
                 format!("{:.1}", row.tcp_cpu_us),
             ]
@@ -482,9 +570,10 @@ pub fn render(r: &BenchReport) -> String {
     );
     out += &field(
         "ratio",
-        &match r.large_message_ratio {
+        &match large_ratio(&r.rows) {
             Some(x) => format!(
-                "{x:.2} for messages of 1 MiB and more (plugin algbw / raw TCP algbw, mean)"
+                "{} for messages of 1 MiB and more (plugin algbw / raw TCP algbw, each repeat's mean over the sizes)",
+                x.ratio()
             ),
             None => "no message of 1 MiB or more in --sizes".to_owned(),
         },
@@ -493,8 +582,9 @@ pub fn render(r: &BenchReport) -> String {
     out += &field(
         "latency",
         &format!(
-            "a ping-pong, one message each way (a send comm and a recv comm per rank; TCP: one connection, TCP_NODELAY); the sender's clock; one way = half the round trip; {} warmup + the timed round trips per size; every byte of the first exchange checked both ways",
-            r.latency_warmup
+            "a ping-pong, one message each way (a send comm and a recv comm per rank; TCP: one connection, TCP_NODELAY); the sender's clock; one way = half the round trip; {} warmup + {}; every byte of the first exchange checked both ways",
+            r.latency_warmup,
+            repeated("the timed round trips per size", r.repeats)
         ),
     );
     out += &render::table(
@@ -504,8 +594,8 @@ pub fn render(r: &BenchReport) -> String {
             "iters",
             "median µs",
             "mean µs",
-            "tcp median µs",
-            "tcp mean µs",
+            "tcp median",
+            "tcp mean",
             "ratio",
             "cpu µs",
             "tcp cpu µs",
@@ -519,7 +609,7 @@ pub fn render(r: &BenchReport) -> String {
                 format!("{:.1}", row.mean_us),
                 format!("{:.1}", row.tcp_latency_us),
                 format!("{:.1}", row.tcp_mean_us),
-                format!("{:.2}", row.ratio),
+                ratio_cell(&row.ratios),
                 format!("{:.1}", row.cpu_us),
                 format!("{:.1}", row.tcp_cpu_us),
             ]
@@ -529,6 +619,12 @@ pub fn render(r: &BenchReport) -> String {
         "ratio",
         "plugin median / raw TCP median: how many times the socket's latency the plugin takes",
     );
+    if r.repeats > 1 {
+        out += &field(
+            "repeats",
+            "each figure is the median of the repeats'; a ratio is each repeat's plugin figure against the TCP figure measured right after it, their median (least–greatest)",
+        );
+    }
     out += &field(
         "cpu",
         "µs of CPU per message (ping-pong: per round trip), both ranks' processes, every thread (/proc/self/task/*/schedstat)",
@@ -540,6 +636,19 @@ pub fn render(r: &BenchReport) -> String {
         out += &scale_section(c);
     }
     out
+}
+
+/// What a table's rows timed, and how often, for its header.
+fn repeated(what: &str, repeats: u32) -> String {
+    match repeats {
+        1 => what.to_owned(),
+        n => format!("{what}, {n} times alternating with TCP"),
+    }
+}
+
+/// A ratio cell: the median of the repeats and their least–greatest.
+fn ratio_cell(ratios: &[f64]) -> String {
+    Spread::of(ratios).map_or_else(String::new, |s| s.ratio())
 }
 
 /// The one-sided table: each size's puts, puts with a signal and gets through the library's
@@ -723,6 +832,7 @@ mod tests {
             &[timing(8, 4, 4e-6), timing(1 << 20, 2, 2e-3)],
             &[timing(8, 4, 8e-6), timing(1 << 20, 2, 1e-3)],
             &both_ranks(&[Part::Plugin, Part::Tcp], &sizes),
+            1,
         )
         .unwrap();
         // Both ranks' CPU per message, summed.
@@ -730,16 +840,70 @@ mod tests {
         // A rank that did not say: the run is incomplete.
         let mut missing = both_ranks(&[Part::Plugin, Part::Tcp], &sizes);
         missing[1].retain(|c| c.part != Part::Tcp);
-        assert!(super::rows(&[timing(8, 4, 1.0)], &[timing(8, 4, 1.0)], &missing).is_err());
+        assert!(super::rows(&[timing(8, 4, 1.0)], &[timing(8, 4, 1.0)], &missing, 1).is_err());
         assert_eq!(rows[0].count, 2);
         assert!((rows[0].time_us - 1.0).abs() < 1e-9);
         assert!((rows[0].algbw_gbps - 0.008).abs() < 1e-9);
         assert!((rows[0].ratio - 2.0).abs() < 1e-9);
         assert!((rows[1].ratio - 0.5).abs() < 1e-9);
-        assert_eq!(large_ratio(&rows), Some(0.5));
+        assert_eq!(large_ratio(&rows).map(|s| s.median), Some(0.5));
         assert_eq!(large_ratio(&rows[..1]), None);
         let cpu = both_ranks(&[Part::Plugin, Part::Tcp], &sizes);
-        assert!(super::rows(&[timing(8, 1, 1.0)], &[], &cpu).is_err());
+        assert!(super::rows(&[timing(8, 1, 1.0)], &[], &cpu, 1).is_err());
+    }
+
+    /// Three alternating repeats of two sizes: each ratio is a repeat's plugin figure against
+    /// its own baseline, the row its median with the extremes, and the large-message ratio each
+    /// repeat's mean over the large sizes, the median of those.
+    #[test]
+    fn repeats_give_each_ratio_its_median_and_spread() {
+        const MIB: u64 = 1 << 20;
+        let sizes = [MIB, 2 * MIB];
+        // Repeat r of a size: the plugin 1, 2, 4 ms, TCP always 2 ms (ratios 2, 1, 0.5); the
+        // second size's ratios are twice the first's.
+        // Only the first repeat of a size checks a transfer.
+        let repeats = |s: u64, secs: [f64; 3]| {
+            secs.into_iter().enumerate().map(move |(r, t)| Timing {
+                checked_bytes: if r == 0 { s } else { 0 },
+                ..timing(s, 1, t)
+            })
+        };
+        let plugin: Vec<Timing> = sizes
+            .iter()
+            .flat_map(|&s| repeats(s, [1e-3, 2e-3, 4e-3].map(|t| t * MIB as f64 / s as f64)))
+            .collect();
+        let tcp: Vec<Timing> = sizes.iter().flat_map(|&s| repeats(s, [2e-3; 3])).collect();
+        let parts = [Part::Plugin, Part::Tcp];
+        let cpu: [Vec<CpuUse>; 2] = [0, 1].map(|_| {
+            parts
+                .iter()
+                .flat_map(|&p| {
+                    sizes
+                        .iter()
+                        .flat_map(move |&s| [1.0, 3.0, 2.0].map(|us| cpu(p, s, 1, us * 1e-6)))
+                })
+                .collect()
+        });
+        let rows = rows(&plugin, &tcp, &cpu, 3).unwrap();
+        assert_eq!(rows.len(), 2);
+        let r = &rows[0];
+        assert_eq!(r.ratios, [2.0, 1.0, 0.5]);
+        assert_eq!((r.ratio, r.ratio_min, r.ratio_max), (1.0, 0.5, 2.0));
+        assert!((r.time_us - 2000.0).abs() < 1e-9 && (r.tcp_time_us - 2000.0).abs() < 1e-9);
+        // Both ranks' CPU (2 µs each, the median) per message.
+        assert!((r.cpu_us - 4.0).abs() < 1e-9);
+        // Checked once, by the first repeat.
+        assert_eq!((r.checked_bytes, r.tcp_checked_bytes), (MIB, MIB));
+        assert_eq!(rows[1].ratios, [4.0, 2.0, 1.0]);
+        assert_eq!(ratio_cell(&rows[1].ratios), "2.00× (1.00–4.00)");
+        // Repeat by repeat over both sizes: 3, 1.5, 0.75.
+        let large = large_ratio(&rows).unwrap();
+        assert_eq!((large.median, large.min, large.max), (1.5, 0.75, 3.0));
+        // A size whose repeats are not all there, or out of order: the run is incomplete.
+        assert!(super::rows(&plugin[..5], &tcp[..5], &cpu, 3).is_err());
+        let mut swapped = plugin.clone();
+        swapped.swap(2, 3);
+        assert!(super::rows(&swapped, &tcp, &cpu, 3).is_err());
     }
 
     #[test]
@@ -752,14 +916,14 @@ mod tests {
             checked_bytes: 16,
         };
         let cpu = both_ranks(&[Part::PluginPingPong, Part::TcpPingPong], &[8]);
-        let rows = latency_rows(&[trips(30e-6, 40e-6)], &[trips(10e-6, 11e-6)], &cpu).unwrap();
+        let rows = latency_rows(&[trips(30e-6, 40e-6)], &[trips(10e-6, 11e-6)], &cpu, 1).unwrap();
         assert!((rows[0].cpu_us - 4.0).abs() < 1e-9);
         assert!((rows[0].latency_us - 30.0).abs() < 1e-9);
         assert!((rows[0].mean_us - 40.0).abs() < 1e-9);
         assert!((rows[0].tcp_latency_us - 10.0).abs() < 1e-9);
         assert!((rows[0].ratio - 3.0).abs() < 1e-9);
         assert_eq!((rows[0].checked_bytes, rows[0].tcp_checked_bytes), (16, 16));
-        assert!(latency_rows(&[trips(1.0, 1.0)], &[], &cpu).is_err());
+        assert!(latency_rows(&[trips(1.0, 1.0)], &[], &cpu, 1).is_err());
     }
 
     #[test]
@@ -772,7 +936,7 @@ mod tests {
             Part::Get,
         ];
         let cpu = both_ranks(&parts, &[8]);
-        let two_sided = rows(&[timing(8, 4, 4e-6)], &[timing(8, 4, 8e-6)], &cpu).unwrap();
+        let two_sided = rows(&[timing(8, 4, 4e-6)], &[timing(8, 4, 8e-6)], &cpu, 1).unwrap();
         let trips = RoundTrips {
             size: 8,
             iters: 4,

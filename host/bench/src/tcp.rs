@@ -6,7 +6,7 @@ use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use super::cpu::CpuClock;
-use super::wait::{STALL, retry};
+use super::wait::{moved, retry, stall};
 use super::wire::{self, Msg, Part, RankArgs, Role, RoundTrips, Timing};
 use super::workload::{fill, iterations, spoil, verify};
 use crate::Error;
@@ -63,104 +63,125 @@ pub fn tcp_connect(args: &RankArgs, stdin: &mut impl BufRead) -> Result<TcpStrea
         .and_then(|()| socket.set_recv_buffer_size(TCP_BUFFER))
         .map_err(io_fail("setup"))?;
     stream
-        .set_read_timeout(Some(STALL))
-        .and_then(|()| stream.set_write_timeout(Some(STALL)))
+        .set_read_timeout(Some(stall()))
+        .and_then(|()| stream.set_write_timeout(Some(stall())))
         .map_err(io_fail("setup"))?;
     Ok(stream)
 }
 
-/// One size of the TCP stream, `msg` its buffer on either rank: the checked message, the
-/// warmup, then a one-byte "go" from the receiver and the timed messages back to back, timed
-/// by the receiver.
+/// One repeat of one size of the TCP stream, `msg` its buffer on either rank: the checked
+/// message and the warmup when it is the `first`, then a one-byte "go" from the receiver and
+/// the timed messages back to back, timed by the receiver.
 pub fn tcp_stream(
     args: &RankArgs,
     k: usize,
+    first: bool,
     stream: &mut TcpStream,
     msg: &mut [u8],
 ) -> Result<(), Error> {
-    let iters = iterations(msg.len() as u64, args.iters);
+    let iters = iterations(msg.len() as u64, args.iters, args.repeats);
     match args.role {
         Role::Recv => {
-            spoil(msg, k);
-            stream.read_exact(msg).map_err(io_fail("receive"))?;
-            verify(msg, k, "tcp")?;
-            for _ in 0..args.warmup {
+            if first {
+                spoil(msg, k);
                 stream.read_exact(msg).map_err(io_fail("receive"))?;
+                verify(msg, k, "tcp")?;
+                for _ in 0..args.warmup {
+                    stream.read_exact(msg).map_err(io_fail("receive"))?;
+                    moved()?;
+                }
             }
             let cpu = CpuClock::start()?;
             let start = Instant::now();
             stream.write_all(b"g").map_err(io_fail("go"))?;
             for _ in 0..iters {
                 stream.read_exact(msg).map_err(io_fail("receive"))?;
+                moved()?;
             }
-            let timing = Timing::since(msg.len(), iters, start);
+            let timing = Timing::since(msg.len(), iters, start, first);
             cpu.report(Part::Tcp, msg.len(), iters)?;
             wire::send(&Msg::Tcp(timing))
         }
         Role::Send => {
-            fill(msg, k);
-            for _ in 0..=args.warmup {
-                stream.write_all(msg).map_err(io_fail("send"))?;
+            if first {
+                fill(msg, k);
+                for _ in 0..=args.warmup {
+                    stream.write_all(msg).map_err(io_fail("send"))?;
+                }
             }
             let mut go = [0u8; 1];
             stream.read_exact(&mut go).map_err(io_fail("go"))?;
             let cpu = CpuClock::start()?;
             for _ in 0..iters {
                 stream.write_all(msg).map_err(io_fail("send"))?;
+                moved()?;
             }
             cpu.report(Part::Tcp, msg.len(), iters)
         }
     }
 }
 
-/// The sender's half of one size of the TCP ping-pong, the same shape as the plugin's (`super::rank`): the checked
-/// exchange, the warmup, then each timed round trip alone.
+/// The sender's half of one repeat of one size of the TCP ping-pong, the same shape as the
+/// plugin's (`super::rank`): the checked exchange and the warmup when it is the `first`, then
+/// each timed round trip alone.
 pub fn tcp_ping(
     args: &RankArgs,
     k: usize,
+    first: bool,
     stream: &mut TcpStream,
     out: &mut [u8],
     back: &mut [u8],
 ) -> Result<(), Error> {
-    fill(out, k);
-    spoil(back, k);
-    tcp_trip(stream, out, back)?;
-    verify(back, k, "tcp ping-pong, the echo")?;
-    for _ in 0..args.latency_warmup {
+    if first {
+        fill(out, k);
+        spoil(back, k);
         tcp_trip(stream, out, back)?;
+        verify(back, k, "tcp ping-pong, the echo")?;
+        for _ in 0..args.latency_warmup {
+            tcp_trip(stream, out, back)?;
+        }
     }
     let cpu = CpuClock::start()?;
     let trips = (0..args.latency_iters)
         .map(|_| tcp_trip(stream, out, back))
         .collect::<Result<Vec<_>, _>>()?;
     cpu.report(Part::TcpPingPong, out.len(), args.latency_iters)?;
-    wire::send(&Msg::TcpPingPong(RoundTrips::new(out.len(), trips)))
+    wire::send(&Msg::TcpPingPong(RoundTrips::new(out.len(), trips, first)))
 }
 
 fn tcp_trip(stream: &mut TcpStream, out: &[u8], back: &mut [u8]) -> Result<Duration, Error> {
     let start = Instant::now();
     stream.write_all(out).map_err(io_fail("ping"))?;
     stream.read_exact(back).map_err(io_fail("pong"))?;
-    Ok(start.elapsed())
+    let elapsed = start.elapsed();
+    moved()?;
+    Ok(elapsed)
 }
 
-/// The receiver's half of one size of the TCP ping-pong: it checks the first ping and answers
-/// every ping with the bytes that arrived.
+/// The receiver's half of one repeat of one size of the TCP ping-pong: it answers every ping
+/// with the bytes that arrived; when it is the `first`, it checks the first ping and answers
+/// the warmup's too.
 pub fn tcp_pong(
     args: &RankArgs,
     k: usize,
+    first: bool,
     stream: &mut TcpStream,
     msg: &mut [u8],
 ) -> Result<(), Error> {
-    spoil(msg, k);
-    let rest = args.latency_warmup + args.latency_iters;
+    let pings = if first {
+        spoil(msg, k);
+        1 + args.latency_warmup + args.latency_iters
+    } else {
+        args.latency_iters
+    };
     let cpu = CpuClock::start()?;
-    for i in 0..=rest {
+    for i in 0..pings {
         stream.read_exact(msg).map_err(io_fail("ping"))?;
-        if i == 0 {
+        if first && i == 0 {
             verify(msg, k, "tcp ping-pong, the ping")?;
         }
         stream.write_all(msg).map_err(io_fail("pong"))?;
+        moved()?;
     }
-    cpu.report(Part::TcpPingPong, msg.len(), rest + 1)
+    cpu.report(Part::TcpPingPong, msg.len(), pings)
 }

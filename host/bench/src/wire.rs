@@ -17,6 +17,7 @@ use ncclwasm_inspect::setup;
 use ncclwasm_model::ConnPlan;
 use serde::{Deserialize, Serialize};
 
+use super::spread::median;
 use crate::Error;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
@@ -55,6 +56,10 @@ pub struct RankArgs {
     pub latency_iters: u32,
     #[arg(long)]
     pub latency_warmup: u32,
+    /// Timed runs of each size on each transport, alternating (plugin, TCP, plugin, …); the
+    /// first transfer checked and the warmup only before the first.
+    #[arg(long, default_value_t = 1)]
+    pub repeats: u32,
     /// Connections for the connection-scale part (0: none).
     #[arg(long, default_value_t = 0)]
     pub connections: u32,
@@ -111,6 +116,9 @@ pub enum Msg {
     Scale(Scale),
     /// Seconds this rank took to close its connection-scale comms.
     ScaleClosed(f64),
+    /// Transfers of this rank completed since its last line: a long measurement is alive
+    /// (at most one per [`super::wait::Beat`]).
+    Moving,
     Done,
 }
 
@@ -221,19 +229,20 @@ pub struct Timing {
     pub size: u64,
     pub iters: u32,
     pub secs: f64,
-    /// Bytes of the first transfer the receiver compared with the sender's pattern.
+    /// Bytes of the first transfer the receiver compared with the sender's pattern (0: a
+    /// repeat after the first, whose transfers were checked then).
     pub checked_bytes: u64,
 }
 
 impl Timing {
-    /// `iters` transfers of `size` bytes, timed from `start` until now; the first transfer's
-    /// bytes were checked.
-    pub fn since(size: usize, iters: u32, start: Instant) -> Timing {
+    /// `iters` transfers of `size` bytes, timed from `start` until now; `checked`: a transfer
+    /// of theirs was compared with the pattern first.
+    pub fn since(size: usize, iters: u32, start: Instant, checked: bool) -> Timing {
         Timing {
             size: size as u64,
             iters,
             secs: start.elapsed().as_secs_f64(),
-            checked_bytes: size as u64,
+            checked_bytes: if checked { size as u64 } else { 0 },
         }
     }
 }
@@ -249,29 +258,29 @@ pub struct RoundTrips {
     /// Half the mean round trip.
     pub mean_secs: f64,
     /// Bytes of the first exchange the sender compared with its pattern: the receiver echoes
-    /// what arrived, so both directions are checked (the receiver checks the ping as well).
+    /// what arrived, so both directions are checked (the receiver checks the ping as well); 0
+    /// in a repeat after the first.
     pub checked_bytes: u64,
 }
 
-/// The median and the mean of `times` (sorted here), seconds; `times` must not be empty.
-fn median_and_mean(times: &mut [Duration]) -> (f64, f64) {
-    times.sort_unstable();
-    let n = times.len();
-    let median = (times[(n - 1) / 2] + times[n / 2]).as_secs_f64() / 2.0;
-    let mean = times.iter().sum::<Duration>().as_secs_f64() / n as f64;
-    (median, mean)
+/// The median and the mean of `times`, seconds (0 when empty).
+fn median_and_mean(times: &[Duration]) -> (f64, f64) {
+    let mut secs: Vec<f64> = times.iter().map(Duration::as_secs_f64).collect();
+    let mean = secs.iter().sum::<f64>() / secs.len().max(1) as f64;
+    (median(&mut secs).unwrap_or(0.0), mean)
 }
 
 impl RoundTrips {
-    /// `trips` must not be empty (`--latency-iters` is at least 1).
-    pub fn new(size: usize, mut trips: Vec<Duration>) -> RoundTrips {
-        let (median, mean) = median_and_mean(&mut trips);
+    /// `trips` must not be empty (`--latency-iters` is at least 1); `checked`: an exchange was
+    /// compared with the pattern both ways first (the first repeat's).
+    pub fn new(size: usize, trips: Vec<Duration>, checked: bool) -> RoundTrips {
+        let (median, mean) = median_and_mean(&trips);
         RoundTrips {
             size: size as u64,
             iters: trips.len() as u32,
             median_secs: median / 2.0,
             mean_secs: mean / 2.0,
-            checked_bytes: 2 * size as u64,
+            checked_bytes: if checked { 2 * size as u64 } else { 0 },
         }
     }
 }
@@ -291,8 +300,8 @@ pub struct Completions {
 
 impl Completions {
     /// `times` must not be empty; the first operation's bytes were checked.
-    pub fn new(size: usize, mut times: Vec<Duration>) -> Completions {
-        let (median_secs, mean_secs) = median_and_mean(&mut times);
+    pub fn new(size: usize, times: Vec<Duration>) -> Completions {
+        let (median_secs, mean_secs) = median_and_mean(&times);
         Completions {
             size: size as u64,
             iters: times.len() as u32,
@@ -319,14 +328,16 @@ pub struct PairTiming {
 
 impl PairTiming {
     /// `batches` must not be empty; each is the time of `depth` pairs.
-    pub fn new(size: usize, depth: usize, mut batches: Vec<Duration>) -> PairTiming {
-        batches.sort_unstable();
+    pub fn new(size: usize, depth: usize, batches: Vec<Duration>) -> PairTiming {
         let n = batches.len();
-        let per_pair = |d: Duration| d.as_nanos() as f64 / depth as f64;
-        let median = (per_pair(batches[(n - 1) / 2]) + per_pair(batches[n / 2])) / 2.0;
-        // Nearest rank: the smallest batch time at or above 99% of them.
-        let p99 = per_pair(batches[(n * 99).div_ceil(100).max(1) - 1]);
-        let mean = batches.iter().map(|&d| per_pair(d)).sum::<f64>() / n as f64;
+        let mut per_pair: Vec<f64> = batches
+            .iter()
+            .map(|d| d.as_nanos() as f64 / depth as f64)
+            .collect();
+        let mean = per_pair.iter().sum::<f64>() / n as f64;
+        // Sorted by the median: nearest rank, the smallest batch time at or above 99% of them.
+        let median = median(&mut per_pair).unwrap_or(0.0);
+        let p99 = per_pair[(n * 99).div_ceil(100).max(1) - 1];
         PairTiming {
             size: size as u64,
             depth: depth as u32,
@@ -450,11 +461,12 @@ mod tests {
     #[test]
     fn round_trips_report_half_the_median_and_the_mean() {
         let us = Duration::from_micros;
-        let odd = RoundTrips::new(8, vec![us(30), us(10), us(20)]);
+        let odd = RoundTrips::new(8, vec![us(30), us(10), us(20)], true);
         assert!((odd.median_secs - 10e-6).abs() < 1e-12);
         assert!((odd.mean_secs - 10e-6).abs() < 1e-12);
         assert_eq!((odd.iters, odd.checked_bytes), (3, 16));
-        let even = RoundTrips::new(8, vec![us(40), us(10), us(20), us(1000)]);
+        let even = RoundTrips::new(8, vec![us(40), us(10), us(20), us(1000)], false);
+        assert_eq!(even.checked_bytes, 0);
         assert!((even.median_secs - 15e-6).abs() < 1e-12);
     }
 

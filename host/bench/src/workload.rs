@@ -4,10 +4,15 @@
 
 use crate::Error;
 
-/// Timed iterations for `size`: `--iters`, or about 128 MiB per size (at least 4, at most 200)
-/// so a default run stays short on slow loopback.
-pub fn iterations(size: u64, iters: Option<u32>) -> u32 {
-    iters.unwrap_or_else(|| (((128u64 << 20) / size.max(1)).clamp(4, 200)) as u32)
+/// Timed iterations of each of `repeats` runs of `size`: `--iters`, or a share of about 128 MiB
+/// per size (4 to 200 transfers over all the runs), so a default run stays as short on slow
+/// loopback however many repeats outvote a noisy one — at least 2 per run, so a run's second
+/// transfer overlaps its first as a stream's do.
+pub fn iterations(size: u64, iters: Option<u32>, repeats: u32) -> u32 {
+    iters.unwrap_or_else(|| {
+        let total = ((128u64 << 20) / size.max(1)).clamp(4, 200) as u32;
+        total.div_ceil(repeats.max(1)).max(2)
+    })
 }
 
 /// The largest of `sizes`, as a buffer length (at least 1: a registration is never empty).
@@ -60,10 +65,15 @@ mod tests {
 
     #[test]
     fn default_iterations_shrink_with_size() {
-        assert_eq!(iterations(8, None), 200);
-        assert_eq!(iterations(1 << 20, None), 128);
-        assert_eq!(iterations(64 << 20, None), 4);
-        assert_eq!(iterations(64 << 20, Some(2)), 2);
+        assert_eq!(iterations(8, None, 1), 200);
+        assert_eq!(iterations(1 << 20, None, 1), 128);
+        assert_eq!(iterations(64 << 20, None, 1), 4);
+        assert_eq!(iterations(64 << 20, Some(3), 1), 3);
+        // Five repeats share the transfers: a fifth each, at least 2.
+        assert_eq!(iterations(8, None, 5), 40);
+        assert_eq!(iterations(1 << 20, None, 5), 26);
+        assert_eq!(iterations(16 << 20, None, 5), 2);
+        assert_eq!(iterations(64 << 20, Some(3), 5), 3);
     }
 
     #[test]

@@ -89,6 +89,8 @@ fn both_tables_through_the_plugin_and_tcp_as_json() {
         "3",
         "--latency-warmup",
         "1",
+        "--repeats",
+        "2",
         "--connections",
         "16",
         "--json",
@@ -122,6 +124,38 @@ fn both_tables_through_the_plugin_and_tcp_as_json() {
         1,
     );
     assert!(v["large_message_ratio"].as_f64().is_some_and(|x| x > 0.0));
+    // Two alternating repeats of each size: every ratio is their median, with its extremes.
+    assert_eq!(v["repeats"], 2);
+    for row in v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(v["latency"].as_array().unwrap())
+    {
+        let ratios: Vec<f64> = row["ratios"]
+            .as_array()
+            .expect("ratios")
+            .iter()
+            .map(|r| r.as_f64().unwrap())
+            .collect();
+        assert_eq!(ratios.len(), 2, "{row}");
+        let (min, max) = (ratios[0].min(ratios[1]), ratios[0].max(ratios[1]));
+        // serde_json reads a float back to within a unit of its last place.
+        let near = |key: &str, x: f64| {
+            let got = row[key].as_f64().unwrap_or(f64::NAN);
+            assert!((got - x).abs() <= 1e-9 * x.abs(), "{key}: {row}");
+        };
+        near("ratio_min", min);
+        near("ratio_max", max);
+        near("ratio", (min + max) / 2.0);
+    }
+    let large = [
+        "large_message_ratio_min",
+        "large_message_ratio",
+        "large_message_ratio_max",
+    ]
+    .map(|k| v[k].as_f64().unwrap_or_else(|| panic!("{k}")));
+    assert!(large[0] <= large[1] && large[1] <= large[2], "{large:?}");
     // The first exchange of each size went out and came back intact.
     assert_eq!(v["latency_warmup"], 1);
     assert_rows(
@@ -190,10 +224,10 @@ fn both_tables_through_the_plugin_and_tcp_as_json() {
     }
 
     // What the connection ran: every byte the sender sent went out on one of its QPs, once
-    // (each bandwidth size: the checked transfer, 2 warmup, 2 timed; each ping-pong size: the
-    // checked ping, 1 warmup, 3 timed).
+    // (each bandwidth size: the checked transfer, 2 warmup, 2 timed twice; each ping-pong
+    // size: the checked ping, 1 warmup, 3 timed twice).
     let observed = &v["observed"];
-    let sent = 5 * (8 + (1 << 20)) + 5 * (8 + 4096);
+    let sent = 7 * (8 + (1 << 20)) + 8 * (8 + 4096);
     assert_eq!(observed["sent_bytes"], sent, "{observed}");
     assert_eq!(observed["posted_bytes"], sent, "{observed}");
     let qps = observed_qps(&v);
@@ -271,6 +305,8 @@ fn the_bytes_per_qp_follow_the_plan_weights() {
         "1",
         "--latency-warmup",
         "0",
+        "--repeats",
+        "1",
         "--connections",
         "0",
         "--json",
@@ -341,6 +377,8 @@ fn the_shipped_policy_plans_a_fused_device_and_the_ranks_use_it() {
         "1",
         "--latency-warmup",
         "0",
+        "--repeats",
+        "1",
         "--connections",
         "4",
         "--plugin",
@@ -364,7 +402,7 @@ fn the_shipped_policy_plans_a_fused_device_and_the_ranks_use_it() {
         "  1   soft_1:1  soft_1:1  1       8192   50.0%",
         "  bytes     16384 posted over the QPs; the sender's test reported 16384 sent",
         "bandwidth   device 2 (soft_0+soft_1)",
-        "  4096  1024",
+        "  4096  1     ",
         "ratio       no message of 1 MiB or more",
         "latency     a ping-pong, one message each way",
         "  size  iters  median µs",
@@ -447,6 +485,75 @@ fn a_rank_that_fails_fails_the_run_with_its_reason() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(
         stderr.contains("bench rank") && stderr.contains("dlopen"),
+        "{stderr}"
+    );
+}
+
+/// A short bench whose ranks take `pace_ms` more after each transfer a stream completes
+/// (`NCCL_WASM_BENCH_PACE_MS`), every wait bounded by `stall_ms` without progress and the
+/// parent by twice that (`NCCL_WASM_BENCH_STALL_MS`); its exit, or a panic if it outlives
+/// `HANG_GUARD` (a bench that hangs, not a slow one: the bounds are seconds).
+fn paced_bench(stall_ms: u64, pace_ms: u64, iters: &str) -> Output {
+    const HANG_GUARD: std::time::Duration = std::time::Duration::from_secs(300);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ncclwasm"))
+        .arg("bench")
+        .args(["--sizes", "8", "--iters", iters, "--warmup", "0"])
+        .args(["--latency-sizes", "8", "--latency-iters", "1"])
+        .args([
+            "--latency-warmup",
+            "0",
+            "--repeats",
+            "1",
+            "--connections",
+            "0",
+        ])
+        .args(["--json", "--policy", "builtin", "--plugin"])
+        .arg(plugin())
+        .env("NCCL_WASM_FABRIC", "soft")
+        .env("NCCL_WASM_BENCH_STALL_MS", stall_ms.to_string())
+        .env("NCCL_WASM_BENCH_PACE_MS", pace_ms.to_string())
+        .env_remove("NCCL_WASM_TOPOLOGY")
+        .env_remove("NCCL_WASM_POLICY")
+        .env_remove("NCCL_NET_PLUGIN")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("ncclwasm runs");
+    let end = std::time::Instant::now() + HANG_GUARD;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > end {
+            let _ = child.kill();
+            panic!("the bench hung: {:?}", child.wait_with_output());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A run slow but moving is not cut short: each of 50 timed transfers takes 100 ms more, so
+/// the stream (and the one-sided stream of puts after it, whose receiver sees only signals)
+/// lasts at least 5 s by construction — past a rank's 2 s bound and the parent's 4 s — while
+/// something completes every 100 ms.
+#[test]
+fn a_slow_run_that_moves_outlasts_every_bound() {
+    let out = paced_bench(2000, 100, "50");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["rows"][0]["iters"], 50, "{v}");
+    assert_eq!(v["one_sided"]["rows"][0]["iters"], 50, "{v}");
+}
+
+/// A run whose ranks stop (each transfer then takes an hour) fails at the parent's bound,
+/// twice the 1 s stall here, with one line, both ranks stopped.
+#[test]
+fn a_run_that_stops_fails_at_the_bound_with_one_line() {
+    let out = paced_bench(1000, 3_600_000, "4");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("the bench made no progress for 2 s"),
         "{stderr}"
     );
 }
