@@ -12,8 +12,9 @@ use std::sync::{Arc, MutexGuard, Weak};
 use ibverbs_sys::{ibv_qp_state, ibv_wc_status};
 
 use super::ack_reader::nak_status;
+use super::requester::InlineCopy;
 use super::responder::{Admitted, Link};
-use super::{MAX_INLINE, Qp, Sge, St};
+use super::{Qp, Sge, St};
 use crate::abi::memory::{self, Dst, Src};
 use crate::mr::MrGuard;
 use crate::wire::{Nak, ReqOp, Request};
@@ -153,7 +154,7 @@ impl Qp {
     /// we hold ours, so two QPs delivering to each other from two threads, or a QP to itself,
     /// cannot deadlock.
     pub(super) fn deliver_pending<'a>(&'a self, mut st: MutexGuard<'a, St>) {
-        let mut inline_copy = [0u8; MAX_INLINE as usize];
+        let mut inline_copy = InlineCopy::new();
         loop {
             if st.tx_busy || st.send_cursor >= st.next_seq || st.state != ibv_qp_state::IBV_QPS_RTS
             {

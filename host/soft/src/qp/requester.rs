@@ -26,6 +26,11 @@ use crate::wire::{self, ATOMIC_WORD, FLAG_ACK_REQ, FLAG_PULL, ReqOp, Request, SE
 /// always go through the sender thread, so `post_send` never waits on the network.
 const DIRECT_SEND_MAX: u32 = 16 * 1024;
 
+/// Where a WR's inline payload or an atomic's operands are copied while it is sent (the WR
+/// keeps its own): on the stack, room for the largest inline payload, and not zeroed first as
+/// an array would be, a kilobyte per WR.
+pub(super) type InlineCopy = SmallVec<[u8; MAX_INLINE as usize]>;
+
 impl Qp {
     /// Takes back the inline buffer of a retired WR into `spare` (the QP's
     /// `St::inline_spare`, which `post_send` draws on).
@@ -349,7 +354,7 @@ impl Qp {
     /// With `try_first` (a posting thread), a full socket buffer puts the WR back for the
     /// sender thread instead of waiting. The caller holds `tx_busy`.
     fn transmit(&self, epoch: u64, conn: &Conn, try_first: bool) {
-        let mut inline_copy = [0u8; MAX_INLINE as usize];
+        let mut inline_copy = InlineCopy::new();
         let Some((mut req, sges, inline)) =
             self.claim(epoch, &mut inline_copy, Some(Instant::now()))
         else {
@@ -444,7 +449,7 @@ impl Qp {
     fn claim<'b>(
         &self,
         epoch: u64,
-        inline_copy: &'b mut [u8; MAX_INLINE as usize],
+        inline_copy: &'b mut InlineCopy,
         sent_at: Option<Instant>,
     ) -> Option<(Request, Sges, Option<&'b [u8]>)> {
         let mut st = self.lock();
@@ -462,7 +467,7 @@ impl Qp {
     /// reads no clock). `None` when the queue no longer holds it (cleared by `destroy`).
     pub(super) fn next_request<'b>(
         st: &mut St,
-        inline_copy: &'b mut [u8; MAX_INLINE as usize],
+        inline_copy: &'b mut InlineCopy,
         sent_at: Option<Instant>,
     ) -> Option<(Request, Sges, Option<&'b [u8]>)> {
         let seq = st.send_cursor;
@@ -479,15 +484,14 @@ impl Qp {
             imm: w.imm,
         };
         let args = w.op.is_atomic().then(|| w.atomic.encode());
-        let inline = args
-            .as_ref()
-            .map(|a| &a[..])
-            .or(w.inline.as_deref())
-            .map(|data| {
-                let copy = &mut inline_copy[..data.len()];
-                copy.copy_from_slice(data);
-                &*copy
-            });
+        let inline = match args.as_ref().map(|a| &a[..]).or(w.inline.as_deref()) {
+            Some(data) => {
+                inline_copy.clear();
+                inline_copy.extend_from_slice(data);
+                Some(&inline_copy[..])
+            }
+            None => None,
+        };
         Some((req, w.sges.clone(), inline))
     }
 
