@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use ibverbs_sys::ibv_access_flags;
@@ -31,11 +31,18 @@ pub(crate) struct MrEntry {
     /// The registered memory itself.
     region: Region,
     pub access: u32,
+    /// The accesses in flight, plus [`REMOVED`] once `deregister` took the key away: one word,
+    /// so the last access out learns from its own decrement whether anyone waits (a wake-up
+    /// per access would be a syscall per WR).
     inflight: AtomicUsize,
-    /// Set by `deregister` before it waits for `inflight` to drain: only then does the last
-    /// access out wake it (a wake-up per access would be a syscall per WR).
-    removed: AtomicBool,
+    /// What `deregister` waits on. The entry's own, so a guard needs nothing but its entry to
+    /// wake it (no second `Arc`, of the table, per access).
+    idle: Mutex<()>,
+    drained: Condvar,
 }
+
+/// The bit of [`MrEntry::inflight`] that says `deregister` waits.
+const REMOVED: usize = 1 << (usize::BITS - 1);
 
 /// A checked access in progress: the memory stays registered until it drops. The only way to
 /// the bytes of an MR: the engine reads and writes them through [`region`](Self::region),
@@ -44,7 +51,6 @@ pub(crate) struct MrEntry {
 #[derive(Debug)]
 pub(crate) struct MrGuard {
     entry: Arc<MrEntry>,
-    table: Arc<MrTableInner>,
     /// The bytes of the access, checked against the registration.
     region: Region,
 }
@@ -58,14 +64,11 @@ impl MrGuard {
 
 impl Drop for MrGuard {
     fn drop(&mut self) {
-        // SeqCst with `deregister`'s store and load: either it sees the count at zero, or
-        // this sees the flag and wakes it.
-        if self.entry.inflight.fetch_sub(1, Ordering::SeqCst) == 1
-            && self.entry.removed.load(Ordering::SeqCst)
-        {
+        let e = &self.entry;
+        if e.inflight.fetch_sub(1, Ordering::AcqRel) == REMOVED | 1 {
             // Take the lock so a deregistration between its check and its wait cannot miss us.
-            let _map = self.table.map.lock().unwrap_or_else(|e| e.into_inner());
-            self.table.idle.notify_all();
+            let _idle = e.idle.lock().unwrap_or_else(|e| e.into_inner());
+            e.drained.notify_all();
         }
     }
 }
@@ -81,12 +84,6 @@ pub(crate) enum Violation {
     Bounds,
     /// The region was not registered with the needed access flag.
     Access,
-}
-
-#[derive(Debug, Default)]
-struct MrTableInner {
-    map: Mutex<HashMap<u32, Arc<MrEntry>, BuildHasherDefault<KeyHash>>>,
-    idle: Condvar,
 }
 
 /// Keys are drawn uniformly at random ([`MrTable::register`]), so one multiplication hashes
@@ -115,13 +112,13 @@ impl Hasher for KeyHash {
 /// The MRs of one context.
 #[derive(Debug, Default)]
 pub(crate) struct MrTable {
-    inner: Arc<MrTableInner>,
+    map: Mutex<HashMap<u32, Arc<MrEntry>, BuildHasherDefault<KeyHash>>>,
 }
 
 impl MrTable {
     /// Registers `region` under a fresh random key; `iova` is what remote peers use.
     pub(crate) fn register(&self, pd: u32, region: Region, iova: u64, access: u32) -> u32 {
-        let mut map = self.inner.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let key = loop {
             let k = rand_u32();
             if k != 0 && !map.contains_key(&k) {
@@ -136,21 +133,29 @@ impl MrTable {
                 region,
                 access,
                 inflight: AtomicUsize::new(0),
-                removed: AtomicBool::new(false),
+                idle: Mutex::new(()),
+                drained: Condvar::new(),
             }),
         );
         key
     }
 
-    /// Removes the key, then waits until no access holds it.
+    /// Removes the key (new accesses fail at once), then waits until no access holds it.
     pub(crate) fn deregister(&self, key: u32) -> bool {
-        let mut map = self.inner.map.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(entry) = map.remove(&key) else {
+        let removed = self
+            .map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
+        let Some(entry) = removed else {
             return false;
         };
-        entry.removed.store(true, Ordering::SeqCst);
-        while entry.inflight.load(Ordering::SeqCst) != 0 {
-            map = self.inner.idle.wait(map).unwrap_or_else(|e| e.into_inner());
+        // Under the entry's lock: a last guard that drops after this sees `REMOVED` in its own
+        // decrement and can only notify once this waits.
+        let mut idle = entry.idle.lock().unwrap_or_else(|e| e.into_inner());
+        entry.inflight.fetch_or(REMOVED, Ordering::AcqRel);
+        while entry.inflight.load(Ordering::Acquire) != REMOVED {
+            idle = entry.drained.wait(idle).unwrap_or_else(|e| e.into_inner());
         }
         true
     }
@@ -166,7 +171,7 @@ impl MrTable {
         len: usize,
         need: u32,
     ) -> Result<MrGuard, Violation> {
-        let map = self.inner.map.lock().unwrap_or_else(|e| e.into_inner());
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let entry = map.get(&key).ok_or(Violation::Key)?;
         if entry.pd != pd {
             return Err(Violation::Pd);
@@ -179,17 +184,17 @@ impl MrTable {
         if entry.access & need != need {
             return Err(Violation::Access);
         }
-        entry.inflight.fetch_add(1, Ordering::AcqRel);
+        // Under the map's lock, so never after `deregister` removed the key and set `REMOVED`.
+        entry.inflight.fetch_add(1, Ordering::Relaxed);
         Ok(MrGuard {
             entry: Arc::clone(entry),
-            table: Arc::clone(&self.inner),
             region,
         })
     }
 
     /// Number of registrations (for `dealloc_pd`'s EBUSY and tests).
     pub(crate) fn count_for_pd(&self, pd: u32) -> usize {
-        let map = self.inner.map.lock().unwrap_or_else(|e| e.into_inner());
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         map.values().filter(|e| e.pd == pd).count()
     }
 }
@@ -241,5 +246,35 @@ mod tests {
         drop(g);
         assert!(h.join().expect("no panic"));
         assert!(!t.deregister(k));
+    }
+
+    #[test]
+    fn deregister_wakes_whichever_guard_drops_last() {
+        use std::sync::atomic::AtomicUsize;
+        const GUARDS: usize = 8;
+        for _ in 0..50 {
+            let t = MrTable::default();
+            let k = t.register(1, Region::leaked(64), 0x1000, REMOTE_WRITE);
+            let dropped = Arc::new(AtomicUsize::new(0));
+            let droppers: Vec<_> = (0..GUARDS)
+                .map(|_| {
+                    let g = t.acquire(k, 1, 0x1000, 1, 0).expect("valid");
+                    let dropped = Arc::clone(&dropped);
+                    std::thread::spawn(move || {
+                        dropped.fetch_add(1, Ordering::SeqCst);
+                        drop(g);
+                    })
+                })
+                .collect();
+            assert!(t.deregister(k));
+            assert_eq!(
+                dropped.load(Ordering::SeqCst),
+                GUARDS,
+                "returned before every drop"
+            );
+            for d in droppers {
+                d.join().expect("no panic");
+            }
+        }
     }
 }

@@ -4,6 +4,7 @@
 use std::os::raw::c_int;
 
 use ibverbs_sys::{ibv_qp, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wr_opcode};
+use smallvec::SmallVec;
 
 use super::conv::{fail, shield};
 use super::objects::qp_of;
@@ -29,12 +30,19 @@ unsafe fn sges(list: *const ibv_sge, n: c_int) -> Sges {
         .collect()
 }
 
-/// Converts one send WR; `Err(errno)` for what hardware rejects at post time.
+/// An inline send's payload as the caller's pieces (one per SGE), which `Qp::post_send` copies.
+type InlineParts<'a> = SmallVec<[&'a [u8]; 1]>;
+
+/// Converts one send WR, and for an inline send borrows the caller's bytes; `Err(errno)` for
+/// what hardware rejects at post time.
 ///
 /// # Safety
 /// `wr` must be a readable `ibv_send_wr` whose SGEs (and, for inline sends, their bytes) are
-/// readable.
-unsafe fn send_wqe(q: &Qp, wr: &ibv_send_wr) -> Result<SendWqe, c_int> {
+/// readable for as long as the result lives.
+unsafe fn send_wqe<'a>(
+    q: &Qp,
+    wr: &'a ibv_send_wr,
+) -> Result<(SendWqe, Option<InlineParts<'a>>), c_int> {
     use ibv_wr_opcode::*;
     let op = match wr.opcode {
         IBV_WR_RDMA_WRITE => ReqOp::Write,
@@ -55,20 +63,16 @@ unsafe fn send_wqe(q: &Qp, wr: &ibv_send_wr) -> Result<SendWqe, c_int> {
     // Inline means nothing to a READ or an atomic, whose SGEs receive data (as on hardware).
     let inline = wr.send_flags & ibv_send_flags::IBV_SEND_INLINE.0 != 0 && !op.returns_data();
     let mut w = SendWqe::new(wr.wr_id, op, signaled, list);
-    if inline {
-        let total: usize = w.sges.iter().map(|s| s.len as usize).sum();
-        if total > q.caps.max_inline as usize {
-            return Err(libc::EINVAL);
-        }
-        let mut data = q.inline_buffer();
-        for s in &w.sges {
-            // SAFETY: inline SGEs need no key; the caller guarantees the bytes are readable now.
-            data.extend_from_slice(unsafe {
-                std::slice::from_raw_parts(s.addr as *const u8, s.len as usize)
-            });
-        }
-        w.inline = Some(data);
-    }
+    let parts = inline.then(|| {
+        w.sges
+            .iter()
+            // Empty ones add nothing (and may carry a null address, no slice's).
+            .filter(|s| s.len > 0)
+            // SAFETY: inline SGEs need no key; the caller guarantees the bytes are readable
+            // while the result lives.
+            .map(|s| unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len as usize) })
+            .collect()
+    });
     if matches!(op, ReqOp::Write | ReqOp::WriteImm | ReqOp::Read) {
         // SAFETY: RDMA opcodes use the `rdma` member of the union.
         let rdma = unsafe { wr.wr.rdma };
@@ -89,7 +93,7 @@ unsafe fn send_wqe(q: &Qp, wr: &ibv_send_wr) -> Result<SendWqe, c_int> {
         // SAFETY: *_WITH_IMM opcodes use `imm_data`.
         w.imm = unsafe { wr.imm_data_invalidated_rkey_union.imm_data };
     }
-    Ok(w)
+    Ok((w, parts))
 }
 
 /// `ops.post_send`.
@@ -110,7 +114,8 @@ pub unsafe extern "C" fn post_send(
             let mut cur = wr;
             while !cur.is_null() {
                 // SAFETY: the caller's WR chain is readable; `send_wqe` reads what it points at.
-                let r = unsafe { send_wqe(q, &*cur) }.and_then(|w| q.post_send(w));
+                let r = unsafe { send_wqe(q, &*cur) }
+                    .and_then(|(w, inline)| q.post_send(w, inline.as_deref()));
                 if let Err(e) = r {
                     if !bad_wr.is_null() {
                         // SAFETY: the caller passed a writable out-pointer.

@@ -76,7 +76,7 @@ impl Qp {
                     .then(|| self.send_wc(&w, ibv_wc_status::IBV_WC_SUCCESS, dest));
                 // Recycled before the completion is seen, so the poster's next inline WR finds
                 // the buffer back.
-                self.recycle(w);
+                self.recycle(&mut st.inline_spare, w);
                 if let Some(wc) = wc {
                     self.send_cq.complete(wc);
                 }

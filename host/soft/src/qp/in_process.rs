@@ -7,13 +7,14 @@
 //! requester calls into another QP's responder directly.
 
 use std::cell::Cell;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, MutexGuard, Weak};
 
 use ibverbs_sys::{ibv_qp_state, ibv_wc_status};
 
 use super::ack_reader::nak_status;
-use super::responder::Link;
-use super::{MAX_INLINE, Qp};
+use super::requester::InlineCopy;
+use super::responder::{Admitted, Link};
+use super::{Qp, Sge, St};
 use crate::abi::memory::{self, Dst, Src};
 use crate::mr::MrGuard;
 use crate::wire::{Nak, ReqOp, Request};
@@ -145,59 +146,72 @@ impl Qp {
     }
 
     /// Carries out every WR posted and not yet started, on this thread, against the peer QP
-    /// in this process. Whoever holds `tx_busy` delivers, so concurrent posters keep the
-    /// queue's order: the holder looks again after each WR.
-    pub(super) fn deliver_pending(&self, peer: &Weak<Qp>) {
+    /// in this process; `post_send` calls it with the lock it holds. Whoever holds `tx_busy`
+    /// delivers, so concurrent posters keep the queue's order: the holder looks again after
+    /// each WR. Per WR that is two rounds of our lock: the post's, which claims it (when
+    /// nobody else is delivering), and one once the peer placed it, which retires it and
+    /// claims the next. Between them the peer's responder takes the peer's lock, never while
+    /// we hold ours, so two QPs delivering to each other from two threads, or a QP to itself,
+    /// cannot deadlock.
+    pub(super) fn deliver_pending<'a>(&'a self, mut st: MutexGuard<'a, St>) {
+        let mut inline_copy = InlineCopy::new();
         loop {
-            let (epoch, severed) = {
-                let mut st = self.lock();
-                if st.tx_busy
-                    || st.send_cursor >= st.next_seq
-                    || st.state != ibv_qp_state::IBV_QPS_RTS
-                {
-                    return;
-                }
-                st.tx_busy = true;
-                (st.epoch, st.severed)
-            };
-            match peer.upgrade().filter(|_| !severed) {
-                Some(p) => self.deliver(epoch, &p),
-                None => {
-                    // The peer QP is gone or cut off: as a peer that never answers.
-                    let mut st = self.lock();
-                    let first = st.sq.iter().find(|w| !w.acked).map(|w| w.seq);
-                    self.fail(
-                        &mut st,
-                        first.map(|s| (s, ibv_wc_status::IBV_WC_RETRY_EXC_ERR)),
-                        None,
-                    );
-                }
+            if st.tx_busy || st.send_cursor >= st.next_seq || st.state != ibv_qp_state::IBV_QPS_RTS
+            {
+                return;
             }
-            self.lock().tx_busy = false;
+            let PeerPath::Local(peer) = &st.peer else {
+                // Reset and resolved anew meanwhile, to TCP: the sender thread's work now.
+                self.cv.notify_all();
+                return;
+            };
+            let Some(peer) = peer.upgrade().filter(|_| !st.severed) else {
+                // The peer QP is gone or cut off: as a peer that never answers.
+                let first = st.sq.iter().find(|w| !w.acked).map(|w| w.seq);
+                self.fail(
+                    &mut st,
+                    first.map(|s| (s, ibv_wc_status::IBV_WC_RETRY_EXC_ERR)),
+                    None,
+                );
+                return;
+            };
+            let epoch = st.epoch;
+            let Some((req, sges, inline)) = Self::next_request(&mut st, &mut inline_copy, None)
+            else {
+                continue;
+            };
+            st.tx_busy = true;
+            drop(st);
+            let result = self.deliver(epoch, &peer, &req, &sges, inline);
+            drop(peer);
+            st = self.lock();
+            st.tx_busy = false;
+            if st.epoch != epoch {
+                continue;
+            }
+            match result {
+                Some(Ok(())) => self.retire_upto(&mut st, req.seq),
+                Some(Err(status)) => self.fail(&mut st, Some((req.seq, status)), None),
+                None => {}
+            }
         }
     }
 
-    /// One WR delivered in process: the same local checks as [`transmit`](Self::transmit),
-    /// then the peer's responder checks and places it straight from (or, for a READ, into)
-    /// our pinned memory, and the WR completes as if acknowledged.
-    fn deliver(&self, epoch: u64, peer: &Qp) {
-        let mut inline_copy = [0u8; MAX_INLINE as usize];
-        let Some((req, sges, inline)) = self.claim(epoch, &mut inline_copy, None) else {
-            return;
-        };
-        let Some(guards) = self.pin_local(epoch, &req, &sges, inline.is_some()) else {
-            return;
-        };
-        let result = peer.accept_local(self.qpn, &req, inline, &guards);
-        drop(guards);
-        let mut st = self.lock();
-        if st.epoch != epoch {
-            return;
-        }
-        match result {
-            Ok(()) => self.retire_upto(&mut st, req.seq),
-            Err(status) => self.fail(&mut st, Some((req.seq, status)), None),
-        }
+    /// One WR delivered in process, without our lock: the same local checks as
+    /// [`transmit`](Self::transmit), then the peer's responder checks and places it straight
+    /// from (or, for a READ, into) our pinned memory. The peer's answer: `Ok` completes the WR
+    /// as if acknowledged, `Err` is its completion status; `None` when a local check failed
+    /// (which failed the QP).
+    fn deliver(
+        &self,
+        epoch: u64,
+        peer: &Qp,
+        req: &Request,
+        sges: &[Sge],
+        inline: Option<&[u8]>,
+    ) -> Option<Result<(), ibv_wc_status::Type>> {
+        let guards = self.pin_local(epoch, req, sges, inline.is_some())?;
+        Some(peer.accept_local(self.qpn, req, inline, &guards))
     }
 
     /// The responder's side of an in-process delivery from QP `src_qpn`: the checks and the
@@ -205,6 +219,11 @@ impl Qp {
     /// or from the requester's `guards` (which a READ or an atomic writes).
     /// `Err` is the requester's completion status. Unlike over TCP, a missing receive is not
     /// retried: it fails the WR with `IBV_WC_RNR_RETRY_EXC_ERR` at once.
+    ///
+    /// One round of our lock: the request is counted placed (`expected_seq`) when admitted,
+    /// not after. Its requester delivers one WR at a time (`tx_busy`), so nothing else comes
+    /// meanwhile, and one that is then not placed fails its WR, which takes the requester to
+    /// ERR: in process nothing is retransmitted, so no request comes with that number again.
     fn accept_local(
         &self,
         src_qpn: u32,
@@ -212,7 +231,7 @@ impl Qp {
         inline: Option<&[u8]>,
         guards: &[MrGuard],
     ) -> Result<(), ibv_wc_status::Type> {
-        let (access, recv, epoch) = {
+        let (admitted, epoch) = {
             let mut st = self.lock();
             let ready = matches!(
                 st.state,
@@ -234,7 +253,13 @@ impl Qp {
                 },
                 false => None,
             };
-            (st.attrs.access, recv, st.epoch)
+            st.expected_seq += 1;
+            let admitted = Admitted {
+                access: st.attrs.access,
+                recv,
+                src_qp: src_qpn,
+            };
+            (admitted, st.epoch)
         };
         let mem = MemLink {
             epoch,
@@ -243,16 +268,12 @@ impl Qp {
             at: Cell::new((0, 0)),
             refused: Cell::new(None),
         };
-        if !self.place(&Link::Memory(&mem), req, access, recv) {
-            return Err(mem
+        match self.place(&Link::Memory(&mem), req, admitted) {
+            true => Ok(()),
+            false => Err(mem
                 .refused
                 .get()
-                .map_or(ibv_wc_status::IBV_WC_REM_OP_ERR, |n| nak_status(n as u8)));
+                .map_or(ibv_wc_status::IBV_WC_REM_OP_ERR, |n| nak_status(n as u8))),
         }
-        let mut st = self.lock();
-        if st.epoch == epoch {
-            st.expected_seq += 1;
-        }
-        Ok(())
     }
 }

@@ -115,8 +115,14 @@ struct St {
     last_heard: Instant,
     req_conn: Option<Arc<Conn>>,
     sender_started: bool,
-    /// Someone (the sender thread or a posting thread) is writing a request frame.
+    /// Someone (the sender thread or a posting thread) is writing a request frame, or, in
+    /// process, delivering one.
     tx_busy: bool,
+    /// Inline-data buffers of retired WRs, handed to the next inline posts: a CTS written
+    /// inline for every receive then costs no allocation. At most `max_send_wr` are kept, as
+    /// many as the send queue can hold. Under the QP's lock, which the post and the retirement
+    /// hold anyway.
+    inline_spare: Vec<Vec<u8>>,
     // The responder (`responder`).
     rq: VecDeque<RecvWqe>,
     expected_seq: u64,
@@ -165,10 +171,6 @@ pub(crate) struct Qp {
     st: Mutex<St>,
     cv: Condvar,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    /// Inline-data buffers of retired WRs, handed to the next inline posts: a CTS written
-    /// inline for every receive then costs no allocation. At most `max_send_wr` are kept, as
-    /// many as the send queue can hold.
-    inline_spare: Mutex<Vec<Vec<u8>>>,
 }
 
 impl Qp {
@@ -218,6 +220,7 @@ impl Qp {
                 req_conn: None,
                 sender_started: false,
                 tx_busy: false,
+                inline_spare: Vec::new(),
                 rq: VecDeque::new(),
                 expected_seq: 0,
                 resp_conn: None,
@@ -226,7 +229,6 @@ impl Qp {
             }),
             cv: Condvar::new(),
             threads: Mutex::new(Vec::new()),
-            inline_spare: Mutex::new(Vec::new()),
         });
         qp.pool.install(qpn, &qp);
         ctx.add_qp(&qp);

@@ -6,7 +6,7 @@
 //! Separate from the ack reader, which retires what this sends, and from the responder, which
 //! serves the other direction: each is its own thread with its own connection.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ibverbs_sys::{ibv_qp_state, ibv_wc_opcode, ibv_wc_status};
@@ -26,22 +26,16 @@ use crate::wire::{self, ATOMIC_WORD, FLAG_ACK_REQ, FLAG_PULL, ReqOp, Request, SE
 /// always go through the sender thread, so `post_send` never waits on the network.
 const DIRECT_SEND_MAX: u32 = 16 * 1024;
 
-impl Qp {
-    /// An empty buffer for a WR's inline payload: a retired WR's, or a new one with room for
-    /// this QP's largest inline payload.
-    pub(crate) fn inline_buffer(&self) -> Vec<u8> {
-        let spare = self
-            .inline_spare
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop();
-        spare.unwrap_or_else(|| Vec::with_capacity(self.caps.max_inline as usize))
-    }
+/// Where a WR's inline payload or an atomic's operands are copied while it is sent (the WR
+/// keeps its own): on the stack, room for the largest inline payload, and not zeroed first as
+/// an array would be, a kilobyte per WR.
+pub(super) type InlineCopy = SmallVec<[u8; MAX_INLINE as usize]>;
 
-    /// Takes back the inline buffer of a retired WR (see [`Qp::inline_buffer`]).
-    pub(super) fn recycle(&self, w: SendWqe) {
+impl Qp {
+    /// Takes back the inline buffer of a retired WR into `spare` (the QP's
+    /// `St::inline_spare`, which `post_send` draws on).
+    pub(super) fn recycle(&self, spare: &mut Vec<Vec<u8>>, w: SendWqe) {
         let Some(mut buf) = w.inline else { return };
-        let mut spare = self.inline_spare.lock().unwrap_or_else(|e| e.into_inner());
         if spare.len() < self.caps.max_send_wr as usize {
             buf.clear();
             spare.push(buf);
@@ -49,23 +43,36 @@ impl Qp {
     }
 
     /// `post_send` of one WR: EINVAL outside RTS (ERR flushes it instead, as hardware does),
-    /// ENOMEM when the send queue is full.
-    pub(crate) fn post_send(self: &Arc<Self>, mut w: SendWqe) -> Result<(), i32> {
+    /// ENOMEM when the send queue is full. `inline` is the payload of an inline send
+    /// (`IBV_SEND_INLINE`), in the caller's pieces: copied under the lock the post takes anyway,
+    /// into a buffer a retired WR left.
+    pub(crate) fn post_send(
+        self: &Arc<Self>,
+        mut w: SendWqe,
+        inline: Option<&[&[u8]]>,
+    ) -> Result<(), i32> {
         if w.sges.len() > self.caps.max_send_sge as usize {
             return Err(libc::EINVAL);
         }
-        let len: u64 = match &w.inline {
-            Some(data) if data.len() > self.caps.max_inline as usize => return Err(libc::EINVAL),
-            Some(data) => data.len() as u64,
+        let len: u64 = match inline {
+            Some(parts) => match parts.iter().map(|p| p.len()).sum::<usize>() {
+                n if n > self.caps.max_inline as usize => return Err(libc::EINVAL),
+                n => n as u64,
+            },
             None => w.sges.iter().map(|s| u64::from(s.len)).sum(),
         };
         if len > MAX_MSG {
             return Err(libc::EINVAL);
         }
-        if self.in_process {
-            self.resolve_peer();
-        }
         let mut st = self.lock();
+        if self.in_process
+            && matches!(st.peer, PeerPath::Unresolved)
+            && st.state == ibv_qp_state::IBV_QPS_RTS
+        {
+            drop(st);
+            self.resolve_peer();
+            st = self.lock();
+        }
         match st.state {
             ibv_qp_state::IBV_QPS_RTS => {}
             ibv_qp_state::IBV_QPS_ERR => {
@@ -81,16 +88,24 @@ impl Qp {
         if st.sq.len() >= self.caps.max_send_wr as usize {
             return Err(libc::ENOMEM);
         }
+        if let Some(parts) = inline {
+            let mut data = st
+                .inline_spare
+                .pop()
+                .unwrap_or_else(|| Vec::with_capacity(self.caps.max_inline as usize));
+            for p in parts {
+                data.extend_from_slice(p);
+            }
+            w.inline = Some(data);
+        }
         w.len = len as u32;
         w.seq = st.next_seq;
         st.next_seq += 1;
         let seq = w.seq;
         st.sq.push_back(w);
-        if let PeerPath::Local(peer) = &st.peer {
+        if let PeerPath::Local(_) = st.peer {
             // In process: carried out here and now (the sender thread never sees it).
-            let peer = Weak::clone(peer);
-            drop(st);
-            self.deliver_pending(&peer);
+            self.deliver_pending(st);
             return Ok(());
         }
         // Idle queue and a small message: send it from this thread, without blocking.
@@ -339,7 +354,7 @@ impl Qp {
     /// With `try_first` (a posting thread), a full socket buffer puts the WR back for the
     /// sender thread instead of waiting. The caller holds `tx_busy`.
     fn transmit(&self, epoch: u64, conn: &Conn, try_first: bool) {
-        let mut inline_copy = [0u8; MAX_INLINE as usize];
+        let mut inline_copy = InlineCopy::new();
         let Some((mut req, sges, inline)) =
             self.claim(epoch, &mut inline_copy, Some(Instant::now()))
         else {
@@ -429,24 +444,35 @@ impl Qp {
         }
     }
 
-    /// Takes the WR at the send cursor: its request header, its SGEs, and what it carries
-    /// itself after the header — its inline payload, or an atomic's operands (encoded
-    /// [`AtomicArgs`](crate::wire::AtomicArgs)) — copied into `inline_copy` (the WR keeps its
-    /// own copy for a retransmission, and nothing here allocates). `sent_at` starts the WR's retry timer (over TCP; the in-process path
-    /// completes it before returning and reads no clock). `None` when the QP moved on meanwhile.
-    pub(super) fn claim<'b>(
+    /// Takes the WR at the send cursor (see [`next_request`](Self::next_request)) unless the
+    /// QP moved on meanwhile.
+    fn claim<'b>(
         &self,
         epoch: u64,
-        inline_copy: &'b mut [u8; MAX_INLINE as usize],
+        inline_copy: &'b mut InlineCopy,
         sent_at: Option<Instant>,
     ) -> Option<(Request, Sges, Option<&'b [u8]>)> {
         let mut st = self.lock();
         if st.epoch != epoch {
             return None;
         }
+        Self::next_request(&mut st, inline_copy, sent_at)
+    }
+
+    /// Under the lock, takes the WR at the send cursor: its request header, its SGEs, and
+    /// what it carries itself after the header — its inline payload, or an atomic's operands
+    /// (encoded [`AtomicArgs`](crate::wire::AtomicArgs)) — copied into `inline_copy` (the WR
+    /// keeps its own copy for a retransmission, and nothing here allocates). `sent_at` starts
+    /// the WR's retry timer (over TCP; the in-process path completes it before returning and
+    /// reads no clock). `None` when the queue no longer holds it (cleared by `destroy`).
+    pub(super) fn next_request<'b>(
+        st: &mut St,
+        inline_copy: &'b mut InlineCopy,
+        sent_at: Option<Instant>,
+    ) -> Option<(Request, Sges, Option<&'b [u8]>)> {
         let seq = st.send_cursor;
         st.send_cursor += 1;
-        let w = Self::wqe_mut(&mut st, seq)?;
+        let w = Self::wqe_mut(st, seq)?;
         w.sent_at = sent_at;
         let req = Request {
             op: w.op,
@@ -458,15 +484,14 @@ impl Qp {
             imm: w.imm,
         };
         let args = w.op.is_atomic().then(|| w.atomic.encode());
-        let inline = args
-            .as_ref()
-            .map(|a| &a[..])
-            .or(w.inline.as_deref())
-            .map(|data| {
-                let copy = &mut inline_copy[..data.len()];
-                copy.copy_from_slice(data);
-                &*copy
-            });
+        let inline = match args.as_ref().map(|a| &a[..]).or(w.inline.as_deref()) {
+            Some(data) => {
+                inline_copy.clear();
+                inline_copy.extend_from_slice(data);
+                Some(&inline_copy[..])
+            }
+            None => None,
+        };
         Some((req, w.sges.clone(), inline))
     }
 

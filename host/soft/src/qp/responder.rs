@@ -68,6 +68,17 @@ impl Link<'_> {
     }
 }
 
+/// What the responder read under the QP's lock when it admitted a request, so that placing
+/// it takes the lock no more.
+pub(super) struct Admitted {
+    /// The QP's access flags (`IBV_ACCESS_REMOTE_*`).
+    pub(super) access: u32,
+    /// The receive a WRITE_WITH_IMM or a SEND consumes.
+    pub(super) recv: Option<RecvWqe>,
+    /// The requester's QP number, for the receive completion.
+    pub(super) src_qp: u32,
+}
+
 impl Qp {
     /// Sends one answer, followed by `data` (a READ's, or an atomic's original value);
     /// `false`: the connection broke, or a blocked write was given up because this QP is going
@@ -233,7 +244,7 @@ impl Qp {
                 self.closed(&Link::Tcp(&conn));
                 return;
             }
-            let (access, recv) = {
+            let admitted = {
                 let mut st = self.lock();
                 if st.epoch != conn.epoch || st.destroying.is_some() {
                     return;
@@ -274,13 +285,17 @@ impl Qp {
                 } else {
                     None
                 };
-                (st.attrs.access, recv)
+                Admitted {
+                    access: st.attrs.access,
+                    recv,
+                    src_qp: st.attrs.dest_qpn,
+                }
             };
             let link = match &source {
                 Some(src) => Link::Pulled(&conn, src),
                 None => Link::Tcp(&conn),
             };
-            if !self.place(&link, &req, access, recv) {
+            if !self.place(&link, &req, admitted) {
                 return;
             }
             if source.is_some() {
@@ -325,18 +340,12 @@ impl Qp {
     /// Carries out an admitted request in sequence: places a write or send, serves a read or
     /// an atomic.
     /// `false`: refused, or the link broke (this QP has failed).
-    pub(super) fn place(
-        &self,
-        link: &Link<'_>,
-        req: &Request,
-        access: u32,
-        recv: Option<RecvWqe>,
-    ) -> bool {
+    pub(super) fn place(&self, link: &Link<'_>, req: &Request, admitted: Admitted) -> bool {
         match req.op {
-            ReqOp::Write | ReqOp::WriteImm => self.place_write(link, req, access, recv),
-            ReqOp::Send | ReqOp::SendImm => self.place_send(link, req, recv),
-            ReqOp::Read => self.serve_read(link, req, access),
-            ReqOp::FetchAdd | ReqOp::CmpSwap => self.serve_atomic(link, req, access),
+            ReqOp::Write | ReqOp::WriteImm => self.place_write(link, req, admitted),
+            ReqOp::Send | ReqOp::SendImm => self.place_send(link, req, admitted),
+            ReqOp::Read => self.serve_read(link, req, admitted.access),
+            ReqOp::FetchAdd | ReqOp::CmpSwap => self.serve_atomic(link, req, admitted.access),
             // End or open a connection; the responder loop handles them before anything is
             // placed.
             ReqOp::Bye | ReqOp::PullOffer => false,
@@ -353,13 +362,12 @@ impl Qp {
         }
     }
 
-    fn place_write(
-        &self,
-        link: &Link<'_>,
-        req: &Request,
-        access: u32,
-        recv: Option<RecvWqe>,
-    ) -> bool {
+    fn place_write(&self, link: &Link<'_>, req: &Request, admitted: Admitted) -> bool {
+        let Admitted {
+            access,
+            recv,
+            src_qp,
+        } = admitted;
         let len = req.len as usize;
         if len > 0 {
             let guard = if access & REMOTE_WRITE == 0 {
@@ -398,15 +406,15 @@ impl Qp {
             byte_len: req.len,
             imm: Some(req.imm),
             qp_num: self.qpn,
-            src_qp: self.attrs().dest_qpn,
+            src_qp,
         });
         true
     }
 
-    fn place_send(&self, link: &Link<'_>, req: &Request, recv: Option<RecvWqe>) -> bool {
-        let r = recv.expect("sends consume a receive");
+    fn place_send(&self, link: &Link<'_>, req: &Request, admitted: Admitted) -> bool {
+        let r = admitted.recv.expect("sends consume a receive");
         let capacity: u64 = r.sges.iter().map(|s| u64::from(s.len)).sum();
-        let src_qp = self.attrs().dest_qpn;
+        let src_qp = admitted.src_qp;
         let recv_error = |status| Wc {
             wr_id: r.wr_id,
             status,

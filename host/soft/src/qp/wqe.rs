@@ -32,8 +32,8 @@ pub(crate) struct SendWqe {
     pub op: ReqOp,
     pub signaled: bool,
     pub sges: Sges,
-    /// Payload copied at post time (`IBV_SEND_INLINE`), in a buffer of the QP's
-    /// ([`Qp::inline_buffer`]) that goes back to it when the WR retires.
+    /// Payload copied at post time (`IBV_SEND_INLINE`), in a buffer from the QP's spare list
+    /// (`St::inline_spare`) that goes back to it when the WR retires.
     pub inline: Option<Vec<u8>>,
     pub raddr: u64,
     pub rkey: u32,

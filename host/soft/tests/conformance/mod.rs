@@ -383,8 +383,10 @@ pub const GUARD: usize = 64;
 pub const GUARD_BYTE: u8 = 0xEE;
 
 mod atomics;
+mod in_process;
 mod tests;
 pub use atomics::*;
+pub use in_process::*;
 pub use tests::*;
 
 /// Instantiates every conformance test for one backend.
@@ -402,7 +404,9 @@ macro_rules! suite {
             discovery_matches_every_topology_file, iova_and_dmabuf_registration,
             dmabuf_registration, atomic_fetch_add_and_cmp_swap, atomic_after_write_sees_it,
             atomic_misaligned, atomic_without_remote_atomic, atomic_wrong_sge_length,
-            atomics_from_many_qps_sum_exactly, atomic_cap_reported);
+            atomics_from_many_qps_sum_exactly, atomic_cap_reported,
+            in_process_concurrent_posters_keep_order, in_process_both_ways_from_two_threads,
+            in_process_loopback);
 
         /// Entry point of the child processes the multi-process tests spawn.
         #[test]
