@@ -40,7 +40,7 @@ impl ConnPlan {
             start as usize % self.qps.len()
         };
         let total_weight = (0..count)
-            .map(|i| weight(&self.qps[(start + i) % self.qps.len()]))
+            .map(|i| weight(&self.qps[wrap(start + i, self.qps.len())]))
             .sum();
         Stripes {
             qps: &self.qps,
@@ -62,6 +62,12 @@ impl ConnPlan {
         }
         ((start as usize + self.stripe_count()) % self.qps.len()) as u32
     }
+}
+
+/// `i % len` for an `i` below `2 × len` (a start inside the list plus at most one lap): the
+/// data path lays out every message with this, and a division costs more than the rest.
+fn wrap(i: usize, len: usize) -> usize {
+    if i >= len { i - len } else { i }
 }
 
 /// A zero weight (refused by validation) counts as 1 so the arithmetic never divides by zero.
@@ -90,7 +96,7 @@ impl Iterator for Stripes<'_> {
         if self.next == self.count {
             return None;
         }
-        let qp = (self.start + self.next) % self.qps.len();
+        let qp = wrap(self.start + self.next, self.qps.len());
         self.next += 1;
         let chunk = if self.count == 1 {
             // The whole message: no share to compute (this runs for every message).

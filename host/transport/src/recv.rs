@@ -327,9 +327,12 @@ impl RecvComm {
         if self.setup.failover {
             self.progress_prepared(&mut receiver)?;
         }
-        let post = receiver
-            .irecv(&recvs[..bufs.len()])
-            .map_err(NetError::protocol("irecv"))?;
+        // Matched, not `map_err(..)?`: the post holds the CTS entries (half a kilobyte), which
+        // each of those would copy once more.
+        let post = match receiver.irecv(&recvs[..bufs.len()]) {
+            Ok(post) => post,
+            Err(e) => return Err(NetError::protocol("irecv")(e)),
+        };
         let wr_id = post.wr_id();
         let req = post.req;
         // The buffers' QP events, when NCCL profiles any of them.

@@ -441,11 +441,11 @@ impl SendComm {
         for (i, e) in entries.iter_mut().enumerate().take(n).skip(1) {
             *e = entry(i);
         }
-        let Some(m) = sender
-            .isend(&entries, tag, size)
-            .map_err(NetError::protocol("isend"))?
-        else {
-            return Ok(None);
+        // Matched, not `map_err(..)?`, which would copy the slot's work once more.
+        let m = match sender.isend(&entries, tag, size) {
+            Ok(Some(m)) => m,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(NetError::protocol("isend")(e)),
         };
         let req = m.req;
         let b = &mut bufs.bufs[req.index()];
