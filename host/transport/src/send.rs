@@ -472,11 +472,12 @@ impl SendComm {
             }
             self.sizes.buf.write(slot * SIZES_SLOT_BYTES, &bytes);
         }
-        // One chain at a time, laid out in place.
+        // One chain at a time, laid out in place; one look at the QP list for all of them.
+        let qps = self.side.qps();
         let mut post = QpPost::EMPTY;
         let mut posts = work.posts();
         while posts.next_into(&mut post) {
-            self.post(bufs, posted, &post, &reqs[..nreqs])?;
+            self.post(&qps, bufs, posted, &post, &reqs[..nreqs])?;
         }
         Ok(Some(req))
     }
@@ -566,6 +567,7 @@ impl SendComm {
     /// too). The profiler's QP events of those requests start here, before the post.
     pub(crate) fn post(
         &self,
+        qps: &[ConnQp],
         bufs: &mut SendBufs,
         posted: &mut [u64],
         post: &QpPost,
@@ -614,7 +616,7 @@ impl SendComm {
                 inline: false,
             }
         });
-        let q = &self.side.qps()[post.qp];
+        let q = &qps[post.qp];
         if let Some(p) = self.profiler.as_deref() {
             // The chain's signalled WR carries the slot's requests: what its completion names.
             let wr_id = chain.last().map_or(0, |w| w.wr_id);

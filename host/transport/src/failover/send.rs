@@ -452,7 +452,7 @@ impl SendComm {
                 .replay(r)
                 .map_err(NetError::protocol("replaying a slice"))?;
             let SendState { bufs, posted, .. } = st;
-            self.post(bufs, posted, &post, &reqs)?;
+            self.post(&self.side.qps(), bufs, posted, &post, &reqs)?;
         }
         if let Some(c) = st.sender.failover().map(|f| f.counters()) {
             tracing::info!(
