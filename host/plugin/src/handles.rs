@@ -114,12 +114,14 @@ impl<T> Handles<T> {
     }
 
     fn entry(&self, key: u64) -> Option<Arc<Entry<T>>> {
-        let (index, generation) = split(key);
-        let t = self.inner.read().unwrap_or_else(|p| p.into_inner());
-        let slot = t.slots.get(index)?;
-        (slot.generation == generation)
-            .then(|| slot.entry.clone())
-            .flatten()
+        self.read().slot(key).cloned()
+    }
+
+    fn read(&self) -> View<'_, T> {
+        View {
+            handles: self,
+            slots: self.inner.read().unwrap_or_else(|p| p.into_inner()),
+        }
     }
 
     /// The object `key` names, held for the duration of a call (a memory registration while a
@@ -178,10 +180,7 @@ impl<T> Handles<T> {
         &self,
         f: impl FnOnce(&View<'_, T>) -> Result<R, NetError>,
     ) -> Result<R, NetError> {
-        f(&View {
-            handles: self,
-            slots: self.inner.read().unwrap_or_else(|p| p.into_inner()),
-        })
+        f(&self.read())
     }
 
     /// Runs `f` on `entry` unless an earlier call failed it; a panic in `f` fails it.
@@ -246,13 +245,18 @@ pub(crate) struct View<'a, T> {
 }
 
 impl<T> View<'_, T> {
-    fn entry(&self, key: u64) -> Result<&Entry<T>, NetError> {
+    /// The entry `key` names, while it is open.
+    fn slot(&self, key: u64) -> Option<&Arc<Entry<T>>> {
         let (index, generation) = split(key);
-        self.slots
-            .slots
-            .get(index)
-            .filter(|s| s.generation == generation)
-            .and_then(|s| s.entry.as_deref())
+        let slot = self.slots.slots.get(index)?;
+        (slot.generation == generation)
+            .then_some(slot.entry.as_ref())
+            .flatten()
+    }
+
+    fn entry(&self, key: u64) -> Result<&Entry<T>, NetError> {
+        self.slot(key)
+            .map(|e| &**e)
             .ok_or_else(|| self.handles.stale(key))
     }
 
@@ -379,6 +383,36 @@ mod tests {
         }
         assert_eq!(t.with(other, |v| Ok(*v)).unwrap(), 2, "others go on");
         t.remove(a, |_| true).unwrap();
+    }
+
+    #[test]
+    fn brief_calls_and_views_refuse_what_calls_on_a_reference_refuse() {
+        let t = Handles::new("communicator");
+        let (a, b) = (t.insert(1u32).unwrap(), t.insert(2u32).unwrap());
+        assert_eq!(t.with_brief(a, |v| Ok(*v)).unwrap(), 1);
+        let sum = t.view(|v| Ok(v.get(a)? + v.get(b)?)).unwrap();
+        assert_eq!(sum, 3, "several lookups under one lock");
+        let e = t
+            .with_brief(a, |_| -> Result<(), NetError> { panic!("half-way") })
+            .unwrap_err();
+        assert!(
+            matches!(&e, NetError::Internal(m) if m.contains("half-way")),
+            "{e}"
+        );
+        for e in [
+            t.with_brief(a, |v| Ok(*v)).unwrap_err(),
+            t.view(|v| v.get(a).copied()).unwrap_err(),
+            t.with(a, |v| Ok(*v)).unwrap_err(),
+        ] {
+            assert!(
+                matches!(&e, NetError::Internal(m) if m.contains("failed in an earlier call")),
+                "{e}"
+            );
+        }
+        t.remove(b, |_| true).unwrap();
+        let e = t.view(|v| v.get(b).copied()).unwrap_err();
+        assert!(matches!(e, NetError::Usage(_)), "closed: {e}");
+        assert!(t.with_brief(b, |v| Ok(*v)).is_err());
     }
 
     #[test]

@@ -164,17 +164,32 @@ impl<T, const N: usize> Room<T, N> {
     }
 }
 
-/// Writes `sges` into `room` from `at` on: the SGE list of one WR (NULL when it has none).
-fn lay_sges(room: &mut [MaybeUninit<ibv_sge>], at: &mut usize, sges: &[Sge]) -> *mut ibv_sge {
-    if sges.is_empty() {
-        return std::ptr::null_mut();
+/// Writes the SGEs of every WR into `room`, one list after the other, and returns where they
+/// start. Every write is done before the pointer is taken, so the lists the WRs point into are
+/// not touched through another reference afterwards.
+fn lay_sges<'a>(
+    room: &mut [MaybeUninit<ibv_sge>],
+    lists: impl Iterator<Item = &'a [Sge]>,
+) -> *mut ibv_sge {
+    let mut slots = room.iter_mut();
+    for g in lists.flatten() {
+        if let Some(slot) = slots.next() {
+            slot.write(g.to_sys());
+        }
     }
+    room.as_mut_ptr().cast()
+}
+
+/// The SGE list of a WR with `n` SGEs whose list starts `*at` entries after `base` (NULL when
+/// it has none); moves `*at` past it.
+fn sge_list(base: *mut ibv_sge, at: &mut usize, n: usize) -> *mut ibv_sge {
     let first = *at;
-    for (slot, g) in room[first..].iter_mut().zip(sges) {
-        slot.write(g.to_sys());
+    *at += n;
+    if n == 0 {
+        std::ptr::null_mut()
+    } else {
+        base.wrapping_add(first)
     }
-    *at += sges.len();
-    room[first].as_mut_ptr()
 }
 
 /// Links `n` laid-out WRs into a chain, in order; the last one's `next` is NULL.
@@ -502,13 +517,14 @@ impl Qp {
         let mut sges = Room::<ibv_sge, STACK_SGES>::new(nsges);
         let mut sends = Room::<ibv_send_wr, STACK_WRS>::new(wrs.len());
         let (sges, sends) = (sges.slots(), sends.slots());
+        let sge_base = lay_sges(sges, wrs.iter().map(|w| w.sges));
         let mut at = 0;
         for (slot, wr) in sends.iter_mut().zip(wrs) {
             // SAFETY: plain data; zero is valid for every field.
             let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
             w.wr_id = wr.wr_id;
             w.num_sge = wr.sges.len() as c_int;
-            w.sg_list = lay_sges(sges, &mut at, wr.sges);
+            w.sg_list = sge_list(sge_base, &mut at, wr.sges.len());
             w.send_flags = if wr.signaled { SEND_SIGNALED } else { 0 }
                 | if wr.inline { SEND_INLINE } else { 0 };
             let remote = |w: &mut ibv_send_wr, r: Remote| {
@@ -588,12 +604,13 @@ impl Qp {
         let mut sges = Room::<ibv_sge, STACK_SGES>::new(wrs.iter().map(|w| w.sges.len()).sum());
         let mut recvs = Room::<ibv_recv_wr, STACK_WRS>::new(wrs.len());
         let (sges, recvs) = (sges.slots(), recvs.slots());
+        let sge_base = lay_sges(sges, wrs.iter().map(|w| w.sges));
         let mut at = 0;
         for (slot, wr) in recvs.iter_mut().zip(wrs) {
             slot.write(ibv_recv_wr {
                 wr_id: wr.wr_id,
                 next: std::ptr::null_mut(),
-                sg_list: lay_sges(sges, &mut at, wr.sges),
+                sg_list: sge_list(sge_base, &mut at, wr.sges.len()),
                 num_sge: wr.sges.len() as c_int,
             });
         }
