@@ -23,16 +23,21 @@ fn plugin() -> PathBuf {
     ncclwasm_testkit::cdylib("nccl_net_wasm")
 }
 
-fn bench(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ncclwasm"))
-        .arg("bench")
+/// `ncclwasm bench ARGS` on the soft fabric, with none of the caller's plugin, policy or
+/// topology settings.
+fn bench_command(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ncclwasm"));
+    c.arg("bench")
         .args(args)
         .env("NCCL_WASM_FABRIC", "soft")
         .env_remove("NCCL_WASM_TOPOLOGY")
         .env_remove("NCCL_WASM_POLICY")
-        .env_remove("NCCL_NET_PLUGIN")
-        .output()
-        .expect("ncclwasm runs")
+        .env_remove("NCCL_NET_PLUGIN");
+    c
+}
+
+fn bench(args: &[&str]) -> Output {
+    bench_command(args).output().expect("ncclwasm runs")
 }
 
 /// `observed.qps` as (local, remote, weight, bytes), the weight from `observed.plan.qps`.
@@ -495,30 +500,35 @@ fn a_rank_that_fails_fails_the_run_with_its_reason() {
 /// `HANG_GUARD` (a bench that hangs, not a slow one: the bounds are seconds).
 fn paced_bench(stall_ms: u64, pace_ms: u64, iters: &str) -> Output {
     const HANG_GUARD: std::time::Duration = std::time::Duration::from_secs(300);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ncclwasm"))
-        .arg("bench")
-        .args(["--sizes", "8", "--iters", iters, "--warmup", "0"])
-        .args(["--latency-sizes", "8", "--latency-iters", "1"])
-        .args([
-            "--latency-warmup",
-            "0",
-            "--repeats",
-            "1",
-            "--connections",
-            "0",
-        ])
-        .args(["--json", "--policy", "builtin", "--plugin"])
-        .arg(plugin())
-        .env("NCCL_WASM_FABRIC", "soft")
-        .env("NCCL_WASM_BENCH_STALL_MS", stall_ms.to_string())
-        .env("NCCL_WASM_BENCH_PACE_MS", pace_ms.to_string())
-        .env_remove("NCCL_WASM_TOPOLOGY")
-        .env_remove("NCCL_WASM_POLICY")
-        .env_remove("NCCL_NET_PLUGIN")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("ncclwasm runs");
+    let mut child = bench_command(&[
+        "--sizes",
+        "8",
+        "--iters",
+        iters,
+        "--warmup",
+        "0",
+        "--latency-sizes",
+        "8",
+        "--latency-iters",
+        "1",
+        "--latency-warmup",
+        "0",
+        "--repeats",
+        "1",
+        "--connections",
+        "0",
+        "--json",
+        "--policy",
+        "builtin",
+        "--plugin",
+    ])
+    .arg(plugin())
+    .env("NCCL_WASM_BENCH_STALL_MS", stall_ms.to_string())
+    .env("NCCL_WASM_BENCH_PACE_MS", pace_ms.to_string())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("ncclwasm runs");
     let end = std::time::Instant::now() + HANG_GUARD;
     while child.try_wait().unwrap().is_none() {
         if std::time::Instant::now() > end {
