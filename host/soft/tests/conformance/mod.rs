@@ -394,7 +394,7 @@ macro_rules! suite {
     ($backend:expr) => {
         conformance::suite!(@tests $backend;
             rdma_write_sizes, rdma_write_with_imm_sizes, rdma_read_sizes, inline_write,
-            chained_post, bad_lkey, bad_rkey, wrong_pd, out_of_bounds, missing_remote_write,
+            chained_post, long_chained_post, bad_lkey, bad_rkey, wrong_pd, out_of_bounds, missing_remote_write,
             missing_remote_read, read_without_local_write, post_in_wrong_state,
             send_queue_full_when_never_signaled, unsignaled_retirement, rnr_then_success,
             order_across_10000_wrs, flush_to_error, port_down_event, discovery_matches_topology,

@@ -268,6 +268,76 @@ pub fn chained_post(b: Backend) {
     quiet(&a.cq, Duration::from_millis(50), "refused chain tail");
 }
 
+/// Chains longer than a post lays out on its stack (the verbs wrapper's room is 16 WRs and 32
+/// SGEs; longer ones go to the heap): 24 receives in one post, then 24 WRITE_WITH_IMM of two
+/// SGEs each in one post, only the last signalled. Every receive completes in order with its
+/// immediate and its bytes.
+pub fn long_chained_post(b: Backend) {
+    let _g = shared();
+    let f = b.fabric();
+    let (a, peer) = pair(&f, default_caps());
+    const WRS: usize = 24;
+    const CHUNK: usize = 96;
+    let data = pattern(11, WRS * CHUNK);
+    let src = DmaBuf::new(data.len());
+    src.write(0, &data);
+    let dst = DmaBuf::new(data.len());
+    let (src_mr, dst_mr) = (a.reg(&src, ALL_ACCESS), peer.reg(&dst, ALL_ACCESS));
+    let recvs: Vec<RecvWr<'_>> = (0..WRS)
+        .map(|i| RecvWr {
+            wr_id: 100 + i as u64,
+            sges: &[],
+        })
+        .collect();
+    peer.qp.post_recv(&recvs).unwrap();
+    // Each WR's chunk in two SGEs: 48 in the chain.
+    let half = (CHUNK / 2) as u32;
+    let sges: Vec<[Sge; 2]> = (0..WRS)
+        .map(|i| {
+            let at = (i * CHUNK) as u64;
+            [
+                src_mr.sge(at, half).unwrap(),
+                src_mr.sge(at + u64::from(half), half).unwrap(),
+            ]
+        })
+        .collect();
+    let wrs: Vec<SendWr<'_>> = sges
+        .iter()
+        .enumerate()
+        .map(|(i, s)| SendWr {
+            wr_id: i as u64,
+            op: SendOp::WriteImm(
+                Remote {
+                    addr: dst_mr.addr() + (i * CHUNK) as u64,
+                    rkey: dst_mr.rkey(),
+                },
+                i as u32,
+            ),
+            sges: s,
+            signaled: i == WRS - 1,
+            inline: false,
+        })
+        .collect();
+    a.qp.post_send(&wrs).unwrap();
+    let wc = wait(&a.cq, 1, "long chain")[0];
+    assert_eq!((wc.wr_id, wc.status), ((WRS - 1) as u64, WcStatus::Success));
+    let got = wait(&peer.cq, WRS, "long chain's receives");
+    assert_eq!(
+        got.iter()
+            .map(|w| (w.wr_id, w.status, w.imm, w.byte_len as usize))
+            .collect::<Vec<_>>(),
+        (0..WRS)
+            .map(|i| (100 + i as u64, WcStatus::Success, Some(i as u32), CHUNK))
+            .collect::<Vec<_>>()
+    );
+    assert_bytes(&dst.to_vec(), &data, "long chain");
+    quiet(
+        &a.cq,
+        Duration::from_millis(50),
+        "long chain's unsignalled WRs",
+    );
+}
+
 /// A violating WR must fail with `status`, take the requester (and for remote errors the
 /// responder) to ERR, leave `untouched` exactly as it was, and later WRs flush.
 pub(super) fn expect_violation(
