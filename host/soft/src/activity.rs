@@ -18,10 +18,20 @@
 //! The counter is watched per thread: a poll that finds the counter moved since this thread's
 //! previous poll never waits, so an event that landed between two polls (which this thread may
 //! not have looked at yet: the CTS it checks after polling) is not slept through.
+//!
+//! While connections are leased to pollers (`qp::serve`), their arrivals are for a poller to
+//! serve, and no thread produces an event for them: the sleep is then a `poll` of the leased
+//! sockets and of an eventfd (the bell) that producers ring as they would wake the futex.
 
 use std::cell::Cell;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
+
+use smallvec::SmallVec;
 
 use crate::abi::sys;
 
@@ -82,11 +92,46 @@ pub(crate) fn polled(seen: u32, found: bool) {
 }
 
 /// Sleeps while [`EVENTS`] still reads `seen`, at most [`MAX_WAIT`] (spurious returns are fine:
-/// the caller polls again).
+/// the caller polls again). While connections are leased to pollers (the `serve` module of
+/// `qp`), an arrival on one of them is something to wake for too: the sleep is a `poll` of
+/// their sockets and of [`BELL`], which [`happened`] rings for such sleepers.
 fn wait_while(seen: u32) {
-    sys::futex_wait(&EVENTS, seen, MAX_WAIT);
+    let mut fds = SmallVec::<[libc::pollfd; crate::qp::SLEEP_FDS + 1]>::new();
+    if !crate::qp::sleep_fds(&mut fds) {
+        return;
+    }
+    let Some(bell) = bell().filter(|_| !fds.is_empty()) else {
+        sys::futex_wait(&EVENTS, seen, MAX_WAIT);
+        return;
+    };
+    fds.push(libc::pollfd {
+        fd: bell.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    if EVENTS.load(Ordering::SeqCst) != seen {
+        return;
+    }
+    let ms = MAX_WAIT.as_micros().div_ceil(1000) as libc::c_int;
+    // What woke it is for the caller's next poll to find; only the bell is emptied here.
+    if sys::poll(&mut fds, ms).is_ok_and(|n| n > 0) && fds.last().is_some_and(|b| b.revents != 0) {
+        let _ = (&*bell).read(&mut [0u8; 8]);
+    }
+}
+
+/// Rung by [`happened`] while somebody sleeps on sockets (see [`wait_while`]); made by the
+/// first such sleeper. `None` when no eventfd could be made: sleepers use the futex alone.
+static BELL: OnceLock<Option<File>> = OnceLock::new();
+
+fn bell() -> Option<&'static File> {
+    BELL.get_or_init(|| sys::counter_eventfd().ok().map(File::from))
+        .as_ref()
 }
 
 fn wake_all() {
     sys::futex_wake_all(&EVENTS);
+    if let Some(Some(bell)) = BELL.get() {
+        // Full only after 2^64 - 2 rings nobody read: then it is readable anyway.
+        let _ = (&*bell).write(&1u64.to_ne_bytes());
+    }
 }

@@ -193,6 +193,12 @@ pub(crate) struct CqState {
     /// Address of the `ibv_cq` (for `IBV_EVENT_CQ_ERR`).
     pub ibv: AtomicUsize,
     pub ctx: Arc<Ctx>,
+    /// The connections whose completions come here, which its pollers serve while they poll.
+    pub served: crate::qp::Served,
+    /// QPs created with this CQ (once per queue) and not destroyed yet: `destroy_cq` is EBUSY
+    /// while there are any. Not the `Arc`'s count, which a poller or the lease watcher may
+    /// hold for a moment after its QP is gone.
+    pub qps: AtomicUsize,
 }
 
 impl CqState {

@@ -107,7 +107,9 @@
 //!   turn that order around.
 //! - Acknowledged work is never failed afterwards: the responder acknowledges every request it
 //!   placed, signaled or not (signaled ones at once, the rest coalesced into one ACK before it
-//!   waits for more), and `destroy_qp` closes in order — what was posted before it still goes
+//!   waits for more; a thread polling the CQ answers a batch of requests with one ACK, and
+//!   requests that asked for no answer with the next poll that finds the connection quiet,
+//!   `qp::serve`), and `destroy_qp` closes in order — what was posted before it still goes
 //!   out (a NIC had sent it), to a peer that still admits us — the sender waits (≤ 500 ms) for its
 //!   acknowledgements and says BYE, the peer's responder closes that connection, the ack reader
 //!   reads to its end (≤ 200 ms more). A peer whose QP went away this way only fails work that

@@ -14,6 +14,7 @@ use super::fault;
 use super::mr::{LOCAL_WRITE, REMOTE_READ, REMOTE_WRITE};
 
 mod pull;
+mod serve;
 
 const ALL: u32 = LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ;
 
@@ -1436,6 +1437,23 @@ fn port_down_up_and_device_fatal_raise_events() {
         assert_eq!(abi::close_device(ctx_a), 0);
         assert_eq!(abi::close_device(ctx_b), 0);
     }
+}
+
+#[test]
+fn a_cq_is_busy_while_a_qp_made_with_it_lives_and_free_once_it_is_destroyed() {
+    let (a, b) = pair();
+    // SAFETY: a's CQ is live and its QP still uses it.
+    assert_eq!(unsafe { abi::destroy_cq(a.cq) }, libc::EBUSY);
+    drop(b);
+    // SAFETY: the QP is destroyed once here; the CQ then has no QP, and is destroyed once.
+    unsafe {
+        assert_eq!(abi::destroy_qp(a.qp), 0);
+        assert_eq!(abi::destroy_cq(a.cq), 0);
+        abi::dealloc_pd(a.pd);
+        assert_eq!(abi::close_device(a.ctx), 0);
+    }
+    // Its objects are freed above.
+    std::mem::forget(a);
 }
 
 #[test]

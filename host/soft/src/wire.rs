@@ -347,6 +347,39 @@ pub(crate) fn readable(fd: RawFd) -> bool {
     !matches!(sys::poll(&mut p, 0), Ok(0))
 }
 
+/// What a look into a socket found, without reading it.
+#[derive(Debug)]
+pub(crate) enum Look {
+    /// This many bytes, copied and left in the socket.
+    Bytes(usize),
+    /// Nothing yet.
+    Nothing,
+    /// End of stream, or an error: the read that follows reports it.
+    Ended,
+}
+
+/// Copies what waits on `fd` into `room` (as much as fits) without reading it or blocking.
+pub(crate) fn look(fd: RawFd, room: &mut [u8]) -> Look {
+    match sys::peek(fd, room) {
+        Ok(0) => Look::Ended,
+        Ok(n) => Look::Bytes(n),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            ) =>
+        {
+            Look::Nothing
+        }
+        Err(_) => Look::Ended,
+    }
+}
+
+/// Whether at least `len` bytes wait on `fd`: a frame that long can be read without blocking.
+pub(crate) fn holds(fd: RawFd, len: usize) -> bool {
+    sys::pending(fd).is_ok_and(|n| n >= len)
+}
+
 /// Reads a fixed-size header into a stack buffer.
 pub(crate) fn read_exact<const N: usize>(fd: RawFd, idle_ok: bool) -> Result<[u8; N], ReadEnd> {
     let mut b = [0u8; N];

@@ -162,6 +162,19 @@ impl Side {
         }
     }
 
+    /// Polls every completion queue for no completions (`Cq::nudge`): a software fabric does
+    /// its NIC's part there, such as placing the clear-to-send `isend` waits for.
+    pub(crate) fn nudge(&self) -> Result<(), NetError> {
+        self.cqs.iter().enumerate().try_for_each(|(d, cq)| {
+            cq.nudge().map_err(NetError::verbs(|| {
+                format!(
+                    "polling the completion queue of {}",
+                    self.ports[d].dev.name()
+                )
+            }))
+        })
+    }
+
     /// Polls the completion queues of `devices` and hands each completion, with its endpoint,
     /// to `each`; stops at its first error.
     pub(crate) fn poll_each(

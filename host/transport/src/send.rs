@@ -404,10 +404,10 @@ impl SendComm {
             }
         };
         let mut guard = crate::comm::lock_state(&self.state)?;
-        // Posting polls nothing, as the reference's `isend`: completions, and the errors among
-        // them, are `test`'s. A send matched to a receive whose receiver has closed since must
-        // still be posted, to fail (or not) later, as on a NIC. A prepared connection carries
-        // out a failover first, so nothing is posted on a QP known to have failed.
+        // Posting takes no completion, as the reference's `isend`: completions, and the errors
+        // among them, are `test`'s. A send matched to a receive whose receiver has closed since
+        // must still be posted, to fail (or not) later, as on a NIC. A prepared connection
+        // carries out a failover first, so nothing is posted on a QP known to have failed.
         if self.setup.failover {
             self.progress_prepared(&mut guard)?;
         }
@@ -424,9 +424,15 @@ impl SendComm {
         let head = sender.head();
         let off = head.cts_offset() as usize;
         // The marker is read first, with acquire ordering; the rest of the slot only after it
-        // (`ncclIbIsend`).
-        if self.cts.buf.load_u64_acquire(off + CtsEntry::IDX_OFFSET) != head.marker() {
-            return Ok(None);
+        // (`ncclIbIsend`). Not there yet: the CQs are polled for nothing, which consumes no
+        // completion (those stay `test`'s) but lets a software fabric place the write that
+        // carries it, and the marker is read once more.
+        let marker = || self.cts.buf.load_u64_acquire(off + CtsEntry::IDX_OFFSET);
+        if marker() != head.marker() {
+            self.side.nudge()?;
+            if marker() != head.marker() {
+                return Ok(None);
+            }
         }
         // Entry 0 says how many of the slot's entries the receiver wrote: only those are read
         // (most slots hold one receive; the sender checks the count before using the rest).

@@ -208,26 +208,7 @@ impl Cq {
         let mut done = 0;
         while done < out.len() {
             let want = (out.len() - done).min(POLL_BATCH);
-            // SAFETY: live CQ whose context's ops.poll_cq is set (contract); `wcs` has room for
-            // `want` entries. This is verbs.h's inline ibv_poll_cq.
-            let n =
-                unsafe {
-                    let poll = (*(*self.cq.as_ptr()).context).ops.poll_cq.ok_or(
-                        VerbsError::Unsupported {
-                            verb: "poll_cq",
-                            fabric: self.ctx.fabric().name(),
-                        },
-                    )?;
-                    poll(self.cq.as_ptr(), want as c_int, wcs.as_mut_ptr().cast())
-                };
-            if n < 0 {
-                return Err(VerbsError::Verb {
-                    verb: "poll_cq",
-                    object: format!("CQ of {}", self.ctx.name()),
-                    errno: if n == -1 { last_errno() } else { -n },
-                });
-            }
-            let n = (n as usize).min(want);
+            let n = self.poll_into(&mut wcs[..want])?;
             for (slot, wc) in out[done..].iter_mut().zip(&wcs[..n]) {
                 // SAFETY: the provider wrote the first `n` entries (at most `want`).
                 let wc = unsafe { wc.assume_init_ref() };
@@ -250,5 +231,42 @@ impl Cq {
             }
         }
         Ok(done)
+    }
+
+    /// A poll for no completions: consumes none. Verbs allows it, and it costs a hardware
+    /// provider next to nothing; a software one (`soft`) does the NIC's part there, so a caller
+    /// waiting on memory the fabric writes — `isend` on its clear-to-send FIFO — lets it place
+    /// the write.
+    pub fn nudge(&self) -> Result<()> {
+        self.poll_into(&mut []).map(drop)
+    }
+
+    /// The provider's `poll_cq` into `wcs`: how many entries it wrote.
+    fn poll_into(&self, wcs: &mut [MaybeUninit<ibv_wc>]) -> Result<usize> {
+        // SAFETY: live CQ whose context's ops.poll_cq is set (contract); `wcs` has room for
+        // `wcs.len()` entries. This is verbs.h's inline ibv_poll_cq.
+        let n = unsafe {
+            let poll =
+                (*(*self.cq.as_ptr()).context)
+                    .ops
+                    .poll_cq
+                    .ok_or(VerbsError::Unsupported {
+                        verb: "poll_cq",
+                        fabric: self.ctx.fabric().name(),
+                    })?;
+            poll(
+                self.cq.as_ptr(),
+                wcs.len() as c_int,
+                wcs.as_mut_ptr().cast(),
+            )
+        };
+        if n < 0 {
+            return Err(VerbsError::Verb {
+                verb: "poll_cq",
+                object: format!("CQ of {}", self.ctx.name()),
+                errno: if n == -1 { last_errno() } else { -n },
+            });
+        }
+        Ok((n as usize).min(wcs.len()))
     }
 }

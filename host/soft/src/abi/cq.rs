@@ -42,6 +42,8 @@ pub unsafe extern "C" fn create_cq(
                 cq: Cq::new(cqe as usize),
                 ibv: Default::default(),
                 ctx: Arc::clone(ctx),
+                served: Default::default(),
+                qps: Default::default(),
             });
             let mut ibv: ibv_cq = zeroed();
             ibv.context = context;
@@ -68,7 +70,7 @@ pub unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
             }
             // SAFETY: a live soft CQ.
             let sc = unsafe { cq_of(cq) };
-            if Arc::strong_count(&sc.cq) > 1 {
+            if sc.cq.qps.load(Ordering::Acquire) > 0 {
                 return fail(libc::EBUSY);
             }
             sc.cq.ctx.events.forget(Element::Cq(cq as usize));
@@ -79,7 +81,9 @@ pub unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     )
 }
 
-/// `ops.poll_cq`: up to `num_entries` completions, -1 once the CQ has overrun.
+/// `ops.poll_cq`: up to `num_entries` completions, -1 once the CQ has overrun. Each poll first
+/// serves the connections of the CQ's QPs that their threads leased to its pollers (the `serve`
+/// module of `qp`).
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
     shield(
         "poll_cq",
@@ -92,6 +96,12 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
             let sc = unsafe { cq_of(cq) };
             let max = usize::try_from(num_entries).unwrap_or(0);
             let seen = activity::before_poll();
+            sc.cq.served.serve();
+            // A poll for no entries only serves: a caller waiting on memory the fabric writes
+            // (a clear-to-send FIFO) lets it do the NIC's part, and consumes nothing.
+            if max == 0 {
+                return 0;
+            }
             let n = sc.cq.cq.poll(max, |i, w| {
                 let mut out: ibv_wc = zeroed();
                 out.wr_id = w.wr_id;

@@ -1,14 +1,15 @@
 //! The libc calls of the engine that take pointers, each behind a safe function: randomness,
-//! the activity futex, the async-event eventfd, the interface list, the netlink socket the
-//! link watcher sleeps on, and `poll`. The bytes that move between sockets, processes and
-//! registered memory are the `memory` module's.
+//! the activity futex and bell, the async-event eventfd, the interface list, the netlink
+//! socket the link watcher sleeps on, `poll`, and the looks into a socket that do not read it
+//! (`peek`, `pending`), with which a polling thread serves connections. The bytes that move
+//! between sockets, processes and registered memory are the `memory` module's.
 //!
 //! A leaf: it imports nothing of this crate.
 
 use std::ffi::CStr;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
@@ -177,4 +178,41 @@ pub(crate) fn poll(fds: &mut [libc::pollfd], timeout_ms: libc::c_int) -> io::Res
     // exclusively for the whole call; poll(2) only writes their `revents`.
     let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
     usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
+/// `recv(2)` of `fd` into `buf` with `MSG_PEEK | MSG_DONTWAIT`: how many bytes are waiting, up
+/// to `buf.len()`, copied and left in the socket (0 at end of stream).
+pub(crate) fn peek(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: writes at most `buf.len()` bytes into `buf`, borrowed exclusively for the call.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
+/// How many bytes wait in `fd`'s receive queue (`FIONREAD`).
+pub(crate) fn pending(fd: RawFd) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int, into the local `n`.
+    let rc = unsafe { libc::ioctl(fd, libc::FIONREAD, &raw mut n) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
+/// A new non-blocking eventfd counter (not a semaphore: one read empties it), closed on exec.
+pub(crate) fn counter_eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd has no memory arguments; the result is checked below.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }

@@ -3,7 +3,9 @@
 //! WRs (completing the signaled ones), and runs the retry timer and the RNR back-off.
 //!
 //! Separate from the sender because it runs on its own thread, reading while the sender writes
-//! the same connection; [`Qp::ack_upto`] is also how an in-process delivery retires its WR.
+//! the same connection; [`Qp::ack_upto`] is also how an in-process delivery retires its WR,
+//! and what it does with one answer ([`Qp::answer`]) is also what a thread polling the send CQ
+//! does while the connection is leased to it (the `serve` module).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,6 +13,7 @@ use std::time::{Duration, Instant};
 use ibverbs_sys::ibv_wc_status;
 use smallvec::SmallVec;
 
+use super::serve::{Role, Unparked};
 use super::{Conn, DRAIN_ACKS, DRAIN_EOF, Qp, St};
 use crate::mr::{LOCAL_WRITE, MrGuard};
 use crate::wire::{self, Nak, RESP_LEN, ReadEnd, RespOp, Response};
@@ -128,122 +131,150 @@ impl Qp {
         };
         let _ = conn.stream.set_read_timeout(Some(tick));
         let fd = conn.fd();
+        // The send CQ's polls as last seen, and whether the connection may still be leased to
+        // them (not once the QP moved on).
+        let (mut polls, mut lease) = (0, true);
         loop {
-            let hdr = match wire::read_exact::<RESP_LEN>(fd, true) {
-                Ok(h) => h,
-                Err(ReadEnd::Idle) => {
-                    let mut st = self.lock();
-                    // Being destroyed: read on (acknowledgements, then the peer's end of the
-                    // connection after our BYE), for a short while.
-                    let drained = st
-                        .destroying
-                        .is_some_and(|t| t.elapsed() > DRAIN_ACKS + DRAIN_EOF);
-                    if st.epoch != epoch || drained {
+            {
+                let _turn = conn.turn();
+                loop {
+                    if lease && !wire::readable(fd) && self.send_cq.served.polled_since(&mut polls)
+                    {
+                        break;
+                    }
+                    let hdr = match wire::read_exact::<RESP_LEN>(fd, true) {
+                        Ok(h) => h,
+                        Err(ReadEnd::Idle) => {
+                            let mut st = self.lock();
+                            // Being destroyed: read on (acknowledgements, then the peer's end
+                            // of the connection after our BYE), for a short while.
+                            let drained = st
+                                .destroying
+                                .is_some_and(|t| t.elapsed() > DRAIN_ACKS + DRAIN_EOF);
+                            if st.epoch != epoch || drained {
+                                return;
+                            }
+                            if st.destroying.is_none() && self.overdue(&mut st) {
+                                return;
+                            }
+                            continue;
+                        }
+                        Err(ReadEnd::Closed) => {
+                            let mut st = self.lock();
+                            if st.epoch != epoch || st.destroying.is_some() {
+                                return;
+                            }
+                            // The peer vanished. Its end is gone for good: later WRs connect
+                            // anew (and find nobody there), and what is outstanding fails when
+                            // its retries would have run out — as on a NIC, which hears
+                            // nothing either.
+                            if st.req_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
+                                st.req_conn = None;
+                            }
+                            // Nobody pulls from the sources of pulled WRs over it any more: a
+                            // `dereg_mr` of them need not wait for the retries.
+                            for w in &mut st.sq {
+                                w.pinned = None;
+                            }
+                            drop(st);
+                            self.retries_run_out(epoch, tick);
+                            return;
+                        }
+                    };
+                    let Some(resp) = Response::decode(&hdr) else {
+                        self.bad_response(epoch);
+                        return;
+                    };
+                    if !self.answer(&conn, resp) {
                         return;
                     }
-                    if st.destroying.is_some() {
-                        continue;
-                    }
-                    // An RNR wait is not a transport timeout.
-                    let waiting_rnr = st.rnr_resume.is_some_and(|t| t > Instant::now());
-                    let budget = Self::retry_budget(&st.attrs).filter(|_| !waiting_rnr);
-                    let cursor = st.send_cursor;
-                    let heard = st.last_heard;
-                    let late = st
-                        .sq
-                        .iter()
-                        .find(|w| !w.acked && w.ack_req() && w.seq < cursor)
-                        .and_then(|w| Some((w.seq, w.sent_at?.max(heard))))
-                        .filter(|(_, t)| budget.is_some_and(|b| t.elapsed() > b));
-                    if let Some((seq, _)) = late {
-                        self.fail(
-                            &mut st,
-                            Some((seq, ibv_wc_status::IBV_WC_RETRY_EXC_ERR)),
-                            None,
-                        );
-                        return;
-                    }
-                    continue;
                 }
-                Err(ReadEnd::Closed) => {
-                    let mut st = self.lock();
-                    if st.epoch != epoch || st.destroying.is_some() {
-                        return;
-                    }
-                    // The peer vanished. Its end is gone for good: later WRs connect anew
-                    // (and find nobody there), and what is outstanding fails when its retries
-                    // would have run out — as on a NIC, which hears nothing either.
-                    if st.req_conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
-                        st.req_conn = None;
-                    }
-                    // Nobody pulls from the sources of pulled WRs over it any more: a
-                    // `dereg_mr` of them need not wait for the retries.
-                    for w in &mut st.sq {
-                        w.pinned = None;
-                    }
-                    drop(st);
-                    self.retries_run_out(epoch, tick);
-                    return;
-                }
+            }
+            let mut overdue = |st: &mut St| {
+                self.overdue(st);
             };
-            let Some(resp) = Response::decode(&hdr) else {
+            let parked = self.park(&conn, Role::Acks, Some((tick, &mut overdue)));
+            lease = parked == Unparked::Read;
+        }
+    }
+
+    /// The retry timer, while nothing arrives: fails the QP when the oldest WR sent that asked
+    /// for an answer has waited longer than the retry budget since it was sent (or since the
+    /// peer was last heard). `true`: it failed.
+    fn overdue(&self, st: &mut St) -> bool {
+        // An RNR wait is not a transport timeout.
+        let waiting_rnr = st.rnr_resume.is_some_and(|t| t > Instant::now());
+        let budget = Self::retry_budget(&st.attrs).filter(|_| !waiting_rnr);
+        let cursor = st.send_cursor;
+        let heard = st.last_heard;
+        let late = st
+            .sq
+            .iter()
+            .find(|w| !w.acked && w.ack_req() && w.seq < cursor)
+            .and_then(|w| Some((w.seq, w.sent_at?.max(heard))))
+            .filter(|(_, t)| budget.is_some_and(|b| t.elapsed() > b));
+        let Some((seq, _)) = late else {
+            return false;
+        };
+        self.fail(st, Some((seq, ibv_wc_status::IBV_WC_RETRY_EXC_ERR)), None);
+        true
+    }
+
+    /// What the ack reader does with one answer whose header it read, from its own thread or
+    /// from a poller's (the `serve` module). `false`: stop reading the connection.
+    pub(super) fn answer(&self, conn: &Conn, resp: Response) -> bool {
+        let epoch = conn.epoch;
+        match resp.op {
+            RespOp::Ack => {
+                let mut st = self.lock();
+                if st.epoch != epoch {
+                    return false;
+                }
+                self.ack_upto(&mut st, resp.seq);
+                true
+            }
+            RespOp::ReadResp => self.read_response(conn, resp),
+            RespOp::Nak => {
+                let mut st = self.lock();
+                if st.epoch != epoch {
+                    return false;
+                }
+                if let Some(prev) = resp.seq.checked_sub(1) {
+                    self.ack_upto(&mut st, prev);
+                }
+                self.fail(&mut st, Some((resp.seq, nak_status(resp.syndrome))), None);
+                false
+            }
+            // Only ever the answer to the offer, which `connect` read.
+            RespOp::PullVerdict => {
                 self.bad_response(epoch);
-                return;
-            };
-            match resp.op {
-                RespOp::Ack => {
-                    let mut st = self.lock();
-                    if st.epoch != epoch {
-                        return;
-                    }
-                    self.ack_upto(&mut st, resp.seq);
+                false
+            }
+            RespOp::RnrNak => {
+                let mut st = self.lock();
+                if st.epoch != epoch {
+                    return false;
                 }
-                RespOp::ReadResp => {
-                    if !self.read_response(&conn, resp) {
-                        return;
-                    }
+                if let Some(prev) = resp.seq.checked_sub(1) {
+                    self.ack_upto(&mut st, prev);
                 }
-                RespOp::Nak => {
-                    let mut st = self.lock();
-                    if st.epoch != epoch {
-                        return;
-                    }
-                    if let Some(prev) = resp.seq.checked_sub(1) {
-                        self.ack_upto(&mut st, prev);
-                    }
-                    self.fail(&mut st, Some((resp.seq, nak_status(resp.syndrome))), None);
-                    return;
+                let infinite = st.attrs.rnr_retry == 7;
+                if !infinite && st.rnr_tries >= st.attrs.rnr_retry {
+                    self.fail(
+                        &mut st,
+                        Some((resp.seq, ibv_wc_status::IBV_WC_RNR_RETRY_EXC_ERR)),
+                        None,
+                    );
+                    return false;
                 }
-                // Only ever the answer to the offer, which `connect` read.
-                RespOp::PullVerdict => {
-                    self.bad_response(epoch);
-                    return;
-                }
-                RespOp::RnrNak => {
-                    let mut st = self.lock();
-                    if st.epoch != epoch {
-                        return;
-                    }
-                    if let Some(prev) = resp.seq.checked_sub(1) {
-                        self.ack_upto(&mut st, prev);
-                    }
-                    let infinite = st.attrs.rnr_retry == 7;
-                    if !infinite && st.rnr_tries >= st.attrs.rnr_retry {
-                        self.fail(
-                            &mut st,
-                            Some((resp.seq, ibv_wc_status::IBV_WC_RNR_RETRY_EXC_ERR)),
-                            None,
-                        );
-                        return;
-                    }
-                    st.rnr_tries = st.rnr_tries.saturating_add(1);
-                    st.last_heard = Instant::now();
-                    // Go back N: resend from the refused WR once the timer expires.
-                    st.send_cursor = st.send_cursor.min(resp.seq);
-                    let wait = RNR_TIMER_US[usize::from(resp.syndrome & 31)];
-                    st.rnr_resume = Some(Instant::now() + Duration::from_micros(u64::from(wait)));
-                    self.cv.notify_all();
-                }
+                st.rnr_tries = st.rnr_tries.saturating_add(1);
+                st.last_heard = Instant::now();
+                // Go back N: resend from the refused WR once the timer expires.
+                st.send_cursor = st.send_cursor.min(resp.seq);
+                let wait = RNR_TIMER_US[usize::from(resp.syndrome & 31)];
+                st.rnr_resume = Some(Instant::now() + Duration::from_micros(u64::from(wait)));
+                self.cv.notify_all();
+                true
             }
         }
     }

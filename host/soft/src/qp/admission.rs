@@ -22,6 +22,7 @@ use ibverbs_sys::ibv_qp_state;
 use socket2::{Domain, Socket, Type};
 
 use super::conn::{Conn, tune};
+use super::serve::Role;
 use super::{Qp, St};
 use crate::abi::memory::Src;
 use crate::traffic;
@@ -84,12 +85,12 @@ impl Qp {
                 match self.try_connect(target, local, dest_qpn, proof, deadline) {
                     Ok(Some((stream, pulls))) => {
                         let name = &self.ctx.dev.desc.name;
-                        return Ok(Conn {
+                        return Ok(Conn::new(
                             stream,
                             epoch,
-                            traffic: traffic::counter(name, port, local, remote),
+                            traffic::counter(name, port, local, remote),
                             pulls,
-                        });
+                        ));
                     }
                     Ok(None) => {}
                     Err(()) => refused = true,
@@ -203,14 +204,15 @@ impl Qp {
                 };
                 let _ = mine.set_read_timeout(None);
                 tune(&mine);
-                let conn = Arc::new(Conn {
-                    stream: mine,
-                    epoch: st.epoch,
-                    traffic: traffic::counter(&self.ctx.dev.desc.name, st.attrs.port, local, peer),
-                    pulls: false,
-                });
+                let conn = Arc::new(Conn::new(
+                    mine,
+                    st.epoch,
+                    traffic::counter(&self.ctx.dev.desc.name, st.attrs.port, local, peer),
+                    false,
+                ));
                 st.resp_conn = Some(Arc::clone(&conn));
                 drop(st);
+                self.recv_cq.served.add(self, &conn, Role::Responder);
                 self.spawn("resp", move |qp| qp.responder_loop(conn));
                 HelloReply::Accepted
             }

@@ -15,7 +15,8 @@
 //! until a later signaled WR completes; errors always complete; entering ERR flushes.
 //!
 //! # Where each part lives
-//! All roles share one lock (`St`, below) and one condition variable, so each file is an
+//! All roles share one lock (`St`, below) and one condition variable (threads parked under a
+//! lease, the `serve` module, a second one), so each file is an
 //! `impl Qp` block of one role over that shared state. This file holds the type, its birth and
 //! its orderly death; the roles are:
 //! - `state`: the state machine (`modify_qp`'s transitions and attribute masks) and entering
@@ -28,6 +29,8 @@
 //! - `conn`: one TCP connection and its socket options;
 //! - `ack_reader`: the requester's answers: ACKs, NAKs, RNR NAKs, READ data, the retry timer;
 //! - `responder`: the checks and placement of incoming requests, and the answers;
+//! - `serve`: a thread polling a CQ serves the connections of its QPs while their threads
+//!   park (arrivals wake nobody);
 //! - `pull`: same-host pull, the responder copying a large payload straight from the
 //!   requester's memory (`process_vm_readv`) instead of the socket;
 //! - `in_process`: delivery to a peer QP in this process ([`crate::Delivery::InProcess`]);
@@ -42,6 +45,7 @@ mod in_process;
 mod pull;
 mod requester;
 mod responder;
+mod serve;
 mod state;
 mod wqe;
 
@@ -61,6 +65,7 @@ use in_process::PeerPath;
 
 #[cfg(test)]
 pub(crate) use pull::PULL_MIN;
+pub(crate) use serve::{SLEEP_FDS, Served, sleep_fds};
 pub(crate) use state::Attrs;
 pub(crate) use wqe::{RecvWqe, SendWqe, Sge, Sges};
 
@@ -170,6 +175,10 @@ pub(crate) struct Qp {
     pool: Arc<Pool>,
     st: Mutex<St>,
     cv: Condvar,
+    /// Where a thread parked under a lease waits (the `serve` module), on the same lock: woken
+    /// by a hand-back, and when the QP moves on (its connections dropped, a destroy), not by
+    /// everything that wakes the sender.
+    park_cv: Condvar,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -228,10 +237,15 @@ impl Qp {
                 severed: false,
             }),
             cv: Condvar::new(),
+            park_cv: Condvar::new(),
             threads: Mutex::new(Vec::new()),
         });
         qp.pool.install(qpn, &qp);
         ctx.add_qp(&qp);
+        for cq in [&qp.send_cq, &qp.recv_cq] {
+            cq.qps.fetch_add(1, Ordering::AcqRel);
+        }
+        serve::qp_born();
         qp
     }
 
@@ -257,6 +271,12 @@ impl Qp {
     #[cfg(test)]
     pub(crate) fn pins_sources(&self) -> bool {
         self.lock().sq.iter().any(|w| w.pinned.is_some())
+    }
+
+    /// How many WRs this requester sent that its peer has not acknowledged yet.
+    #[cfg(test)]
+    pub(crate) fn unacknowledged(&self) -> usize {
+        self.lock().sq.iter().filter(|w| !w.acked).count()
     }
 
     pub(crate) fn set_peer_secret(&self, secret: u32) {
@@ -296,6 +316,7 @@ impl Qp {
             }
             st.destroying = Some(Instant::now());
             self.cv.notify_all();
+            self.park_cv.notify_all();
         }
         // The sender is the only writer of the outgoing connection: let it say BYE and stop
         // before the sockets close.
@@ -334,5 +355,9 @@ impl Qp {
         self.ctx
             .events
             .forget(Element::Qp(self.ibv.load(Ordering::Acquire)));
+        for cq in [&self.send_cq, &self.recv_cq] {
+            cq.qps.fetch_sub(1, Ordering::AcqRel);
+        }
+        serve::qp_gone();
     }
 }

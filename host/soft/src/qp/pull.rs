@@ -146,10 +146,43 @@ impl Source {
     /// `len`. `Err(None)`: they do not add up (a malformed request); `Err(Some(_))`: the
     /// connection broke.
     pub(super) fn read(fd: RawFd, pid: libc::pid_t, len: u32) -> Result<Source, Option<ReadEnd>> {
+        Self::gather(pid, len, || {
+            wire::read_exact::<SEG_LEN>(fd, false).map_err(Some)
+        })
+    }
+
+    /// The descriptors at the start of `bytes` (what a poller's look copied after the header,
+    /// the `serve` module), with how many bytes they take. `Ok(None)`: not all of them are
+    /// there yet; `Err(())`: they do not add up (a malformed request).
+    pub(super) fn looked(
+        bytes: &[u8],
+        pid: libc::pid_t,
+        len: u32,
+    ) -> Result<Option<(Source, usize)>, ()> {
+        let mut at = 0;
+        let found = Self::gather(pid, len, || {
+            let seg = bytes[at..].first_chunk::<SEG_LEN>().ok_or(Some(()))?;
+            at += SEG_LEN;
+            Ok(*seg)
+        });
+        match found {
+            Ok(src) => Ok(Some((src, at))),
+            Err(Some(())) => Ok(None),
+            Err(None) => Err(()),
+        }
+    }
+
+    /// The descriptors `next` gives, one at a time, as many as add up to `len`. `Err(None)`:
+    /// they do not add up; `Err(Some(_))`: `next` had none to give.
+    fn gather<E>(
+        pid: libc::pid_t,
+        len: u32,
+        mut next: impl FnMut() -> Result<[u8; SEG_LEN], Option<E>>,
+    ) -> Result<Source, Option<E>> {
         let mut segs = SmallVec::new();
         let mut left = u64::from(len);
         while left > 0 {
-            let (addr, n) = wire::decode_seg(&wire::read_exact::<SEG_LEN>(fd, false)?);
+            let (addr, n) = wire::decode_seg(&next()?);
             if n == 0 || n > left {
                 return Err(None);
             }

@@ -15,6 +15,7 @@ use smallvec::SmallVec;
 use super::admission::ConnectFail;
 use super::in_process::PeerPath;
 use super::pull;
+use super::serve::Role;
 use super::{Attrs, Conn, DRAIN_ACKS, MAX_INLINE, MAX_MSG, Qp, RecvWqe, SendWqe, Sge, Sges, St};
 use crate::abi::memory::Src;
 use crate::event::Wc;
@@ -24,7 +25,7 @@ use crate::wire::{self, ATOMIC_WORD, FLAG_ACK_REQ, FLAG_PULL, ReqOp, Request, SE
 /// Messages up to this size are sent by the posting thread itself when the send queue is idle
 /// (no hand-off to the sender thread: one thread wake-up less per small message). Larger ones
 /// always go through the sender thread, so `post_send` never waits on the network.
-const DIRECT_SEND_MAX: u32 = 16 * 1024;
+const DIRECT_SEND_MAX: u32 = 64 * 1024;
 
 /// Where a WR's inline payload or an atomic's operands are copied while it is sent (the WR
 /// keeps its own): on the stack, room for the largest inline payload, and not zeroed first as
@@ -252,6 +253,7 @@ impl Qp {
                         }
                         st.req_conn = Some(Arc::clone(&conn));
                         drop(st);
+                        self.send_cq.served.add(&self, &conn, Role::Acks);
                         self.spawn("ack", move |qp| qp.ack_loop(conn));
                     }
                     // Destroyed meanwhile, with a peer that no longer admits us: nothing

@@ -4,8 +4,11 @@
 //! receive completions, and answers: coalesced ACKs, NAKs that move both QPs to ERR, RNR NAKs.
 //!
 //! Separate because it is the target side of a QP, with its own connection and thread; its
-//! checks and placement ([`Qp::place`]) are also what an in-process delivery runs.
+//! checks and placement ([`Qp::place`]) are also what an in-process delivery runs, and what it
+//! does with one request ([`Qp::request`]) is also what a thread polling the receive CQ does
+//! while the connection is leased to it (the `serve` module).
 
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
@@ -13,10 +16,12 @@ use std::time::{Duration, Instant};
 use ibverbs_sys::{ibv_event_type, ibv_qp_state, ibv_wc_opcode, ibv_wc_status};
 use smallvec::SmallVec;
 
+use super::conn::Turn;
 use super::in_process::MemLink;
 use super::pull::Source;
+use super::serve::{Role, Unparked};
 use super::{Conn, DRAIN_ACKS, Qp, RecvWqe, St};
-use crate::abi::memory::{AtomicOp, Dst, Src};
+use crate::abi::memory::{AtomicOp, Dst, Src, copy};
 use crate::event::Wc;
 use crate::mr::{LOCAL_WRITE, MrGuard, REMOTE_ATOMIC, REMOTE_READ, REMOTE_WRITE};
 use crate::wire::{
@@ -32,6 +37,10 @@ pub(super) enum Link<'a> {
     /// Over the requester's TCP connection, the payload pulled from the requester's memory
     /// (same-host pull, the `pull` module).
     Pulled(&'a Conn, &'a Source),
+    /// Over the requester's TCP connection, the payload already copied out of the socket by a
+    /// poller's look (the `serve` module), which takes the frame off the socket afterwards:
+    /// what is left of it to read.
+    Looked(&'a Conn, Cell<&'a [u8]>),
     /// Delivered in process ([`crate::Delivery::InProcess`]): the payload is read from, and
     /// READ data written to, the requester's memory.
     Memory(&'a MemLink<'a>),
@@ -41,7 +50,7 @@ impl Link<'_> {
     /// The epoch of the responder QP the request was admitted in.
     fn epoch(&self) -> u64 {
         match self {
-            Link::Tcp(c) | Link::Pulled(c, _) => c.epoch,
+            Link::Tcp(c) | Link::Pulled(c, _) | Link::Looked(c, _) => c.epoch,
             Link::Memory(m) => m.epoch,
         }
     }
@@ -51,6 +60,15 @@ impl Link<'_> {
         match self {
             Link::Tcp(c) => wire::read_into(c.fd(), dst, false),
             Link::Pulled(_, src) => src.read_into(dst),
+            Link::Looked(_, rest) => {
+                let (now, later) = rest
+                    .get()
+                    .split_at_checked(dst.len())
+                    .ok_or(ReadEnd::Closed)?;
+                copy(Src::from(now), dst);
+                rest.set(later);
+                Ok(())
+            }
             Link::Memory(m) => match m.read_into(dst) == dst.len() {
                 true => Ok(()),
                 // Fewer bytes than the header said: as a connection cut mid-payload.
@@ -59,10 +77,20 @@ impl Link<'_> {
         }
     }
 
+    /// Throws away `len` payload bytes that are not placed (a refused or discarded request):
+    /// read off the socket; nothing to do in process, or for a frame a poller looked at, which
+    /// it takes off the socket whole afterwards. `false`: the connection broke.
+    fn discard(&self, len: usize) -> bool {
+        match self {
+            Link::Tcp(c) | Link::Pulled(c, _) => wire::drain(c.fd(), len).is_ok(),
+            Link::Looked(..) | Link::Memory(_) => true,
+        }
+    }
+
     /// Counts payload received on the port: what a NIC's counters would show, pulled or not
     /// (in-process delivery crosses no port).
     fn received(&self, bytes: u32) {
-        if let Link::Tcp(c) | Link::Pulled(c, _) = self {
+        if let Link::Tcp(c) | Link::Pulled(c, _) | Link::Looked(c, _) = self {
             c.traffic.received(bytes);
         }
     }
@@ -85,7 +113,9 @@ impl Qp {
     /// away or moved on.
     fn respond(&self, conn: &Conn, resp: Response, data: Option<Src<'_>>) -> bool {
         let hdr = resp.encode();
-        let mut iov = vec![Src::from(&hdr[..])];
+        // On the stack: a poller serving a connection answers on the caller's thread, which
+        // allocates nothing per message.
+        let mut iov: SmallVec<[Src<'_>; 2]> = smallvec::smallvec![Src::from(&hdr[..])];
         iov.extend(data);
         let abort = || {
             let st = self.lock();
@@ -97,12 +127,12 @@ impl Qp {
     /// Refuses `req`: NAKs it (over TCP, after draining its payload; in process, by telling the
     /// requester), and moves this QP to ERR with `event`.
     fn refuse(&self, link: &Link<'_>, req: &Request, nak: Nak, event: Option<ibv_event_type>) {
-        if let Link::Tcp(_) | Link::Pulled(..) = link {
+        if let Link::Tcp(_) | Link::Pulled(..) | Link::Looked(..) = link {
             drop(self.posted_placed(self.lock(), link.epoch()));
         }
         match link {
-            Link::Tcp(conn) | Link::Pulled(conn, _) => {
-                let _ = wire::drain(conn.fd(), req.payload_on_wire());
+            Link::Tcp(conn) | Link::Pulled(conn, _) | Link::Looked(conn, _) => {
+                link.discard(req.payload_on_wire());
                 self.respond(
                     conn,
                     Response {
@@ -151,6 +181,17 @@ impl Qp {
         st
     }
 
+    /// Acknowledges what the reader of `conn` placed and has not acknowledged yet, if
+    /// anything; `false` = stop.
+    pub(super) fn settle(&self, conn: &Conn, turn: &mut Turn) -> bool {
+        let Some(seq) = turn.unacked else {
+            return true;
+        };
+        conn.owes_ack.store(false, Ordering::Relaxed);
+        turn.unacked = None;
+        self.ack(conn, seq)
+    }
+
     /// ACKs everything up to `seq` (placed, not yet acknowledged); `false` = stop.
     fn ack(&self, conn: &Conn, seq: u64) -> bool {
         self.respond(
@@ -185,90 +226,124 @@ impl Qp {
 
     pub(super) fn responder_loop(self: Arc<Self>, conn: Arc<Conn>) {
         let fd = conn.fd();
-        // The last placed request not acknowledged yet. Acknowledged before this thread waits
-        // for the next request, so nothing placed stays unacknowledged while the connection is
-        // quiet (and a stream of requests costs one ACK per burst, not one per request).
-        let mut unacked: Option<u64> = None;
-        // The requester's pid once it offered same-host pull and the probe succeeded.
-        let mut pull_from: Option<libc::pid_t> = None;
+        // The receive CQ's polls as last seen, and whether the connection may still be leased
+        // to them (not once the QP moved on).
+        let (mut polls, mut lease) = (0, true);
         loop {
-            if let Some(seq) = unacked.filter(|_| !wire::readable(fd)) {
-                if !self.ack(&conn, seq) {
-                    return;
-                }
-                unacked = None;
-            }
-            let req = match wire::read_exact::<REQ_LEN>(fd, false) {
-                Ok(b) => Request::decode(&b),
-                Err(_) => {
-                    // EOF without BYE: the requester vanished (cut, crash, its QP failed).
-                    self.closed(&Link::Tcp(&conn));
-                    return;
-                }
-            };
-            self.wait_out_stall(conn.epoch);
-            let req = match req {
-                Ok(r) => r,
-                Err(seq) => return self.malformed(&conn, seq),
-            };
-            if req.op == ReqOp::PullOffer {
-                let (verdict, pid) = self.judge_offer(&req);
-                pull_from = pid;
-                if !self.respond(&conn, verdict.frame(), None) {
-                    return;
-                }
-                continue;
-            }
-            // A pulled payload's descriptors are part of its request, whatever becomes of it.
-            let source = match (req.pulled(), pull_from) {
-                (false, _) => None,
-                (true, Some(pid)) if req.carries_payload() => {
-                    match Source::read(fd, pid, req.len) {
-                        Ok(s) => Some(s),
-                        Err(None) => return self.malformed(&conn, req.seq),
-                        Err(Some(_)) => {
+            {
+                let mut turn = conn.turn();
+                loop {
+                    let quiet = !wire::readable(fd);
+                    if quiet && !self.settle(&conn, &mut turn) {
+                        return;
+                    }
+                    if lease && quiet && self.recv_cq.served.polled_since(&mut polls) {
+                        break;
+                    }
+                    let req = match wire::read_exact::<REQ_LEN>(fd, false) {
+                        Ok(b) => Request::decode(&b),
+                        Err(_) => {
+                            // EOF without BYE: the requester vanished (cut, crash, its QP
+                            // failed).
                             self.closed(&Link::Tcp(&conn));
                             return;
                         }
-                    }
-                }
-                // Pulled without an agreement, or a pulled READ.
-                (true, _) => return self.malformed(&conn, req.seq),
-            };
-            if req.op == ReqOp::Bye {
-                // An orderly close: the requester waited for its acknowledgements and sends
-                // nothing more. Close our side too, so its ack reader sees the end and stops.
-                if let Some(seq) = unacked {
-                    self.ack(&conn, seq);
-                }
-                self.closed(&Link::Tcp(&conn));
-                return;
-            }
-            let admitted = {
-                let mut st = self.lock();
-                if st.epoch != conn.epoch || st.destroying.is_some() {
-                    return;
-                }
-                if req.seq != st.expected_seq {
-                    // Go back N: after a NAK everything up to the retransmission is discarded.
-                    drop(st);
-                    if wire::drain(fd, req.payload_on_wire()).is_err() {
+                    };
+                    self.wait_out_stall(conn.epoch);
+                    if !self.request(&conn, &mut turn, req, None) {
                         return;
                     }
-                    continue;
                 }
-                let consumes = matches!(req.op, ReqOp::WriteImm | ReqOp::Send | ReqOp::SendImm);
-                let recv = if consumes {
-                    match st.rq.pop_front() {
-                        Some(r) => Some(r),
-                        None => {
-                            let timer = st.attrs.min_rnr_timer;
-                            drop(st);
-                            if wire::drain(fd, req.payload_on_wire()).is_err() {
-                                return;
-                            }
-                            if !self.respond(
-                                &conn,
+            }
+            lease = self.park(&conn, Role::Responder, None) == Unparked::Read;
+        }
+    }
+
+    /// What the responder does with one request whose header it read, from its own thread or
+    /// from a poller's (the `serve` module): the checks, the placement, the answers.
+    /// `looked`: what follows the header (the payload, or a pulled payload's descriptors), when
+    /// a poller's look already copied the whole frame out of the socket (it takes the frame off
+    /// afterwards, and acknowledges once for all it looked at).
+    /// `false`: stop serving the connection.
+    pub(super) fn request(
+        &self,
+        conn: &Conn,
+        turn: &mut Turn,
+        req: Result<Request, u64>,
+        looked: Option<&[u8]>,
+    ) -> bool {
+        let req = match req {
+            Ok(r) => r,
+            Err(seq) => {
+                self.malformed(conn, seq);
+                return false;
+            }
+        };
+        if req.op == ReqOp::PullOffer {
+            let (verdict, pid) = self.judge_offer(&req);
+            turn.pull_from = pid;
+            return self.respond(conn, verdict.frame(), None);
+        }
+        // A pulled payload's descriptors are part of its request, whatever becomes of it.
+        let source = match (req.pulled(), turn.pull_from, looked) {
+            (false, ..) => None,
+            // A poller looked at the whole frame: the descriptors are its `looked` bytes.
+            (true, Some(pid), Some(bytes)) if req.carries_payload() => {
+                match Source::looked(bytes, pid, req.len) {
+                    Ok(Some((s, _))) => Some(s),
+                    _ => {
+                        self.malformed(conn, req.seq);
+                        return false;
+                    }
+                }
+            }
+            (true, Some(pid), None) if req.carries_payload() => {
+                match Source::read(conn.fd(), pid, req.len) {
+                    Ok(s) => Some(s),
+                    Err(None) => {
+                        self.malformed(conn, req.seq);
+                        return false;
+                    }
+                    Err(Some(_)) => return self.closed(&Link::Tcp(conn)),
+                }
+            }
+            // Pulled without an agreement, or a pulled READ.
+            (true, ..) => {
+                self.malformed(conn, req.seq);
+                return false;
+            }
+        };
+        let link = match (&source, looked) {
+            (Some(src), _) => Link::Pulled(conn, src),
+            (None, Some(body)) => Link::Looked(conn, Cell::new(body)),
+            (None, None) => Link::Tcp(conn),
+        };
+        if req.op == ReqOp::Bye {
+            // An orderly close: the requester waited for its acknowledgements and sends
+            // nothing more. Close our side too, so its ack reader sees the end and stops.
+            self.settle(conn, turn);
+            return self.closed(&Link::Tcp(conn));
+        }
+        let admitted = {
+            let mut st = self.lock();
+            if st.epoch != conn.epoch || st.destroying.is_some() {
+                return false;
+            }
+            if req.seq != st.expected_seq {
+                // Go back N: after a NAK everything up to the retransmission is discarded.
+                drop(st);
+                return link.discard(req.payload_on_wire());
+            }
+            let consumes = matches!(req.op, ReqOp::WriteImm | ReqOp::Send | ReqOp::SendImm);
+            let recv = if consumes {
+                match st.rq.pop_front() {
+                    Some(r) => Some(r),
+                    None => {
+                        let timer = st.attrs.min_rnr_timer;
+                        drop(st);
+                        return link.discard(req.payload_on_wire())
+                            && self.respond(
+                                conn,
                                 Response {
                                     op: RespOp::RnrNak,
                                     syndrome: timer,
@@ -276,46 +351,39 @@ impl Qp {
                                     seq: req.seq,
                                 },
                                 None,
-                            ) {
-                                return;
-                            }
-                            continue;
-                        }
+                            );
                     }
-                } else {
-                    None
-                };
-                Admitted {
-                    access: st.attrs.access,
-                    recv,
-                    src_qp: st.attrs.dest_qpn,
                 }
+            } else {
+                None
             };
-            let link = match &source {
-                Some(src) => Link::Pulled(&conn, src),
-                None => Link::Tcp(&conn),
-            };
-            if !self.place(&link, &req, admitted) {
-                return;
+            Admitted {
+                access: st.attrs.access,
+                recv,
+                src_qp: st.attrs.dest_qpn,
             }
-            if source.is_some() {
-                self.pulled.fetch_add(u64::from(req.len), Ordering::Relaxed);
-            }
-            let mut st = self.lock();
-            if st.epoch != conn.epoch {
-                return;
-            }
-            st.expected_seq += 1;
-            drop(st);
-            // A READ (or atomic) response acknowledges everything before it, as an ACK would.
-            unacked = (!req.op.returns_data()).then_some(req.seq);
-            if req.flags & FLAG_ACK_REQ != 0 && !req.op.returns_data() {
-                if !self.ack(&conn, req.seq) {
-                    return;
-                }
-                unacked = None;
-            }
+        };
+        if !self.place(&link, &req, admitted) {
+            return false;
         }
+        if source.is_some() {
+            self.pulled.fetch_add(u64::from(req.len), Ordering::Relaxed);
+        }
+        let mut st = self.lock();
+        if st.epoch != conn.epoch {
+            return false;
+        }
+        st.expected_seq += 1;
+        drop(st);
+        // A READ (or atomic) response acknowledges everything before it, as an ACK would.
+        turn.unacked = (!req.op.returns_data()).then_some(req.seq);
+        if req.flags & FLAG_ACK_REQ != 0 && !req.op.returns_data() && looked.is_none() {
+            if !self.ack(conn, req.seq) {
+                return false;
+            }
+            turn.unacked = None;
+        }
+        true
     }
 
     /// A request that cannot be parsed: NAK it (`IBV_WC_REM_INV_REQ_ERR`) and fail; nothing
@@ -574,7 +642,7 @@ impl Qp {
             seq: req.seq,
         };
         let sent = match link {
-            Link::Tcp(conn) | Link::Pulled(conn, _) => {
+            Link::Tcp(conn) | Link::Pulled(conn, _) | Link::Looked(conn, _) => {
                 let sent = self.respond(conn, resp, data);
                 if sent {
                     conn.traffic.sent(req.len);
@@ -598,7 +666,7 @@ impl Qp {
     /// connect again) and drops what was half received, which nobody acknowledged. Always
     /// `false`: stop serving it.
     fn closed(&self, link: &Link<'_>) -> bool {
-        if let Link::Tcp(conn) | Link::Pulled(conn, _) = link {
+        if let Link::Tcp(conn) | Link::Pulled(conn, _) | Link::Looked(conn, _) = link {
             let mut st = self.lock();
             if st
                 .resp_conn

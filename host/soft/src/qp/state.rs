@@ -266,6 +266,8 @@ impl Qp {
         {
             c.kill();
         }
+        // A thread parked under a lease takes its connection back, and finds it gone.
+        self.park_cv.notify_all();
     }
 
     pub(super) fn send_wc(&self, w: &SendWqe, status: ibv_wc_status::Type, src_qp: u32) -> Wc {

@@ -12,7 +12,7 @@ use crate::qp::PULL_MIN;
 static SWITCH: Mutex<()> = Mutex::new(());
 
 /// A connected pair created with pull `on`, and the lock that kept the switch there.
-fn pair_with_pull(on: bool) -> (Node, Node, MutexGuard<'static, ()>) {
+pub(super) fn pair_with_pull(on: bool) -> (Node, Node, MutexGuard<'static, ()>) {
     let held = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
     crate::set_same_host_pull(on);
     let (a, b) = (Node::new(0), Node::new(1));
@@ -22,7 +22,7 @@ fn pair_with_pull(on: bool) -> (Node, Node, MutexGuard<'static, ()>) {
 }
 
 /// Payload bytes `n`'s responder pulled.
-fn pulled(n: &Node) -> u64 {
+pub(super) fn pulled(n: &Node) -> u64 {
     // SAFETY: a live QP made by `create_qp`.
     unsafe { qp_of(n.qp) }.pulled_bytes()
 }
