@@ -7,7 +7,7 @@
 //! and what it does with one answer ([`Qp::answer`]) is also what a thread polling the send CQ
 //! does while the connection is leased to it (the `serve` module).
 
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ibverbs_sys::ibv_wc_status;
@@ -235,13 +235,9 @@ impl Qp {
             }
             RespOp::ReadResp => self.read_response(conn, resp),
             RespOp::Nak => {
-                let mut st = self.lock();
-                if st.epoch != epoch {
+                let Some(mut st) = self.refused(epoch, resp.seq) else {
                     return false;
-                }
-                if let Some(prev) = resp.seq.checked_sub(1) {
-                    self.ack_upto(&mut st, prev);
-                }
+                };
                 self.fail(&mut st, Some((resp.seq, nak_status(resp.syndrome))), None);
                 false
             }
@@ -251,13 +247,9 @@ impl Qp {
                 false
             }
             RespOp::RnrNak => {
-                let mut st = self.lock();
-                if st.epoch != epoch {
+                let Some(mut st) = self.refused(epoch, resp.seq) else {
                     return false;
-                }
-                if let Some(prev) = resp.seq.checked_sub(1) {
-                    self.ack_upto(&mut st, prev);
-                }
+                };
                 let infinite = st.attrs.rnr_retry == 7;
                 if !infinite && st.rnr_tries >= st.attrs.rnr_retry {
                     self.fail(
@@ -277,6 +269,19 @@ impl Qp {
                 true
             }
         }
+    }
+
+    /// The QP's state for a NAK or an RNR NAK of `epoch` that refuses WR `seq`: every WR before
+    /// it was placed, so they are acknowledged first. `None`: the QP moved on since.
+    fn refused(&self, epoch: u64, seq: u64) -> Option<MutexGuard<'_, St>> {
+        let mut st = self.lock();
+        if st.epoch != epoch {
+            return None;
+        }
+        if let Some(prev) = seq.checked_sub(1) {
+            self.ack_upto(&mut st, prev);
+        }
+        Some(st)
     }
 
     /// An answer that makes no sense here: the oldest outstanding WR completes
