@@ -124,7 +124,7 @@ fn wait_while(seen: u32) {
 static BELL: OnceLock<Option<File>> = OnceLock::new();
 
 fn bell() -> Option<&'static File> {
-    BELL.get_or_init(|| sys::counter_eventfd().ok().map(File::from))
+    BELL.get_or_init(|| sys::eventfd(sys::Eventfd::Counter).ok().map(File::from))
         .as_ref()
 }
 

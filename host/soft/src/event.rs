@@ -107,7 +107,7 @@ impl EventQueue {
     pub(crate) fn new() -> io::Result<EventQueue> {
         Ok(EventQueue {
             queue: Mutex::new(VecDeque::new()),
-            fd: File::from(sys::semaphore_eventfd()?),
+            fd: File::from(sys::eventfd(sys::Eventfd::Semaphore)?),
             closed: AtomicBool::new(false),
         })
     }

@@ -58,10 +58,23 @@ pub(crate) fn futex_wake_all(word: &AtomicU32) {
     };
 }
 
-/// A new eventfd in semaphore mode (each read takes one), closed on exec.
-pub(crate) fn semaphore_eventfd() -> io::Result<OwnedFd> {
+/// How an eventfd's reads count.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Eventfd {
+    /// Each read takes one (the async-event queue: one count per event).
+    Semaphore,
+    /// One read empties it, and reads do not block (the activity bell).
+    Counter,
+}
+
+/// A new eventfd that counts as `mode` says, closed on exec.
+pub(crate) fn eventfd(mode: Eventfd) -> io::Result<OwnedFd> {
+    let flags = match mode {
+        Eventfd::Semaphore => libc::EFD_SEMAPHORE,
+        Eventfd::Counter => libc::EFD_NONBLOCK,
+    };
     // SAFETY: eventfd has no memory arguments; the result is checked below.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | flags) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -204,15 +217,4 @@ pub(crate) fn pending(fd: RawFd) -> io::Result<usize> {
         return Err(io::Error::last_os_error());
     }
     Ok(usize::try_from(n).unwrap_or(0))
-}
-
-/// A new non-blocking eventfd counter (not a semaphore: one read empties it), closed on exec.
-pub(crate) fn counter_eventfd() -> io::Result<OwnedFd> {
-    // SAFETY: eventfd has no memory arguments; the result is checked below.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
