@@ -100,7 +100,8 @@ fn wait_while(seen: u32) {
     if !crate::qp::sleep_fds(&mut fds) {
         return;
     }
-    let Some(bell) = bell().filter(|_| !fds.is_empty()) else {
+    // No leased socket to wake for: the futex alone, and no bell is made.
+    let Some(bell) = (!fds.is_empty()).then(bell).flatten() else {
         sys::futex_wait(&EVENTS, seen, MAX_WAIT);
         return;
     };
