@@ -29,6 +29,15 @@ use crate::wire::{
     Request, RespOp, Response,
 };
 
+/// What follows a request's header when a poller's look copied the whole frame (the `serve`
+/// module).
+pub(super) enum Looked<'a> {
+    /// The payload (empty for a request without one).
+    Payload(&'a [u8]),
+    /// A pulled payload's descriptors, as the look decoded them.
+    Pulled(Source),
+}
+
 /// How a request reaches its responder.
 pub(super) enum Link<'a> {
     /// Over the requester's TCP connection: the payload follows the header on it, and NAKs and
@@ -261,16 +270,15 @@ impl Qp {
 
     /// What the responder does with one request whose header it read, from its own thread or
     /// from a poller's (the `serve` module): the checks, the placement, the answers.
-    /// `looked`: what follows the header (the payload, or a pulled payload's descriptors), when
-    /// a poller's look already copied the whole frame out of the socket (it takes the frame off
-    /// afterwards, and acknowledges once for all it looked at).
-    /// `false`: stop serving the connection.
+    /// `looked`: what follows the header, when a poller's look already copied the whole frame
+    /// out of the socket (it takes the frame off afterwards, and acknowledges once for all it
+    /// looked at). `false`: stop serving the connection.
     pub(super) fn request(
         &self,
         conn: &Conn,
         turn: &mut Turn,
         req: Result<Request, u64>,
-        looked: Option<&[u8]>,
+        looked: Option<Looked<'_>>,
     ) -> bool {
         let req = match req {
             Ok(r) => r,
@@ -284,22 +292,17 @@ impl Qp {
             turn.pull_from = pid;
             return self.respond(conn, verdict.frame(), None);
         }
+        let by_poller = looked.is_some();
         // A pulled payload's descriptors are part of its request, whatever becomes of it.
-        let source = match (req.pulled(), turn.pull_from, looked) {
-            (false, ..) => None,
-            // A poller looked at the whole frame: the descriptors are its `looked` bytes.
-            (true, Some(pid), Some(bytes)) if req.carries_payload() => {
-                match Source::looked(bytes, pid, req.len) {
-                    Ok(Some((s, _))) => Some(s),
-                    _ => {
-                        self.malformed(conn, req.seq);
-                        return false;
-                    }
-                }
+        let (source, payload) = match (req.pulled(), turn.pull_from, looked) {
+            (false, _, None) => (None, None),
+            (false, _, Some(Looked::Payload(bytes))) => (None, Some(bytes)),
+            (true, Some(_), Some(Looked::Pulled(src))) if req.carries_payload() => {
+                (Some(src), None)
             }
             (true, Some(pid), None) if req.carries_payload() => {
                 match Source::read(conn.fd(), pid, req.len) {
-                    Ok(s) => Some(s),
+                    Ok(s) => (Some(s), None),
                     Err(None) => {
                         self.malformed(conn, req.seq);
                         return false;
@@ -307,13 +310,14 @@ impl Qp {
                     Err(Some(_)) => return self.closed(&Link::Tcp(conn)),
                 }
             }
-            // Pulled without an agreement, or a pulled READ.
-            (true, ..) => {
+            // Pulled without an agreement, or a pulled READ (which a poller's look never
+            // decodes either).
+            _ => {
                 self.malformed(conn, req.seq);
                 return false;
             }
         };
-        let link = match (&source, looked) {
+        let link = match (&source, payload) {
             (Some(src), _) => Link::Pulled(conn, src),
             (None, Some(body)) => Link::Looked(conn, Cell::new(body)),
             (None, None) => Link::Tcp(conn),
@@ -377,7 +381,7 @@ impl Qp {
         drop(st);
         // A READ (or atomic) response acknowledges everything before it, as an ACK would.
         turn.unacked = (!req.op.returns_data()).then_some(req.seq);
-        if req.flags & FLAG_ACK_REQ != 0 && !req.op.returns_data() && looked.is_none() {
+        if req.flags & FLAG_ACK_REQ != 0 && !req.op.returns_data() && !by_poller {
             if !self.ack(conn, req.seq) {
                 return false;
             }

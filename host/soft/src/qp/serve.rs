@@ -48,6 +48,7 @@ use smallvec::SmallVec;
 
 use super::conn::{Conn, Turn};
 use super::pull::Source;
+use super::responder::Looked;
 use super::{Qp, St};
 use crate::abi::memory::Dst;
 use crate::abi::sys;
@@ -507,11 +508,11 @@ impl Qp {
                     break;
                 };
                 // What follows the header: the payload, or a pulled payload's descriptors.
-                let body = match (req.pulled(), turn.pull_from) {
-                    (false, _) => req.payload_on_wire(),
+                let (body, pulled) = match (req.pulled(), turn.pull_from) {
+                    (false, _) => (req.payload_on_wire(), None),
                     (true, Some(pid)) => match Source::looked(&room[at + REQ_LEN..n], pid, req.len)
                     {
-                        Ok(Some((_, used))) => used,
+                        Ok(Some((src, used))) => (used, Some(src)),
                         Ok(None) if n < LOOK => {
                             next = Next::Wait;
                             break;
@@ -540,7 +541,11 @@ impl Qp {
                     break;
                 }
                 asked |= req.flags & FLAG_ACK_REQ != 0;
-                let placed = self.request(conn, turn, Ok(req), Some(&room[at + REQ_LEN..end]));
+                let looked = match pulled {
+                    Some(src) => Looked::Pulled(src),
+                    None => Looked::Payload(&room[at + REQ_LEN..end]),
+                };
+                let placed = self.request(conn, turn, Ok(req), Some(looked));
                 at = end;
                 if !placed {
                     next = Next::HandBack;
