@@ -77,9 +77,7 @@ impl Traffic {
             "round {i}"
         );
     }
-}
 
-impl Traffic {
     /// [`Traffic::round`] for each message of `ids`.
     fn rounds(&mut self, a: &Node, b: &Node, ids: std::ops::Range<u64>) {
         ids.for_each(|i| self.round(a, b, i));
